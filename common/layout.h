@@ -1,0 +1,58 @@
+// The model layout (named tensors laid end to end in one flat fp32 space) and
+// how it is split into shards.
+#ifndef PSERVER_COMMON_LAYOUT_H_
+#define PSERVER_COMMON_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pserver/v1/parameter_server.pb.h"
+
+namespace pserver {
+
+// Shards are aligned to this many elements so that codec blocks never
+// straddle a shard boundary.
+inline constexpr uint64_t kShardAlignment = 256;
+
+// Largest model accepted, in elements (fp32 snapshots must fit a 2 GiB
+// protobuf message per shard even with one shard).
+inline constexpr uint64_t kMaxModelElements = uint64_t{1} << 29;
+
+struct ShardRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t size() const { return end - begin; }
+};
+
+// One tensor's place in the flat space.
+struct TensorSlot {
+  std::string name;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// Checks that every tensor has a non-empty unique name and a shape of
+// positive dimensions, and that the total is within kMaxModelElements.
+// INVALID_ARGUMENT names the offending field (e.g. "layout.tensors[3].shape").
+absl::StatusOr<std::vector<TensorSlot>> ValidateLayout(
+    const v1::ModelLayout& layout);
+
+uint64_t TotalElements(const v1::ModelLayout& layout);
+
+// Shard `index` of `count` over `total` elements: contiguous, in index order,
+// each a multiple of kShardAlignment long except possibly the last, sizes as
+// equal as that allows. Shards may be empty when total is small.
+// REQUIRES: count > 0, index < count.
+ShardRange ShardRangeFor(uint64_t total, uint32_t count, uint32_t index);
+
+// Empty string when the layouts are identical; otherwise a description of the
+// first difference, e.g. "tensors[1].shape[0] is 128, expected 256".
+std::string FirstLayoutDifference(const v1::ModelLayout& got,
+                                  const v1::ModelLayout& expected);
+
+}  // namespace pserver
+
+#endif  // PSERVER_COMMON_LAYOUT_H_

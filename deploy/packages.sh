@@ -1,0 +1,37 @@
+# Sourced by tests/run.sh and deploy/local.sh: the Debian packages pserver
+# needs, and a function that installs whichever are missing.
+
+PSERVER_BUILD_PACKAGES=(
+  cmake ninja-build g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libopenblas-dev prometheus-cpp-dev zlib1g-dev
+)
+PSERVER_TEST_PACKAGES=(
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist prometheus
+)
+PSERVER_RUN_PACKAGES=(dataset-fashion-mnist)
+
+# pserver_install_packages PKG...: installs the missing ones with apt-get as
+# root or through sudo; otherwise prints the command and returns 1.
+pserver_install_packages() {
+  local missing=() p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  echo "pserver: installing ${missing[*]}" >&2
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=(sudo)
+    else
+      echo "pserver: missing packages; run: sudo apt-get install -y ${missing[*]}" >&2
+      return 1
+    fi
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
