@@ -1,0 +1,180 @@
+// pserver_server: one shard of the parameter server.
+//
+//   pserver_server --shard_index=0 --num_shards=2 --num_workers=4
+//                  --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9100
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/codec.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "server/shard_server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "gRPC listen address, host:port (port 0 picks a free one)");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9100",
+          "Prometheus /metrics listen address, host:port; empty disables");
+ABSL_FLAG(uint32_t, shard_index, 0, "this shard, 0 .. num_shards-1");
+ABSL_FLAG(uint32_t, num_shards, 1, "shards the model is split into");
+ABSL_FLAG(uint32_t, num_workers, 1,
+          "workers whose pushes make up a round (BSP)");
+ABSL_FLAG(std::string, optimizer, "onebit_adam", "onebit_adam, adam or sgd");
+ABSL_FLAG(float, lr, 1e-3f, "learning rate");
+ABSL_FLAG(float, beta1, 0.9f, "Adam beta1 (momentum decay)");
+ABSL_FLAG(float, beta2, 0.999f, "Adam beta2 (variance decay)");
+ABSL_FLAG(float, eps, 1e-8f, "Adam eps, added outside the sqrt");
+ABSL_FLAG(float, weight_decay, 0.0f,
+          "decoupled weight decay for Adam variants (AdamW), L2 for sgd");
+ABSL_FLAG(bool, bias_correction, false, "adam: apply Adam's bias correction");
+ABSL_FLAG(float, momentum, 0.9f, "sgd momentum");
+ABSL_FLAG(uint64_t, freeze_step, 100,
+          "onebit_adam: rounds of plain Adam before v is frozen");
+ABSL_FLAG(float, variance_floor, 0.1f,
+          "onebit_adam robust mode: at the freeze sqrt(v) is floored at this "
+          "fraction of its per-tensor mean");
+ABSL_FLAG(std::string, onebit_mode, "robust",
+          "onebit_adam: 'robust' (variance floor, preconditioned pushes) or "
+          "'deepspeed' (no floor, raw-gradient pushes)");
+ABSL_FLAG(std::string, pull_codec, "onebit",
+          "codec of pull deltas: fp32 (exact snapshots), fp16, bf16, onebit, "
+          "topk, randomk, quantize, topk_quantize");
+ABSL_FLAG(uint32_t, pull_block_size, 256,
+          "pull codec: elements per scale block (onebit, quantize)");
+ABSL_FLAG(double, pull_k_fraction, 0.01,
+          "pull codec: fraction kept by topk/randomk");
+ABSL_FLAG(uint32_t, pull_bits, 8, "pull codec: bits for quantize, 2..8");
+ABSL_FLAG(int32_t, max_message_mb, 1024,
+          "largest gRPC message in MiB, each direction (1..2047)");
+ABSL_FLAG(int32_t, drain_seconds, 10,
+          "on SIGTERM/SIGINT, time in-flight calls get to finish");
+
+namespace pserver {
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "pserver_server: %s\n", message.c_str());
+  return 2;
+}
+
+int Run() {
+  ShardConfig config;
+  config.shard_index = absl::GetFlag(FLAGS_shard_index);
+  config.num_shards = absl::GetFlag(FLAGS_num_shards);
+  config.num_workers = absl::GetFlag(FLAGS_num_workers);
+  absl::StatusOr<OptimizerKind> kind =
+      ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer));
+  if (!kind.ok()) return Fail(absl::StrCat("--", kind.status().message()));
+  OptimizerConfig& o = config.optimizer;
+  o.kind = *kind;
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.beta1 = absl::GetFlag(FLAGS_beta1);
+  o.beta2 = absl::GetFlag(FLAGS_beta2);
+  o.eps = absl::GetFlag(FLAGS_eps);
+  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.bias_correction = absl::GetFlag(FLAGS_bias_correction);
+  o.momentum = absl::GetFlag(FLAGS_momentum);
+  o.freeze_step = absl::GetFlag(FLAGS_freeze_step);
+  o.variance_floor = absl::GetFlag(FLAGS_variance_floor);
+  std::string mode = absl::GetFlag(FLAGS_onebit_mode);
+  if (mode == "robust") {
+    o.preconditioned = true;
+  } else if (mode == "deepspeed") {
+    o.preconditioned = false;
+    o.variance_floor = 0.0f;
+  } else {
+    return Fail(absl::StrCat("--onebit_mode is '", mode,
+                             "'; expected robust or deepspeed"));
+  }
+  absl::StatusOr<v1::Codec> codec =
+      ParseCodecName(absl::GetFlag(FLAGS_pull_codec));
+  if (!codec.ok()) {
+    return Fail(absl::StrCat("--pull_", codec.status().message()));
+  }
+  config.pull_codec = *codec;
+  config.pull_params.set_block_size(absl::GetFlag(FLAGS_pull_block_size));
+  config.pull_params.set_k_fraction(absl::GetFlag(FLAGS_pull_k_fraction));
+  config.pull_params.set_bits(absl::GetFlag(FLAGS_pull_bits));
+  if (absl::Status s = ValidateShardConfig(config); !s.ok()) {
+    return Fail(absl::StrCat("--", s.message()));
+  }
+  if (absl::StatusOr<std::unique_ptr<Codec>> c =
+          MakeCodec(config.pull_codec, config.pull_params);
+      !c.ok()) {
+    return Fail(absl::StrCat("--pull_codec: ", c.status().message()));
+  }
+  int max_mb = absl::GetFlag(FLAGS_max_message_mb);
+  if (max_mb < 1 || max_mb > 2047) {
+    return Fail(absl::StrCat("--max_message_mb is ", max_mb,
+                             "; expected 1..2047"));
+  }
+  int drain = absl::GetFlag(FLAGS_drain_seconds);
+  if (drain < 0) {
+    return Fail(absl::StrCat("--drain_seconds is ", drain, "; expected >= 0"));
+  }
+
+  // Block the stop signals before any thread starts, then wait for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
+    } catch (const std::exception& e) {
+      return Fail(absl::StrCat("--metrics_listen ", metrics_listen,
+                               ": cannot listen: ", e.what()));
+    }
+    exposer->RegisterCollectable(registry);
+  }
+  ServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.max_message_bytes = max_mb * (1 << 20);
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start(config, options, registry.get());
+  if (!server.ok()) {
+    return Fail(absl::StrCat("--listen: ", server.status().message()));
+  }
+  std::string metrics_port =
+      exposer ? absl::StrCat(exposer->GetListeningPorts().front()) : "off";
+  std::fprintf(stderr,
+               "pserver_server: shard %u/%u listening on port %d (metrics "
+               "port %s), %u workers, optimizer %s, pull codec %s\n",
+               config.shard_index, config.num_shards, (*server)->port(),
+               metrics_port.c_str(), config.num_workers,
+               OptimizerName(o.kind).c_str(),
+               CodecName(config.pull_codec).c_str());
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "pserver_server: %s, draining for up to %ds\n",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);
+  (*server)->Shutdown(absl::Seconds(drain));
+  std::fprintf(stderr, "pserver_server: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace pserver
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "One shard of the pserver parameter server.\n"
+      "  pserver_server --shard_index=0 --num_shards=2 --num_workers=4");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "pserver_server: unexpected argument '%s'\n", rest[1]);
+    return 2;
+  }
+  return pserver::Run();
+}

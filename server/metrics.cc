@@ -1,0 +1,194 @@
+#include "server/metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+
+namespace pserver {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+Histogram::BucketBoundaries SecondsBuckets() {
+  // 50 us .. ~100 s, factor 2.5.
+  Histogram::BucketBoundaries b;
+  for (double v = 5e-5; v < 120; v *= 2.5) b.push_back(v);
+  return b;
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(prometheus::Registry& registry,
+                             uint32_t shard_index)
+    : shard_(absl::StrCat(shard_index)),
+      requests_(BuildCounter()
+                    .Name("pserver_server_requests_total")
+                    .Help("RPCs finished, by method and gRPC status code.")
+                    .Register(registry)),
+      rejected_(BuildCounter()
+                    .Name("pserver_server_rejected_requests_total")
+                    .Help("Requests refused, by reason.")
+                    .Register(registry)),
+      bytes_received_(BuildCounter()
+                          .Name("pserver_server_received_payload_bytes_total")
+                          .Help("Encoded tensor payload bytes received, by codec.")
+                          .Register(registry)),
+      bytes_sent_(BuildCounter()
+                      .Name("pserver_server_sent_payload_bytes_total")
+                      .Help("Encoded tensor payload bytes sent, by codec.")
+                      .Register(registry)),
+      compression_ratio_(
+          BuildGauge()
+              .Name("pserver_server_compression_ratio")
+              .Help("fp32 bytes represented / payload bytes on the wire so "
+                    "far, by direction (push, pull).")
+              .Register(registry)),
+      decoded_elements_(BuildCounter()
+                            .Name("pserver_server_decoded_elements_total")
+                            .Help("Gradient elements decoded and summed.")
+                            .Register(registry)
+                            .Add({{"shard", shard_}})),
+      round_seconds_(BuildHistogram()
+                         .Name("pserver_server_round_duration_seconds")
+                         .Help("From a round's first push to its weights "
+                               "being pullable.")
+                         .Register(registry)
+                         .Add({{"shard", shard_}}, SecondsBuckets())),
+      aggregation_seconds_(
+          BuildHistogram()
+              .Name("pserver_server_aggregation_duration_seconds")
+              .Help("Decoding and summing one push.")
+              .Register(registry)
+              .Add({{"shard", shard_}}, SecondsBuckets())),
+      optimizer_seconds_(BuildHistogram()
+                             .Name("pserver_server_optimizer_duration_seconds")
+                             .Help("One optimizer step over the shard.")
+                             .Register(registry)
+                             .Add({{"shard", shard_}}, SecondsBuckets())),
+      pull_encode_seconds_(
+          BuildHistogram()
+              .Name("pserver_server_pull_encode_duration_seconds")
+              .Help("Encoding the pull delta and updating the replica.")
+              .Register(registry)
+              .Add({{"shard", shard_}}, SecondsBuckets())),
+      step_(BuildGauge()
+                .Name("pserver_server_step")
+                .Help("Completed optimizer rounds.")
+                .Register(registry)
+                .Add({{"shard", shard_}})),
+      stage_(BuildGauge()
+                 .Name("pserver_server_optimizer_stage")
+                 .Help("1 = warmup (plain Adam), 2 = compression (v frozen).")
+                 .Register(registry)
+                 .Add({{"shard", shard_}})),
+      workers_registered_(BuildGauge()
+                              .Name("pserver_server_workers_registered")
+                              .Help("Workers that have registered.")
+                              .Register(registry)
+                              .Add({{"shard", shard_}})),
+      update_norm_(BuildGauge()
+                       .Name("pserver_server_update_norm")
+                       .Help("L2 norm of the last weight update.")
+                       .Register(registry)
+                       .Add({{"shard", shard_}})),
+      momentum_norm_(BuildGauge()
+                         .Name("pserver_server_momentum_norm")
+                         .Help("L2 norm of the optimizer momentum.")
+                         .Register(registry)
+                         .Add({{"shard", shard_}})),
+      residual_norm_(BuildGauge()
+                         .Name("pserver_server_replica_residual_norm")
+                         .Help("L2 norm of x - x_hat after the last pull "
+                               "delta (the downlink error feedback).")
+                         .Register(registry)
+                         .Add({{"shard", shard_}})),
+      model_elements_(BuildGauge()
+                          .Name("pserver_server_shard_elements")
+                          .Help("Parameters this shard owns.")
+                          .Register(registry)
+                          .Add({{"shard", shard_}})) {
+  BuildGauge()
+      .Name("pserver_build_info")
+      .Help("Always 1; labels name the build.")
+      .Register(registry)
+      .Add({{"version", "0.1.0"}, {"component", "server"}})
+      .Set(1);
+  compression_ratio_.Add({{"shard", shard_}, {"direction", "push"}});
+  compression_ratio_.Add({{"shard", shard_}, {"direction", "pull"}});
+}
+
+prometheus::Counter& ServerMetrics::Child(
+    prometheus::Family<prometheus::Counter>& f,
+    const std::map<std::string, std::string>& labels) {
+  // Family::Add returns the existing child for known labels.
+  return f.Add(labels);
+}
+
+void ServerMetrics::CountRequest(const std::string& method,
+                                 const std::string& code) {
+  Child(requests_, {{"shard", shard_}, {"method", method}, {"code", code}})
+      .Increment();
+}
+
+void ServerMetrics::CountRejected(const std::string& reason) {
+  Child(rejected_, {{"shard", shard_}, {"reason", reason}}).Increment();
+}
+
+void ServerMetrics::AddReceived(const std::string& codec, uint64_t bytes,
+                                uint64_t fp32_bytes) {
+  Child(bytes_received_, {{"shard", shard_}, {"codec", codec}})
+      .Increment(static_cast<double>(bytes));
+  absl::MutexLock l(&mu_);
+  received_bytes_ += bytes;
+  received_fp32_ += fp32_bytes;
+  if (received_bytes_ > 0) {
+    compression_ratio_.Add({{"shard", shard_}, {"direction", "push"}})
+        .Set(static_cast<double>(received_fp32_) / received_bytes_);
+  }
+}
+
+void ServerMetrics::AddSent(const std::string& codec, uint64_t bytes,
+                            uint64_t fp32_bytes) {
+  Child(bytes_sent_, {{"shard", shard_}, {"codec", codec}})
+      .Increment(static_cast<double>(bytes));
+  absl::MutexLock l(&mu_);
+  sent_bytes_ += bytes;
+  sent_fp32_ += fp32_bytes;
+  if (sent_bytes_ > 0) {
+    compression_ratio_.Add({{"shard", shard_}, {"direction", "pull"}})
+        .Set(static_cast<double>(sent_fp32_) / sent_bytes_);
+  }
+}
+
+void ServerMetrics::AddDecodedElements(uint64_t n) {
+  decoded_elements_.Increment(static_cast<double>(n));
+}
+void ServerMetrics::ObserveRound(double s) { round_seconds_.Observe(s); }
+void ServerMetrics::ObserveAggregation(double s) {
+  aggregation_seconds_.Observe(s);
+}
+void ServerMetrics::ObserveOptimizer(double s) { optimizer_seconds_.Observe(s); }
+void ServerMetrics::ObservePullEncode(double s) {
+  pull_encode_seconds_.Observe(s);
+}
+void ServerMetrics::SetStep(uint64_t step) {
+  step_.Set(static_cast<double>(step));
+}
+void ServerMetrics::SetStage(int stage) { stage_.Set(stage); }
+void ServerMetrics::SetWorkersRegistered(uint32_t n) {
+  workers_registered_.Set(n);
+}
+void ServerMetrics::SetNorms(double update, double momentum, double residual) {
+  update_norm_.Set(update);
+  momentum_norm_.Set(momentum);
+  residual_norm_.Set(residual);
+}
+void ServerMetrics::SetModelElements(uint64_t n) {
+  model_elements_.Set(static_cast<double>(n));
+}
+
+}  // namespace pserver

@@ -1,0 +1,594 @@
+#include "server/shard.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "server/metrics.h"
+
+namespace pserver {
+namespace {
+
+double SecondsSince(absl::Time start) {
+  return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+double L2Norm(absl::Span<const float> v) {
+  double s = 0;
+  for (float f : v) s += double{f} * f;
+  return std::sqrt(s);
+}
+
+uint64_t PullSeed(uint32_t shard, uint64_t step) {
+  uint64_t z = (uint64_t{shard} << 48) ^ step ^ 0x5DEECE66DULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+void SetFp32(absl::Span<const float> v, v1::EncodedTensor* t) {
+  t->Clear();
+  t->set_codec(v1::CODEC_FP32);
+  t->set_num_elements(v.size());
+  t->mutable_payload()->resize(v.size() * sizeof(float));
+  if (!v.empty()) {
+    std::memcpy(t->mutable_payload()->data(), v.data(),
+                v.size() * sizeof(float));
+  }
+}
+
+const char* SpaceName(v1::GradientSpace s) {
+  return s == v1::GRADIENT_SPACE_PRECONDITIONED ? "PRECONDITIONED" : "RAW";
+}
+
+}  // namespace
+
+absl::Status ValidateShardConfig(const ShardConfig& c) {
+  if (c.num_shards == 0) {
+    return absl::InvalidArgumentError("num_shards is 0; expected >= 1");
+  }
+  if (c.shard_index >= c.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_index is ", c.shard_index, "; expected 0..",
+                     c.num_shards - 1));
+  }
+  if (c.num_workers == 0 || c.num_workers > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_workers is ", c.num_workers, "; expected 1..4096"));
+  }
+  return ValidateOptimizerConfig(c.optimizer);
+}
+
+absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
+                                                     ServerMetrics* metrics) {
+  if (absl::Status s = ValidateShardConfig(config); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Codec>> codec =
+      MakeCodec(config.pull_codec, config.pull_params);
+  if (!codec.ok()) return codec.status();
+  return std::unique_ptr<Shard>(
+      new Shard(config, metrics, std::move(codec).value()));
+}
+
+Shard::Shard(const ShardConfig& config, ServerMetrics* metrics,
+             std::unique_ptr<Codec> pull_codec)
+    : config_(config), metrics_(metrics), pull_codec_(std::move(pull_codec)) {
+  worker_registered_.assign(config_.num_workers, false);
+  last_pushed_.assign(config_.num_workers, -1);
+  pending_.resize(config_.num_workers);
+  pending_codec_.resize(config_.num_workers);
+}
+
+absl::Status Shard::CheckWorker(uint32_t worker_id,
+                                absl::string_view field) const {
+  if (worker_id >= config_.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", worker_id, "; expected 0..",
+                     config_.num_workers - 1, " (the shard expects ",
+                     config_.num_workers, " workers)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterResponse> Shard::Register(
+    const v1::RegisterRequest& req) {
+  auto reject = [&](absl::string_view reason, absl::Status s) {
+    if (metrics_) metrics_->CountRejected(std::string(reason));
+    return s;
+  };
+  if (absl::Status s = CheckWorker(req.worker_id(), "worker_id"); !s.ok()) {
+    return reject("unknown_worker", s);
+  }
+  if (req.num_workers() != config_.num_workers) {
+    return reject("config_mismatch",
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "num_workers is ", req.num_workers(), "; the shard expects ",
+                      config_.num_workers)));
+  }
+  if (req.num_shards() != config_.num_shards ||
+      req.shard_index() != config_.shard_index) {
+    return reject("config_mismatch",
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "shard_index/num_shards is ", req.shard_index(), "/",
+                      req.num_shards(), "; this shard is ", config_.shard_index,
+                      "/", config_.num_shards)));
+  }
+  absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(req.layout());
+  if (!slots.ok()) return reject("bad_layout", slots.status());
+
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("shard is shutting down");
+  v1::RegisterResponse resp;
+  if (registered_) {
+    std::string diff = FirstLayoutDifference(req.layout(), layout_);
+    if (!diff.empty()) {
+      return reject("layout_mismatch",
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "model layout differs from the registered one: ",
+                        diff)));
+    }
+  } else {
+    ShardRange range = ShardRangeFor(TotalElements(req.layout()),
+                                     config_.num_shards, config_.shard_index);
+    const v1::EncodedTensor& init = req.initial_weights();
+    absl::StatusOr<std::unique_ptr<Codec>> codec = MakeDecoderFor(init);
+    if (!codec.ok()) {
+      return reject("invalid_payload",
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "initial_weights: ", codec.status().message())));
+    }
+    if (absl::Status s = (*codec)->Validate(init, range.size()); !s.ok()) {
+      return reject("invalid_payload",
+                    absl::InvalidArgumentError(
+                        absl::StrCat("initial_weights: ", s.message())));
+    }
+    std::vector<float> x(range.size(), 0.0f);
+    if (absl::Status s = (*codec)->Decode(init, absl::MakeSpan(x)); !s.ok()) {
+      return reject("invalid_payload", s);
+    }
+    // Tensor pieces inside this shard, for per-tensor optimizer rules.
+    std::vector<LocalSegment> segments;
+    for (const TensorSlot& t : *slots) {
+      uint64_t b = std::max(t.offset, range.begin);
+      uint64_t e = std::min(t.offset + t.size, range.end);
+      if (b < e) segments.push_back({b - range.begin, e - range.begin});
+    }
+    layout_ = req.layout();
+    range_ = range;
+    x_ = std::move(x);
+    x_hat_ = x_;
+    acc_.assign(range.size(), 0.0f);
+    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, range.size(),
+                                             std::move(segments));
+    replica_checksum_ = ChecksumOf(x_hat_);
+    prev_replica_checksum_ = replica_checksum_;
+    registered_ = true;
+    resp.set_initialized_model(true);
+    if (metrics_) {
+      metrics_->SetModelElements(range.size());
+      metrics_->SetStage(optimizer_->stage());
+    }
+  }
+  worker_registered_[req.worker_id()] = true;
+  uint32_t count = 0;
+  for (bool b : worker_registered_) count += b ? 1 : 0;
+  if (metrics_) metrics_->SetWorkersRegistered(count);
+  resp.set_shard_begin(range_.begin);
+  resp.set_shard_end(range_.end);
+  resp.set_current_step(step_);
+  resp.set_stage(optimizer_->stage());
+  resp.set_freeze_step(config_.optimizer.kind == OptimizerKind::kOneBitAdam
+                           ? config_.optimizer.freeze_step
+                           : 0);
+  resp.set_compression_space(config_.optimizer.preconditioned
+                                 ? v1::GRADIENT_SPACE_PRECONDITIONED
+                                 : v1::GRADIENT_SPACE_RAW);
+  return resp;
+}
+
+absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
+  auto reject = [&](absl::string_view reason, absl::Status s) {
+    if (metrics_) metrics_->CountRejected(std::string(reason));
+    return s;
+  };
+  if (absl::Status s = CheckWorker(req.worker_id(), "worker_id"); !s.ok()) {
+    return reject("unknown_worker", s);
+  }
+  uint64_t n;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shard is shutting down");
+    if (!registered_) {
+      return reject("not_registered",
+                    absl::FailedPreconditionError(
+                        "no model is registered on this shard; call Register "
+                        "first"));
+    }
+    if (!worker_registered_[req.worker_id()]) {
+      return reject("not_registered",
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "worker_id ", req.worker_id(),
+                        " has not registered; call Register first")));
+    }
+    n = range_.size();
+  }
+  // Payload checks need no state: run them before taking the lock.
+  absl::StatusOr<std::unique_ptr<Codec>> codec =
+      MakeDecoderFor(req.gradient());
+  if (!codec.ok()) {
+    return reject("invalid_payload",
+                  absl::InvalidArgumentError(
+                      absl::StrCat("gradient: ", codec.status().message())));
+  }
+  if (absl::Status s = (*codec)->Validate(req.gradient(), n); !s.ok()) {
+    bool wrong_size = req.gradient().num_elements() != n;
+    return reject(wrong_size ? "wrong_size" : "invalid_payload",
+                  absl::InvalidArgumentError(
+                      absl::StrCat("gradient: ", s.message())));
+  }
+
+  std::vector<Ready> ready;
+  v1::PushResponse resp;
+  mu_.Lock();
+  {
+    const uint32_t w = req.worker_id();
+    absl::Status error;
+    std::string reason;
+    if (req.step() < step_) {
+      if (last_pushed_[w] >= static_cast<int64_t>(req.step())) {
+        resp.set_duplicate(true);
+      } else {
+        reason = "stale_step";
+        error = absl::AbortedError(absl::StrCat(
+            "step is ", req.step(), "; the shard is at step ", step_,
+            " and worker ", w, " never pushed that step"));
+      }
+    } else if (req.step() > step_) {
+      reason = "future_step";
+      error = absl::FailedPreconditionError(absl::StrCat(
+          "step is ", req.step(), "; the shard is at step ", step_,
+          " (pull step ", step_, " first)"));
+    } else if (pending_[w] != nullptr || next_ > w) {
+      resp.set_duplicate(true);
+    } else if ((req.space() == v1::GRADIENT_SPACE_UNSPECIFIED
+                    ? v1::GRADIENT_SPACE_RAW
+                    : req.space()) != optimizer_->expected_space()) {
+      reason = "wrong_space";
+      error = absl::FailedPreconditionError(absl::StrCat(
+          "space is ", SpaceName(req.space()), "; expected ",
+          SpaceName(optimizer_->expected_space()), " at step ", step_));
+    } else {
+      if (received_ == 0) round_start_ = absl::Now();
+      pending_[w] = std::make_unique<v1::EncodedTensor>(req.gradient());
+      pending_codec_[w] = std::move(codec).value();
+      last_pushed_[w] = static_cast<int64_t>(req.step());
+      ++received_;
+      if (metrics_) {
+        metrics_->AddReceived(CodecName(req.gradient().codec()),
+                              req.gradient().payload().size(),
+                              Fp32Bytes(req.gradient().num_elements()));
+      }
+      ready = Drain();
+    }
+    if (!error.ok()) {
+      mu_.Unlock();
+      return reject(reason, error);
+    }
+    resp.set_current_step(step_);
+  }
+  mu_.Unlock();
+  for (Ready& r : ready) r();
+  return resp;
+}
+
+std::vector<Shard::Ready> Shard::Drain() {
+  if (draining_) return {};
+  draining_ = true;
+  const uint32_t w_count = config_.num_workers;
+  while (next_ < w_count && pending_[next_] != nullptr) {
+    const v1::EncodedTensor* t = pending_[next_].get();
+    const Codec* codec = pending_codec_[next_].get();
+    // acc_ belongs to this thread while draining_ is set: decode unlocked so
+    // other pushes can be validated and queued meanwhile.
+    mu_.Unlock();
+    absl::Time start = absl::Now();
+    absl::Status s = codec->DecodeAccumulate(*t, 1.0f, absl::MakeSpan(acc_));
+    if (metrics_) {
+      metrics_->ObserveAggregation(SecondsSince(start));
+      metrics_->AddDecodedElements(t->num_elements());
+    }
+    mu_.Lock();
+    // The payload was validated on arrival; a failure here is a codec bug.
+    if (!s.ok()) {
+      std::fprintf(stderr, "pserver: decode of a validated push failed: %s\n",
+                   std::string(s.message()).c_str());
+    }
+    ++next_;
+  }
+  draining_ = false;
+  if (next_ == w_count) return CompleteRound();
+  return {};
+}
+
+std::vector<Shard::Ready> Shard::CompleteRound() {
+  const uint64_t n = range_.size();
+  const float inv_w = 1.0f / static_cast<float>(config_.num_workers);
+  ParallelChunks(n, [&](uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; ++i) acc_[i] *= inv_w;
+  });
+  absl::Time start = absl::Now();
+  double update_norm = optimizer_->Step(acc_, absl::MakeSpan(x_));
+  if (metrics_) metrics_->ObserveOptimizer(SecondsSince(start));
+  ++step_;
+
+  // Downlink: the replica follows x through the pull codec.
+  start = absl::Now();
+  prev_replica_checksum_ = replica_checksum_;
+  double residual_norm = 0;
+  if (config_.pull_codec == v1::CODEC_FP32) {
+    x_hat_ = x_;
+    delta_.reset();
+  } else {
+    // acc_ is free now: reuse it for x - x_hat.
+    ParallelChunks(n, [&](uint64_t b, uint64_t e) {
+      for (uint64_t i = b; i < e; ++i) acc_[i] = x_[i] - x_hat_[i];
+    });
+    v1::EncodedTensor d;
+    absl::Status s = pull_codec_->Encode(
+        acc_, PullSeed(config_.shard_index, step_), &d);
+    if (s.ok()) {
+      s = pull_codec_->DecodeAccumulate(d, 1.0f, absl::MakeSpan(x_hat_));
+    }
+    if (s.ok()) {
+      delta_ = std::move(d);
+    } else {
+      // Non-finite weights (a diverged run): pulls fall back to snapshots.
+      std::fprintf(stderr, "pserver: shard %u step %lu: pull encode failed: %s\n",
+                   config_.shard_index, static_cast<unsigned long>(step_),
+                   std::string(s.message()).c_str());
+      delta_.reset();
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      double r = double{x_[i]} - x_hat_[i];
+      residual_norm += r * r;
+    }
+    residual_norm = std::sqrt(residual_norm);
+  }
+  replica_checksum_ = ChecksumOf(x_hat_);
+  if (metrics_) {
+    metrics_->ObservePullEncode(SecondsSince(start));
+    metrics_->ObserveRound(SecondsSince(round_start_));
+    metrics_->SetStep(step_);
+    metrics_->SetStage(optimizer_->stage());
+    metrics_->SetNorms(update_norm, L2Norm(optimizer_->m()), residual_norm);
+  }
+
+  std::fill(acc_.begin(), acc_.end(), 0.0f);
+  for (auto& p : pending_) p.reset();
+  for (auto& c : pending_codec_) c.reset();
+  received_ = 0;
+  next_ = 0;
+  return WakeWaiters();
+}
+
+std::vector<Shard::Ready> Shard::WakeWaiters() {
+  std::vector<Ready> ready;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->request.step() <= step_) {
+      absl::StatusOr<v1::PullResponse> answer = AnswerPull(it->request);
+      PullDone done = std::move(it->done);
+      ready.push_back([done = std::move(done), answer = std::move(answer)]() {
+        if (answer.ok()) {
+          done(absl::OkStatus(), *answer);
+        } else {
+          done(answer.status(), v1::PullResponse());
+        }
+      });
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ready;
+}
+
+absl::StatusOr<v1::PullResponse> Shard::AnswerPull(
+    const v1::PullRequest& req) {
+  v1::PullResponse resp;
+  resp.set_step(step_);
+  resp.set_stage(optimizer_->stage());
+  resp.set_replica_checksum(replica_checksum_);
+  bool delta_ok = delta_.has_value() && !req.want_snapshot() &&
+                  req.step() == step_ &&
+                  req.replica_step() == static_cast<int64_t>(step_) - 1 &&
+                  req.replica_checksum() == prev_replica_checksum_;
+  if (delta_ok) {
+    resp.set_kind(v1::PULL_KIND_DELTA);
+    *resp.mutable_weights() = *delta_;
+  } else {
+    resp.set_kind(v1::PULL_KIND_SNAPSHOT);
+    SetFp32(x_hat_, resp.mutable_weights());
+  }
+  if (metrics_) {
+    metrics_->AddSent(CodecName(resp.weights().codec()),
+                      resp.weights().payload().size(),
+                      Fp32Bytes(resp.weights().num_elements()));
+  }
+  return resp;
+}
+
+uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
+  absl::Status error;
+  absl::StatusOr<v1::PullResponse> answer;
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      error = absl::UnavailableError("shard is shutting down");
+    } else if (!registered_) {
+      error = absl::FailedPreconditionError(
+          "no model is registered on this shard; call Register first");
+      if (metrics_) metrics_->CountRejected("not_registered");
+    } else if (absl::Status s = CheckWorker(req.worker_id(), "worker_id");
+               !s.ok()) {
+      error = s;
+      if (metrics_) metrics_->CountRejected("unknown_worker");
+    } else if (req.step() > step_ + 1) {
+      error = absl::FailedPreconditionError(absl::StrCat(
+          "step is ", req.step(), "; the shard is at step ", step_,
+          ", so at most step ", step_ + 1, " can be pulled"));
+      if (metrics_) metrics_->CountRejected("future_step");
+    } else if (req.step() == step_ + 1) {
+      id = next_waiter_id_++;
+      waiters_.push_back(Waiter{id, req, std::move(done)});
+      return id;
+    } else {
+      answer = AnswerPull(req);
+    }
+  }
+  if (!error.ok()) {
+    done(error, v1::PullResponse());
+  } else if (!answer.ok()) {
+    done(answer.status(), v1::PullResponse());
+  } else {
+    done(absl::OkStatus(), *std::move(answer));
+  }
+  return 0;
+}
+
+void Shard::CancelPull(uint64_t id, absl::Status why) {
+  PullDone done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+      if (it->id == id) {
+        done = std::move(it->done);
+        waiters_.erase(it);
+        break;
+      }
+    }
+  }
+  if (done) done(why, v1::PullResponse());
+}
+
+absl::StatusOr<v1::PullResponse> Shard::PullBlocking(const v1::PullRequest& req,
+                                                     absl::Duration timeout) {
+  struct Result {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    v1::PullResponse resp ABSL_GUARDED_BY(mu);
+  };
+  auto result = std::make_shared<Result>();
+  uint64_t id = Pull(req, [result](absl::Status s, v1::PullResponse r) {
+    absl::MutexLock l(&result->mu);
+    result->status = std::move(s);
+    result->resp = std::move(r);
+    result->done = true;
+  });
+  absl::MutexLock l(&result->mu);
+  auto is_done = [&result]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(result->mu) {
+    return result->done;
+  };
+  if (!result->mu.AwaitWithTimeout(absl::Condition(&is_done), timeout)) {
+    result->mu.Unlock();
+    CancelPull(id, absl::DeadlineExceededError(absl::StrCat(
+                       "step ", req.step(), " not ready within ",
+                       absl::FormatDuration(timeout))));
+    result->mu.Lock();
+    result->mu.Await(absl::Condition(&is_done));
+  }
+  if (!result->status.ok()) return result->status;
+  return std::move(result->resp);
+}
+
+absl::StatusOr<v1::GetFrozenVarianceResponse> Shard::GetFrozenVariance(
+    const v1::GetFrozenVarianceRequest& req) {
+  if (absl::Status s = CheckWorker(req.worker_id(), "worker_id"); !s.ok()) {
+    if (metrics_) metrics_->CountRejected("unknown_worker");
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!registered_) {
+    return absl::FailedPreconditionError(
+        "no model is registered on this shard; call Register first");
+  }
+  if (!optimizer_->frozen()) {
+    if (config_.optimizer.kind != OptimizerKind::kOneBitAdam) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the optimizer is ", OptimizerName(config_.optimizer.kind),
+          "; only onebit_adam freezes its variance"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "variance is frozen from step ", config_.optimizer.freeze_step,
+        "; the shard is at step ", step_));
+  }
+  v1::GetFrozenVarianceResponse resp;
+  resp.set_freeze_step(config_.optimizer.freeze_step);
+  resp.set_eps(config_.optimizer.eps);
+  SetFp32(optimizer_->frozen_variance(), resp.mutable_variance());
+  return resp;
+}
+
+v1::GetStatusResponse Shard::Status() {
+  uint64_t checksum = StateChecksum();
+  absl::MutexLock lock(&mu_);
+  v1::GetStatusResponse r;
+  r.set_shard_index(config_.shard_index);
+  r.set_num_shards(config_.num_shards);
+  r.set_expected_workers(config_.num_workers);
+  r.set_model_registered(registered_);
+  r.set_current_step(step_);
+  r.set_optimizer(OptimizerName(config_.optimizer.kind));
+  uint32_t count = 0;
+  for (bool b : worker_registered_) count += b ? 1 : 0;
+  r.set_workers_registered(count);
+  r.set_pushes_pending(received_);
+  if (registered_) {
+    r.set_stage(optimizer_->stage());
+    r.set_shard_begin(range_.begin);
+    r.set_shard_end(range_.end);
+    r.set_replica_checksum(replica_checksum_);
+  }
+  r.set_state_checksum(checksum);
+  return r;
+}
+
+bool Shard::registered() {
+  absl::MutexLock lock(&mu_);
+  return registered_;
+}
+
+uint64_t Shard::StateChecksum() {
+  absl::MutexLock lock(&mu_);
+  Checksum64 h;
+  h.Update(&step_, sizeof(step_));
+  h.Update(x_.data(), x_.size() * sizeof(float));
+  h.Update(x_hat_.data(), x_hat_.size() * sizeof(float));
+  if (optimizer_) {
+    h.Update(optimizer_->m().data(), optimizer_->m().size() * sizeof(float));
+    h.Update(optimizer_->v().data(), optimizer_->v().size() * sizeof(float));
+  }
+  h.Update(last_pushed_.data(), last_pushed_.size() * sizeof(int64_t));
+  for (size_t w = 0; w < pending_.size(); ++w) {
+    bool p = pending_[w] != nullptr;
+    h.Update(&p, 1);
+  }
+  return h.Finish();
+}
+
+void Shard::Shutdown() {
+  std::list<Waiter> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    waiters.swap(waiters_);
+  }
+  for (Waiter& w : waiters) {
+    w.done(absl::UnavailableError("shard is shutting down"),
+           v1::PullResponse());
+  }
+}
+
+}  // namespace pserver

@@ -1,0 +1,59 @@
+#include "server/shard_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_builder.h"
+
+namespace pserver {
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
+    const ShardConfig& config, const ServerOptions& options,
+    prometheus::Registry* registry) {
+  std::unique_ptr<ShardServer> s(new ShardServer());
+  if (registry != nullptr) {
+    s->metrics_ = std::make_unique<ServerMetrics>(*registry, config.shard_index);
+  }
+  absl::StatusOr<std::unique_ptr<Shard>> shard =
+      Shard::Create(config, s->metrics_.get());
+  if (!shard.ok()) return shard.status();
+  s->shard_ = std::move(shard).value();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  ShardServer* self = s.get();
+  s->service_ = std::make_unique<ParameterServerService>(
+      s->shard_.get(), s->metrics_.get(), [self] {
+        if (self->server_) {
+          self->server_->GetHealthCheckService()->SetServingStatus(kServiceName,
+                                                                   true);
+        }
+      });
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  grpc::HealthCheckServiceInterface* health =
+      s->server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kServiceName, s->shard_->registered());
+  return s;
+}
+
+ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+void ShardServer::Shutdown(absl::Duration drain) {
+  if (!server_) return;
+  server_->GetHealthCheckService()->Shutdown();
+  shard_->Shutdown();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace pserver

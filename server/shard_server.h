@@ -1,0 +1,62 @@
+// A running shard: the Shard, its gRPC server (ParameterServer and
+// grpc.health.v1), and its metrics. Used by the daemon and by tests that need
+// a real server in-process (listen on port 0).
+#ifndef PSERVER_SERVER_SHARD_SERVER_H_
+#define PSERVER_SERVER_SHARD_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "prometheus/registry.h"
+#include "server/metrics.h"
+#include "server/service.h"
+#include "server/shard.h"
+
+namespace pserver {
+
+struct ServerOptions {
+  std::string listen_address = "0.0.0.0:50051";
+  // Largest request or response. Snapshots of a shard are 4 bytes per
+  // element; the default fits 256M elements. Larger requests get
+  // RESOURCE_EXHAUSTED from gRPC before any handler runs.
+  int max_message_bytes = 1 << 30;
+};
+
+// The health service reports "" (the process) SERVING once started, and
+// "pserver.v1.ParameterServer" NOT_SERVING until a model is registered.
+inline constexpr char kServiceName[] = "pserver.v1.ParameterServer";
+
+// Thread-safe.
+class ShardServer {
+ public:
+  // `registry` may be null (no metrics). It must outlive the server.
+  static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
+      const ShardConfig& config, const ServerOptions& options,
+      prometheus::Registry* registry);
+  ~ShardServer();
+
+  // The bound port (useful with ":0").
+  int port() const { return port_; }
+  Shard* shard() { return shard_.get(); }
+
+  // Graceful: refuses new calls, answers waiting pulls with UNAVAILABLE,
+  // lets in-flight calls finish for up to `drain`, then cancels the rest.
+  // Idempotent; the destructor calls it with no drain time.
+  void Shutdown(absl::Duration drain);
+
+ private:
+  ShardServer() = default;
+
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_SERVER_SHARD_SERVER_H_

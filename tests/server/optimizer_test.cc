@@ -1,0 +1,265 @@
+#include "server/optimizer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+// Deterministic pseudo-random gradients.
+std::vector<float> Gradient(uint64_t n, uint64_t step, float scale = 1.0f) {
+  std::vector<float> g(n);
+  uint64_t z = 0x9E3779B97F4A7C15ULL * (step + 1);
+  for (uint64_t i = 0; i < n; ++i) {
+    z ^= z << 13;
+    z ^= z >> 7;
+    z ^= z << 17;
+    g[i] = scale * (static_cast<float>(z >> 40) / (1 << 24) - 0.5f);
+  }
+  // A few coordinates that never get gradient (dead ReLUs).
+  for (uint64_t i = 0; i < n; i += 37) g[i] = 0.0f;
+  return g;
+}
+
+std::vector<float> Weights(uint64_t n) {
+  std::vector<float> x(n);
+  for (uint64_t i = 0; i < n; ++i) x[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+  return x;
+}
+
+// Plain Adam in double, DeepSpeed conventions: no bias correction (unless
+// asked), eps outside the sqrt, decoupled weight decay.
+struct RefAdam {
+  std::vector<double> x, m, v;
+  double lr, b1, b2, eps, wd;
+  bool bias = false;
+  int t = 0;
+  void Step(const std::vector<float>& g) {
+    ++t;
+    for (size_t i = 0; i < x.size(); ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * double{g[i]} * g[i];
+      double mh = bias ? m[i] / (1 - std::pow(b1, t)) : m[i];
+      double vh = bias ? v[i] / (1 - std::pow(b2, t)) : v[i];
+      x[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * x[i]);
+    }
+  }
+};
+
+RefAdam MakeRef(const OptimizerConfig& c, const std::vector<float>& x0) {
+  RefAdam r;
+  r.x.assign(x0.begin(), x0.end());
+  r.m.assign(x0.size(), 0);
+  r.v.assign(x0.size(), 0);
+  r.lr = c.lr;
+  r.b1 = c.beta1;
+  r.b2 = c.beta2;
+  r.eps = c.eps;
+  r.wd = c.weight_decay;
+  r.bias = c.bias_correction;
+  return r;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
+                 double rel) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    double tol = rel * std::max(1.0, std::fabs(want[i]));
+    ASSERT_NEAR(got[i], want[i], tol) << "at " << i;
+  }
+}
+
+TEST(Optimizer, OneBitAdamBeforeFreezeEqualsDoubleReferenceAdam) {
+  const uint64_t n = 3000;
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kOneBitAdam;
+  c.freeze_step = 1000;  // beyond the run
+  c.weight_decay = 0.01f;
+  Optimizer opt(c, n, {{0, 1000}, {1000, n}});
+  std::vector<float> x = Weights(n);
+  RefAdam ref = MakeRef(c, x);
+  for (int t = 0; t < 200; ++t) {
+    std::vector<float> g = Gradient(n, t, 0.1f);
+    opt.Step(g, absl::MakeSpan(x));
+    ref.Step(g);
+  }
+  EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_WARMUP);
+  ExpectClose(x, ref.x, 1e-6);
+}
+
+TEST(Optimizer, AdamWithBiasCorrectionEqualsReference) {
+  const uint64_t n = 1000;
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  c.bias_correction = true;
+  Optimizer opt(c, n, {{0, n}});
+  std::vector<float> x = Weights(n);
+  RefAdam ref = MakeRef(c, x);
+  for (int t = 0; t < 100; ++t) {
+    std::vector<float> g = Gradient(n, t);
+    opt.Step(g, absl::MakeSpan(x));
+    ref.Step(g);
+  }
+  ExpectClose(x, ref.x, 1e-6);
+}
+
+TEST(Optimizer, VarianceIsBitwiseConstantAfterFreeze) {
+  const uint64_t n = 2000;
+  OptimizerConfig c;
+  c.freeze_step = 10;
+  Optimizer opt(c, n, {{0, 500}, {500, n}});
+  std::vector<float> x = Weights(n);
+  for (int t = 0; t < 10; ++t) opt.Step(Gradient(n, t), absl::MakeSpan(x));
+  ASSERT_TRUE(opt.frozen());
+  EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  EXPECT_EQ(opt.expected_space(), v1::GRADIENT_SPACE_PRECONDITIONED);
+  std::vector<float> v0(opt.v().begin(), opt.v().end());
+  for (int t = 10; t < 50; ++t) opt.Step(Gradient(n, t), absl::MakeSpan(x));
+  std::vector<float> v1(opt.v().begin(), opt.v().end());
+  EXPECT_EQ(0, std::memcmp(v0.data(), v1.data(), n * sizeof(float)));
+}
+
+TEST(Optimizer, FreezeFloorsSqrtVariancePerTensor) {
+  const uint64_t n = 1000;
+  OptimizerConfig c;
+  c.freeze_step = 5;
+  c.variance_floor = 0.1f;
+  OptimizerConfig unfloored = c;
+  unfloored.variance_floor = 0.0f;
+  std::vector<LocalSegment> segs = {{0, 400}, {400, n}};
+  Optimizer opt(c, n, segs), raw(unfloored, n, segs);
+  std::vector<float> x = Weights(n), y = Weights(n);
+  for (int t = 0; t < 5; ++t) {
+    opt.Step(Gradient(n, t), absl::MakeSpan(x));
+    raw.Step(Gradient(n, t), absl::MakeSpan(y));
+  }
+  uint64_t floored = 0;
+  for (const LocalSegment& s : segs) {
+    double mean = 0;
+    for (uint64_t i = s.begin; i < s.end; ++i) {
+      mean += std::sqrt(double{raw.v()[i]});
+    }
+    float floor = static_cast<float>(double{0.1f} * mean / double(s.end - s.begin));
+    for (uint64_t i = s.begin; i < s.end; ++i) {
+      float root = std::sqrt(raw.v()[i]);
+      float want = root < floor ? floor * floor : raw.v()[i];
+      ASSERT_EQ(opt.v()[i], want) << i;
+      if (root < floor) ++floored;
+    }
+  }
+  // Coordinates with no gradient (every 37th) had v = 0 and were floored.
+  EXPECT_GE(floored, n / 37);
+}
+
+// With the fp32 codec the preconditioned stage (pushes carry D g, momentum
+// kept as D m) is the same algorithm as frozen-variance Adam in raw space.
+TEST(Optimizer, PreconditionedStageEqualsFrozenVarianceAdam) {
+  const uint64_t n = 2000;
+  OptimizerConfig robust;
+  robust.freeze_step = 20;
+  robust.variance_floor = 0.0f;  // compare the spaces alone
+  OptimizerConfig raw = robust;
+  raw.preconditioned = false;
+  Optimizer a(robust, n, {{0, n}}), b(raw, n, {{0, n}});
+  std::vector<float> xa = Weights(n), xb = Weights(n);
+  for (int t = 0; t < 20; ++t) {
+    std::vector<float> g = Gradient(n, t, 0.1f);
+    a.Step(g, absl::MakeSpan(xa));
+    b.Step(g, absl::MakeSpan(xb));
+  }
+  ASSERT_EQ(0, std::memcmp(xa.data(), xb.data(), n * sizeof(float)));
+  EXPECT_EQ(b.expected_space(), v1::GRADIENT_SPACE_RAW);
+  std::vector<float> d(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    d[i] = 1.0f / (std::sqrt(a.frozen_variance()[i]) + robust.eps);
+  }
+  for (int t = 20; t < 120; ++t) {
+    std::vector<float> g = Gradient(n, t, 0.1f);
+    std::vector<float> dg(n);
+    for (uint64_t i = 0; i < n; ++i) dg[i] = d[i] * g[i];
+    a.Step(dg, absl::MakeSpan(xa));
+    b.Step(g, absl::MakeSpan(xb));
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(xa[i], xb[i], 2e-5 * std::max(1.0f, std::fabs(xb[i]))) << i;
+  }
+}
+
+TEST(Optimizer, DecoupledWeightDecayAndLearningRateFollowTheFormula) {
+  // With zero gradients Adam's update is 0 and only decay acts:
+  // x_{t+1} = x_t - lr * wd * x_t.
+  const uint64_t n = 64;
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  c.lr = 0.1f;
+  c.weight_decay = 0.5f;
+  Optimizer opt(c, n, {{0, n}});
+  std::vector<float> x(n, 2.0f), zero(n, 0.0f);
+  opt.Step(zero, absl::MakeSpan(x));
+  EXPECT_FLOAT_EQ(x[0], 2.0f - 0.1f * 0.5f * 2.0f);
+  // A new lr takes effect on the next step.
+  opt.set_lr(0.2f);
+  opt.Step(zero, absl::MakeSpan(x));
+  EXPECT_FLOAT_EQ(x[0], 1.9f - 0.2f * 0.5f * 1.9f);
+  // First Adam step without bias correction: m = (1-b1) g, v = (1-b2) g^2,
+  // update = 0.1 / sqrt(0.001) * sign(g) (eps negligible).
+  OptimizerConfig c2;
+  c2.kind = OptimizerKind::kAdam;
+  c2.lr = 0.01f;
+  Optimizer opt2(c2, 1, {{0, 1}});
+  std::vector<float> y = {1.0f}, g = {3.0f};
+  double step = opt2.Step(g, absl::MakeSpan(y));
+  double want = 0.01 * (0.1 * 3.0) / (std::sqrt(0.001 * 9.0) + 1e-8);
+  EXPECT_NEAR(y[0], 1.0 - want, 1e-6);
+  EXPECT_NEAR(step, want, 1e-6);
+}
+
+TEST(Optimizer, SgdMomentumFollowsTheFormula) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.lr = 0.1f;
+  c.momentum = 0.9f;
+  Optimizer opt(c, 1, {{0, 1}});
+  std::vector<float> x = {1.0f}, g = {1.0f};
+  opt.Step(g, absl::MakeSpan(x));  // buf = 1, x = 0.9
+  opt.Step(g, absl::MakeSpan(x));  // buf = 1.9, x = 0.71
+  EXPECT_NEAR(x[0], 0.71f, 1e-6);
+  EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_WARMUP);
+}
+
+TEST(Optimizer, LargeShardUsesTwoChunksWithSameResult) {
+  // ParallelChunks splits large shards; results must equal a one-chunk run.
+  const uint64_t n = (1u << 18) + 77;
+  OptimizerConfig c;
+  c.freeze_step = 3;
+  Optimizer a(c, n, {{0, n}});
+  std::vector<float> xa = Weights(n);
+  std::vector<float> xs = xa;
+  RefAdam ref = MakeRef(c, xs);
+  for (int t = 0; t < 3; ++t) {
+    std::vector<float> g = Gradient(n, t, 0.1f);
+    a.Step(g, absl::MakeSpan(xa));
+    ref.Step(g);
+  }
+  ExpectClose(xa, ref.x, 1e-6);
+}
+
+TEST(Optimizer, ConfigValidationNamesTheField) {
+  OptimizerConfig c;
+  c.beta1 = 1.5f;
+  absl::Status s = ValidateOptimizerConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("beta1"), std::string::npos) << s;
+  c = OptimizerConfig();
+  c.freeze_step = 0;
+  EXPECT_NE(ValidateOptimizerConfig(c).message().find("freeze_step"),
+            std::string::npos);
+  EXPECT_FALSE(ParseOptimizerKind("lamb").ok());
+}
+
+}  // namespace
+}  // namespace pserver
