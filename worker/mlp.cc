@@ -14,6 +14,9 @@
 
 namespace pserver {
 
+void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
+int BlasThreads() { return openblas_get_num_threads(); }
+
 absl::StatusOr<Mlp> Mlp::Create(std::vector<int> layer_sizes) {
   if (layer_sizes.size() < 2) {
     return absl::InvalidArgumentError(absl::StrFormat(

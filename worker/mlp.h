@@ -23,6 +23,12 @@
 
 namespace pserver {
 
+// Sets how many threads OpenBLAS uses for every sgemm in the process (its
+// default is one per core). Several workers sharing a machine do better with
+// 1. Call before training starts; not synchronised with running sgemm calls.
+void SetBlasThreads(int threads);
+int BlasThreads();
+
 // One named tensor of the flat parameter vector.
 struct ParamTensor {
   std::string name;             // "fc1.weight", "fc1.bias", ...

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/test_data.h"
+#include "worker/rng.h"
 
 namespace pserver {
 namespace {
@@ -248,6 +249,43 @@ TEST_F(IdxReaderTest, LoadFashionMnistChecksTheFilesAgree) {
   s = LoadFashionMnist(dir_, DataSplit::kTrain).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("27 x 28"));
+}
+
+TEST_F(IdxReaderTest, RandomCorruptionNeverCrashes) {
+  // Bit flips, overwritten bytes and truncations of valid plain and gzip
+  // files: every outcome is a value or a status, never a crash.
+  const std::string raw = ImagesIdx(6, 8, 8);
+  const std::string gz = Gzip(raw);
+  const std::string labels = LabelsIdx({1, 2, 3, 4, 5, 6});
+  SplitMix64 rng(2024);
+  int errors = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string bytes = trial % 3 == 0 ? raw : trial % 3 == 1 ? gz : labels;
+    const int edits = 1 + static_cast<int>(rng.Uniform(4));
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng.Uniform(bytes.size());
+      switch (rng.Uniform(3)) {
+        case 0: bytes[at] ^= static_cast<char>(1 << rng.Uniform(8)); break;
+        case 1: bytes[at] = static_cast<char>(rng.Uniform(256)); break;
+        default: bytes.resize(at); break;
+      }
+      if (bytes.empty()) break;
+    }
+    const std::string path = Write("fuzz" + std::to_string(trial), bytes);
+    absl::StatusOr<IdxImages> images = ReadIdxImages(path);
+    absl::StatusOr<std::vector<uint8_t>> read_labels = ReadIdxLabels(path);
+    if (images.ok()) {
+      EXPECT_EQ(images->pixels.size(),
+                static_cast<size_t>(images->count * images->rows * images->cols));
+    } else {
+      ++errors;
+      EXPECT_THAT(images.status().message(), HasSubstr(path));
+    }
+    if (!read_labels.ok()) {
+      EXPECT_THAT(read_labels.status().message(), HasSubstr(path));
+    }
+  }
+  EXPECT_GT(errors, 150);
 }
 
 TEST(FashionMnist, RealFilesLoadWithBalancedClasses) {

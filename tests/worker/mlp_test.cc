@@ -339,6 +339,9 @@ TEST(Mlp, ForwardBackwardTiming) {
   ASSERT_TRUE(mlp.ok());
   const std::vector<float> params = mlp->InitParams(1);
   std::vector<float> grad(mlp->num_params());
+  const int default_threads = BlasThreads();
+  for (int threads : {1, default_threads}) {
+  SetBlasThreads(threads);
   for (int batch : {32, 128}) {
     const Batch b = RandomBatch(batch, 784, 10, batch);
     mlp->LossAndGradient(params, b.x.data(), b.y.data(), batch,
@@ -353,9 +356,13 @@ TEST(Mlp, ForwardBackwardTiming) {
                           .count());
     }
     std::sort(times.begin(), times.end());
-    std::printf("784-256-128-10 forward+backward, batch %d: median %.0f us\n",
-                batch, times[times.size() / 2]);
+    std::printf(
+        "784-256-128-10 forward+backward, batch %d, %d BLAS threads: "
+        "median %.0f us\n",
+        batch, threads, times[times.size() / 2]);
   }
+  }
+  SetBlasThreads(default_threads);
 }
 
 }  // namespace
