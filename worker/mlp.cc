@@ -202,6 +202,21 @@ float Mlp::LossAndGradient(absl::Span<const float> params, const float* x,
   return static_cast<float>(loss / batch);
 }
 
+absl::Status Mlp::CheckData(const Dataset& data) const {
+  if (data.features() != num_inputs()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "data has %d features per example (%d x %d), the model expects %d "
+        "inputs",
+        data.features(), data.rows, data.cols, num_inputs()));
+  }
+  if (data.num_classes > num_classes()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "data has %d classes, the model has %d outputs", data.num_classes,
+        num_classes()));
+  }
+  return absl::OkStatus();
+}
+
 EvalResult Mlp::Evaluate(absl::Span<const float> params, const float* x,
                          const uint8_t* y, int64_t n, int chunk) {
   assert(params.size() == num_params_ && chunk > 0);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/dataset.h"
@@ -25,7 +26,11 @@ namespace pserver {
 
 // Sets how many threads OpenBLAS uses for every sgemm in the process (its
 // default is one per core). Several workers sharing a machine do better with
-// 1. Call before training starts; not synchronised with running sgemm calls.
+// 1. The thread count changes how sgemm splits its work and so the rounding:
+// gradients are bit-identical only between runs with the same count (on this
+// machine most elements differ between 1 and 2 threads), so a reproducible
+// run fixes it. Call before training starts; not synchronised with running
+// sgemm calls.
 void SetBlasThreads(int threads);
 int BlasThreads();
 
@@ -82,6 +87,11 @@ class Mlp {
   // below num_classes(); grad does not overlap params or x.
   float LossAndGradient(absl::Span<const float> params, const float* x,
                         const uint8_t* y, int batch, absl::Span<float> grad);
+
+  // OK when `data` can feed this model: data.features() == num_inputs() and
+  // data.num_classes <= num_classes(); INVALID_ARGUMENT naming the mismatch
+  // otherwise.
+  absl::Status CheckData(const Dataset& data) const;
 
   // Accuracy and mean loss over n examples, forward passes of at most `chunk`
   // examples at a time. Same REQUIRES on params, x and y as above; chunk > 0.

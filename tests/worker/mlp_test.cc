@@ -125,6 +125,21 @@ TEST(Mlp, CreateRejectsBadSizes) {
   EXPECT_TRUE(Mlp::Create({784, 10}).ok());
 }
 
+TEST(Mlp, CheckDataComparesShapes) {
+  absl::StatusOr<Mlp> mlp = Mlp::Create({784, 32, 10});
+  ASSERT_TRUE(mlp.ok());
+  Dataset d;
+  d.rows = 28;
+  d.cols = 28;
+  d.num_classes = 10;
+  EXPECT_TRUE(mlp->CheckData(d).ok());
+  d.cols = 27;
+  EXPECT_EQ(mlp->CheckData(d).code(), absl::StatusCode::kInvalidArgument);
+  d.cols = 28;
+  d.num_classes = 11;
+  EXPECT_EQ(mlp->CheckData(d).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Mlp, HeInitStatistics) {
   absl::StatusOr<Mlp> mlp = Mlp::Create({784, 256, 128, 10});
   ASSERT_TRUE(mlp.ok());
