@@ -1,0 +1,197 @@
+#include "common/codec.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/impl/codecs.h"
+
+namespace pserver {
+namespace {
+
+struct NamedCodec {
+  v1::Codec codec;
+  const char* name;
+};
+constexpr NamedCodec kCodecs[] = {
+    {v1::CODEC_FP32, "fp32"},       {v1::CODEC_FP16, "fp16"},
+    {v1::CODEC_BF16, "bf16"},       {v1::CODEC_ONEBIT, "onebit"},
+    {v1::CODEC_TOPK, "topk"},       {v1::CODEC_RANDOMK, "randomk"},
+    {v1::CODEC_QUANTIZE, "quantize"},
+    {v1::CODEC_TOPK_QUANTIZE, "topk_quantize"},
+};
+
+std::string KnownCodecs() {
+  std::string s;
+  for (const NamedCodec& c : kCodecs) {
+    if (!s.empty()) s += ", ";
+    s += c.name;
+  }
+  return s;
+}
+
+absl::Status UnknownCodec(int codec) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "codec is ", codec, "; expected one of ", KnownCodecs()));
+}
+
+template <typename E>
+absl::Status EnumIn(const char* field, int value, std::initializer_list<E> ok,
+                    const char* expected) {
+  for (E e : ok) {
+    if (value == static_cast<int>(e)) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "params.", field, " is ", value, "; expected ", expected));
+}
+
+// Fills defaults and checks ranges. Every field is checked whatever the
+// codec, so a typo in an unused field is still reported.
+absl::Status Complete(v1::CodecParams* p) {
+  if (p->block_size() == 0) p->set_block_size(256);
+  if (p->k_fraction() == 0.0) p->set_k_fraction(0.01);
+  if (p->bits() == 0) p->set_bits(8);
+  if (p->percentile() == 0.0f) p->set_percentile(99.0f);
+  if (p->value_format() == v1::VALUE_FORMAT_UNSPECIFIED) {
+    p->set_value_format(v1::VALUE_FORMAT_FP32);
+  }
+  if (p->scale_mode() == v1::SCALE_MODE_UNSPECIFIED) {
+    p->set_scale_mode(v1::SCALE_MODE_MEAN_ABS);
+  }
+  if (p->rounding() == v1::ROUNDING_UNSPECIFIED) {
+    p->set_rounding(v1::ROUNDING_NEAREST);
+  }
+  if (p->range() == v1::QUANTIZE_RANGE_UNSPECIFIED) {
+    p->set_range(v1::QUANTIZE_RANGE_LINEAR);
+  }
+  if (p->selection() == v1::TOPK_SELECTION_UNSPECIFIED) {
+    p->set_selection(v1::TOPK_SELECTION_SAMPLED);
+  }
+  if (!(p->k_fraction() > 0.0 && p->k_fraction() <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.k_fraction is ", p->k_fraction(), "; expected (0, 1]"));
+  }
+  if (p->bits() < 2 || p->bits() > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("params.bits is ", p->bits(), "; expected 2..8"));
+  }
+  if (!(p->percentile() > 0.0f && p->percentile() <= 100.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.percentile is ", p->percentile(), "; expected (0, 100]"));
+  }
+  absl::Status s = impl::CheckValueFormat(*p);
+  if (!s.ok()) return s;
+  s = EnumIn<v1::ScaleMode>("scale_mode", p->scale_mode(),
+                            {v1::SCALE_MODE_MEAN_ABS, v1::SCALE_MODE_L2},
+                            "SCALE_MODE_MEAN_ABS or SCALE_MODE_L2");
+  if (!s.ok()) return s;
+  s = EnumIn<v1::Rounding>("rounding", p->rounding(),
+                           {v1::ROUNDING_NEAREST, v1::ROUNDING_STOCHASTIC},
+                           "ROUNDING_NEAREST or ROUNDING_STOCHASTIC");
+  if (!s.ok()) return s;
+  s = EnumIn<v1::QuantizeRange>(
+      "range", p->range(),
+      {v1::QUANTIZE_RANGE_LINEAR, v1::QUANTIZE_RANGE_ADAPTIVE},
+      "QUANTIZE_RANGE_LINEAR or QUANTIZE_RANGE_ADAPTIVE");
+  if (!s.ok()) return s;
+  return EnumIn<v1::TopKSelection>(
+      "selection", p->selection(),
+      {v1::TOPK_SELECTION_SAMPLED, v1::TOPK_SELECTION_EXACT},
+      "TOPK_SELECTION_SAMPLED or TOPK_SELECTION_EXACT");
+}
+
+}  // namespace
+
+absl::Status Codec::EncodeWithFeedback(absl::Span<const float> g,
+                                       absl::Span<const float> e_in,
+                                       float decay, uint64_t seed,
+                                       v1::EncodedTensor* out,
+                                       absl::Span<float> e_out) const {
+  if (e_in.size() != g.size() || e_out.size() != g.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "error feedback buffers hold ", e_in.size(), " and ", e_out.size(),
+        " elements; expected ", g.size()));
+  }
+  if (!std::isfinite(decay)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decay is ", decay, "; expected a finite value"));
+  }
+  // e_out holds u first, then u - decode(encode(u)).
+  for (size_t i = 0; i < g.size(); ++i) {
+    float d = decay * e_in[i];
+    e_out[i] = g[i] + d;
+  }
+  absl::Status s = Encode(e_out, seed, out);
+  if (!s.ok()) return s;
+  return DecodeAccumulate(*out, -1.0f, e_out);
+}
+
+absl::Status Codec::Decode(const v1::EncodedTensor& t,
+                           absl::Span<float> out) const {
+  absl::Status s = Validate(t, out.size());
+  if (!s.ok()) return s;
+  std::fill(out.begin(), out.end(), 0.0f);
+  return DecodeAccumulate(t, 1.0f, out);
+}
+
+absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
+    v1::Codec codec, const v1::CodecParams& params) {
+  bool known = false;
+  for (const NamedCodec& c : kCodecs) known = known || c.codec == codec;
+  if (!known) return UnknownCodec(codec);
+  v1::CodecParams p = params;
+  absl::Status s = Complete(&p);
+  if (!s.ok()) return s;
+  std::unique_ptr<Codec> c;
+  switch (codec) {
+    case v1::CODEC_FP32:
+    case v1::CODEC_FP16:
+    case v1::CODEC_BF16:
+      c = impl::NewFloatCodec(codec, p);
+      break;
+    case v1::CODEC_ONEBIT:
+      c = impl::NewOneBitCodec(p);
+      break;
+    case v1::CODEC_TOPK:
+      c = impl::NewTopKCodec(p);
+      break;
+    case v1::CODEC_RANDOMK:
+      c = impl::NewRandomKCodec(p);
+      break;
+    case v1::CODEC_QUANTIZE:
+      c = impl::NewQuantizeCodec(p);
+      break;
+    case v1::CODEC_TOPK_QUANTIZE:
+      c = impl::NewTopKQuantizeCodec(p);
+      break;
+    default:
+      return UnknownCodec(codec);
+  }
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<Codec>> MakeDecoderFor(
+    const v1::EncodedTensor& t) {
+  // The decoder reads the layout from t.params() itself (block_size 0 there
+  // means one block); MakeCodec only has to accept the parameters.
+  return MakeCodec(t.codec(), t.params());
+}
+
+absl::StatusOr<v1::Codec> ParseCodecName(absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  for (const NamedCodec& c : kCodecs) {
+    if (lower == c.name) return c.codec;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "codec name is \"", name, "\"; expected one of ", KnownCodecs()));
+}
+
+std::string CodecName(v1::Codec codec) {
+  for (const NamedCodec& c : kCodecs) {
+    if (c.codec == codec) return c.name;
+  }
+  return absl::StrCat("codec(", static_cast<int>(codec), ")");
+}
+
+}  // namespace pserver

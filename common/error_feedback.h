@@ -1,0 +1,65 @@
+// Error feedback around any codec (Seide et al. 2014; Karimireddy et al.
+// 2019): u = g + decay * e; send c = encode(u); keep e = u - decode(c). With
+// decay 1 the sum of everything decoded plus the current residual equals the
+// sum of every input, so compression error is delayed, never lost.
+//
+// Usage:
+//   ErrorFeedback ef(codec.get(), n);
+//   v1::EncodedTensor t;
+//   absl::Status s = ef.Encode(gradient, seed, &t);  // residual updated
+//
+// Thread-compatible: one instance per stream; no concurrent calls.
+#ifndef PSERVER_COMMON_ERROR_FEEDBACK_H_
+#define PSERVER_COMMON_ERROR_FEEDBACK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/codec.h"
+
+namespace pserver {
+
+class ErrorFeedback {
+ public:
+  // References `codec`, which must outlive this object. The residual starts
+  // at zero. REQUIRES: decay is finite (typically in [0, 1]).
+  ErrorFeedback(const Codec* codec, size_t n, float decay = 1.0f);
+  // Owns `codec`.
+  ErrorFeedback(std::unique_ptr<Codec> codec, size_t n, float decay = 1.0f);
+
+  ErrorFeedback(const ErrorFeedback&) = delete;
+  ErrorFeedback& operator=(const ErrorFeedback&) = delete;
+
+  // *out = encode(g + decay * e); e = that input minus decode(*out).
+  // INVALID_ARGUMENT if g.size() != size() or the input is not finite; the
+  // residual is then unchanged, byte for byte.
+  absl::Status Encode(absl::Span<const float> g, uint64_t seed,
+                      v1::EncodedTensor* out);
+
+  absl::Span<const float> residual() const { return residual_; }
+  // ||e||_2, accumulated in double.
+  double ResidualNorm() const;
+  // For checkpoints. INVALID_ARGUMENT on a size mismatch or non-finite
+  // values, leaving the residual unchanged.
+  absl::Status SetResidual(absl::Span<const float> e);
+  void Reset();  // e = 0
+
+  size_t size() const { return residual_.size(); }
+  float decay() const { return decay_; }
+  const Codec& codec() const { return *codec_; }
+
+ private:
+  std::unique_ptr<Codec> owned_;
+  const Codec* codec_;
+  float decay_;
+  std::vector<float> residual_;
+  std::vector<float> scratch_;  // next residual; swapped in on success
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_COMMON_ERROR_FEEDBACK_H_

@@ -1,0 +1,130 @@
+// Private to common/: the concrete codecs behind MakeCodec, and the pieces
+// that topk_quantize shares with topk and quantize.
+//
+// Decoders read the layout (block_size, value_format, bits, range, k, seed)
+// from the tensor's own params, as codec.proto says, never from the codec
+// object's configuration; the codec object only fixes the codec id.
+#ifndef PSERVER_COMMON_IMPL_CODECS_H_
+#define PSERVER_COMMON_IMPL_CODECS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/codec.h"
+
+namespace pserver {
+namespace impl {
+
+// Shared plumbing: header checks and DecodeAccumulate = Validate + kernel.
+class CodecBase : public Codec {
+ public:
+  CodecBase(v1::Codec id, const v1::CodecParams& params)
+      : id_(id), params_(params) {}
+
+  v1::Codec id() const override { return id_; }
+  const v1::CodecParams& params() const override { return params_; }
+
+  absl::Status DecodeAccumulate(const v1::EncodedTensor& t, float alpha,
+                                absl::Span<float> acc) const final;
+
+ protected:
+  // acc += alpha * decode(t). REQUIRES: Validate(t, acc.size()) is OK.
+  virtual void AccumulateValid(const v1::EncodedTensor& t, float alpha,
+                               absl::Span<float> acc) const = 0;
+
+  // Codec id and element count of t against this codec and `n`.
+  absl::Status CheckHeader(const v1::EncodedTensor& t, uint64_t n) const;
+
+  // Fills codec, num_elements and params of *out and clears its payload.
+  void StartOutput(uint64_t n, v1::EncodedTensor* out) const;
+
+ private:
+  v1::Codec id_;
+  v1::CodecParams params_;
+};
+
+// INVALID_ARGUMENT naming the first non-finite element of u, or OK.
+absl::Status CheckFinite(absl::Span<const float> u);
+// The error for a non-finite u[index].
+absl::Status NonFiniteInput(uint64_t index, float value);
+
+// Block length for block_size `b` over n elements (0 = the whole tensor).
+inline uint64_t EffectiveBlock(uint64_t n, uint32_t b) {
+  if (b == 0 || b >= n) return n == 0 ? 1 : n;
+  return b;
+}
+inline uint64_t CeilDiv(uint64_t a, uint64_t b) {
+  return a / b + (a % b != 0);
+}
+
+// k for topk/randomk: params.k if set, else max(1, round(k_fraction * n));
+// never more than n; 0 for n == 0.
+uint64_t ResolveK(const v1::CodecParams& p, uint64_t n);
+
+// Values in a topk/randomk payload.
+size_t ValueBytes(v1::ValueFormat f);  // 4 or 2
+void AppendValues(absl::Span<const float> v, v1::ValueFormat f,
+                  std::string* out);
+// Checks `count` values at `p` (all finite). `what` names them in messages.
+absl::Status CheckValues(const uint8_t* p, uint64_t count, v1::ValueFormat f,
+                         absl::string_view what);
+float LoadValue(const uint8_t* p, v1::ValueFormat f);  // REQUIRES: checked
+absl::Status CheckValueFormat(const v1::CodecParams& p);
+
+// ---- TopK selection (topk.cc) ----
+// The selected positions (increasing) and their values u[idx]. EXACT: the k
+// largest |u|, ties to the lower index. SAMPLED: see codec.proto.
+// INVALID_ARGUMENT names the first non-finite element of u.
+absl::Status SelectTopK(absl::Span<const float> u, uint64_t k,
+                        v1::TopKSelection selection,
+                        std::vector<uint64_t>* idx, std::vector<float>* val);
+// Appends varint count and gaps.
+void AppendIndices(absl::Span<const uint64_t> idx, std::string* out);
+// Parses varint count and gaps of a payload for n elements; on success
+// *count, the indices (if idx != nullptr) and *values_offset are set.
+absl::Status ParseIndices(absl::string_view payload, uint64_t n,
+                          uint64_t* count, std::vector<uint64_t>* idx,
+                          size_t* values_offset);
+
+// ---- Quantize core (quantize.cc), shared with topk_quantize ----
+struct QuantizeSpec {
+  uint32_t bits = 8;
+  uint32_t block_size = 256;  // 0 = whole tensor
+  bool adaptive = false;
+  bool stochastic = false;
+  float percentile = 99.0f;
+};
+// From tensor params (decoding) or codec params (encoding).
+absl::Status QuantizeSpecFrom(const v1::CodecParams& p, QuantizeSpec* spec);
+// Appends the quantize payload of u (finite). `seed` drives stochastic
+// rounding of element i through Draw(StreamKey(seed), i).
+void QuantizeAppend(absl::Span<const float> u, const QuantizeSpec& spec,
+                    uint64_t seed, std::string* out);
+// Checks that `payload` is exactly a quantize payload for n values.
+absl::Status QuantizeCheck(absl::string_view payload, uint64_t n,
+                           const QuantizeSpec& spec, absl::string_view what);
+// out[i] = decode(value i). REQUIRES: QuantizeCheck passed.
+void QuantizeDecodeTo(absl::string_view payload, uint64_t n,
+                      const QuantizeSpec& spec, float* out);
+// acc[i] += alpha * decode(value i). REQUIRES: QuantizeCheck passed.
+void QuantizeAccumulate(absl::string_view payload, uint64_t n,
+                        const QuantizeSpec& spec, float alpha, float* acc);
+
+// ---- Constructors; params are complete and valid (MakeCodec checked) ----
+std::unique_ptr<Codec> NewFloatCodec(v1::Codec id,
+                                     const v1::CodecParams& params);
+std::unique_ptr<Codec> NewOneBitCodec(const v1::CodecParams& params);
+std::unique_ptr<Codec> NewTopKCodec(const v1::CodecParams& params);
+std::unique_ptr<Codec> NewRandomKCodec(const v1::CodecParams& params);
+std::unique_ptr<Codec> NewQuantizeCodec(const v1::CodecParams& params);
+std::unique_ptr<Codec> NewTopKQuantizeCodec(const v1::CodecParams& params);
+
+}  // namespace impl
+}  // namespace pserver
+
+#endif  // PSERVER_COMMON_IMPL_CODECS_H_

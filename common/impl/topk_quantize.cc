@@ -1,0 +1,76 @@
+// TopK indices with b-bit values (a TopK + QSGD hybrid): varint count c,
+// c varint index gaps as CODEC_TOPK, then a CODEC_QUANTIZE payload of the c
+// selected values (blocks run over the selected values; stochastic noise of
+// value j is Draw(StreamKey(seed), j)).
+#include "absl/strings/str_cat.h"
+#include "common/impl/codecs.h"
+
+namespace pserver {
+namespace impl {
+namespace {
+
+class TopKQuantizeCodec final : public CodecBase {
+ public:
+  explicit TopKQuantizeCodec(const v1::CodecParams& params)
+      : CodecBase(v1::CODEC_TOPK_QUANTIZE, params) {
+    QuantizeSpecFrom(params, &spec_).IgnoreError();  // MakeCodec checked
+  }
+
+  absl::Status Encode(absl::Span<const float> u, uint64_t seed,
+                      v1::EncodedTensor* out) const override {
+    std::vector<uint64_t> idx;
+    std::vector<float> val;
+    const uint64_t k = ResolveK(params(), u.size());
+    absl::Status s = SelectTopK(u, k, params().selection(), &idx, &val);
+    if (!s.ok()) return s;
+    StartOutput(u.size(), out);
+    out->mutable_params()->set_k(k);
+    out->mutable_params()->set_seed(seed);
+    std::string* payload = out->mutable_payload();
+    AppendIndices(idx, payload);
+    QuantizeAppend(val, spec_, seed, payload);
+    return absl::OkStatus();
+  }
+
+  absl::Status Validate(const v1::EncodedTensor& t,
+                        uint64_t n) const override {
+    absl::Status s = CheckHeader(t, n);
+    if (!s.ok()) return s;
+    QuantizeSpec spec;
+    s = QuantizeSpecFrom(t.params(), &spec);
+    if (!s.ok()) return s;
+    uint64_t count;
+    size_t offset;
+    s = ParseIndices(t.payload(), n, &count, nullptr, &offset);
+    if (!s.ok()) return s;
+    return QuantizeCheck(absl::string_view(t.payload()).substr(offset), count,
+                         spec, "topk_quantize values");
+  }
+
+ protected:
+  void AccumulateValid(const v1::EncodedTensor& t, float alpha,
+                       absl::Span<float> acc) const override {
+    QuantizeSpec spec;
+    QuantizeSpecFrom(t.params(), &spec).IgnoreError();  // validated
+    std::vector<uint64_t> idx;
+    uint64_t count;
+    size_t offset;
+    ParseIndices(t.payload(), acc.size(), &count, &idx, &offset).IgnoreError();
+    std::vector<float> values(count);
+    QuantizeDecodeTo(absl::string_view(t.payload()).substr(offset), count,
+                     spec, values.data());
+    for (uint64_t j = 0; j < count; ++j) acc[idx[j]] += alpha * values[j];
+  }
+
+ private:
+  QuantizeSpec spec_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> NewTopKQuantizeCodec(const v1::CodecParams& params) {
+  return std::make_unique<TopKQuantizeCodec>(params);
+}
+
+}  // namespace impl
+}  // namespace pserver

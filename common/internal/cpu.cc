@@ -1,0 +1,36 @@
+#include "common/internal/cpu.h"
+
+#include <atomic>
+
+namespace pserver {
+namespace internal {
+namespace {
+
+bool CpuHasAvx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+// The one piece of process-wide mutable state: a test hook, never set in
+// production code.
+std::atomic<bool> force_scalar{false};
+
+}  // namespace
+
+bool UseAvx2() {
+  return CpuHasAvx2() && !force_scalar.load(std::memory_order_relaxed);
+}
+
+void ForceScalarKernelsForTesting(bool force) {
+  force_scalar.store(force, std::memory_order_relaxed);
+}
+
+}  // namespace internal
+}  // namespace pserver
