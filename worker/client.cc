@@ -1,0 +1,406 @@
+#include "worker/client.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "common/checksum.h"
+#include "common/grpc_status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace pserver {
+namespace {
+
+bool Retriable(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t z = a * 0x9E3779B97F4A7C15ULL + b + 0x632BE59BD9B4E019ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// One RPC per shard in `todo`, all in flight at once through the callback
+// API; retriable failures are retried with backoff until `budget` is spent.
+// `start(s, ctx, done)` issues shard s's call. Returns the first
+// non-retriable error, prefixed with the shard's address.
+absl::Status CallAll(
+    std::vector<size_t> todo, absl::Duration attempt_timeout,
+    absl::Duration budget, const std::vector<std::string>& addresses,
+    const char* method, uint64_t* retries,
+    const std::function<void(size_t, grpc::ClientContext*,
+                             std::function<void(grpc::Status)>)>& start) {
+  absl::Time give_up = absl::Now() + budget;
+  absl::Duration backoff = absl::Milliseconds(50);
+  while (true) {
+    std::vector<grpc::Status> result(todo.size());
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctx(todo.size());
+    absl::BlockingCounter pending(static_cast<int>(todo.size()));
+    for (size_t i = 0; i < todo.size(); ++i) {
+      ctx[i] = std::make_unique<grpc::ClientContext>();
+      ctx[i]->set_deadline(absl::ToChronoTime(absl::Now() + attempt_timeout));
+      // Wait for a shard that is (re)starting instead of failing at once.
+      ctx[i]->set_wait_for_ready(true);
+      start(todo[i], ctx[i].get(), [&result, &pending, i](grpc::Status s) {
+        result[i] = std::move(s);
+        pending.DecrementCount();
+      });
+    }
+    pending.Wait();
+    std::vector<size_t> again;
+    for (size_t i = 0; i < todo.size(); ++i) {
+      if (result[i].ok()) continue;
+      if (!Retriable(result[i]) || absl::Now() >= give_up) {
+        absl::Status s = FromGrpcStatus(result[i]);
+        return absl::Status(s.code(), absl::StrCat(method, " to shard ",
+                                                   todo[i], " (",
+                                                   addresses[todo[i]],
+                                                   "): ", s.message()));
+      }
+      again.push_back(todo[i]);
+    }
+    if (again.empty()) return absl::OkStatus();
+    *retries += again.size();
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+    todo = std::move(again);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ClientOptions& options) {
+  if (options.server_addresses.empty()) {
+    return absl::InvalidArgumentError(
+        "server_addresses is empty; expected one address per shard");
+  }
+  if (options.num_workers == 0 || options.worker_id >= options.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker_id is ", options.worker_id, " with num_workers ",
+        options.num_workers, "; expected 0 <= worker_id < num_workers"));
+  }
+  for (const auto& [codec, params, name] :
+       {std::tuple{options.push_codec, options.push_params, "push_codec"},
+        std::tuple{options.warmup_codec, options.warmup_params,
+                   "warmup_codec"}}) {
+    absl::StatusOr<std::unique_ptr<Codec>> c = MakeCodec(codec, params);
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", c.status().message()));
+    }
+  }
+  std::unique_ptr<Client> client(new Client(options));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  for (const std::string& address : options.server_addresses) {
+    ShardState s;
+    s.address = address;
+    s.channel = grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args);
+    s.stub = v1::ParameterServer::NewStub(s.channel);
+    client->shards_.push_back(std::move(s));
+  }
+  return client;
+}
+
+Client::Client(const ClientOptions& options) : options_(options) {}
+Client::~Client() = default;
+
+absl::Status Client::Register(const v1::ModelLayout& layout,
+                              absl::Span<const float> initial_weights) {
+  absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(layout);
+  if (!slots.ok()) return slots.status();
+  const uint64_t total = TotalElements(layout);
+  if (initial_weights.size() != total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_weights has ", initial_weights.size(),
+        " elements; the layout has ", total));
+  }
+  const uint32_t num_shards = static_cast<uint32_t>(shards_.size());
+  std::vector<v1::RegisterRequest> reqs(num_shards);
+  std::vector<v1::RegisterResponse> resps(num_shards);
+  std::vector<size_t> all;
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    ShardState& sh = shards_[s];
+    sh.range = ShardRangeFor(total, num_shards, s);
+    // Codecs were checked in Connect().
+    sh.warmup_codec =
+        MakeCodec(options_.warmup_codec, options_.warmup_params).value();
+    sh.push_codec = MakeCodec(options_.push_codec, options_.push_params).value();
+    sh.warmup_ef = std::make_unique<ErrorFeedback>(
+        sh.warmup_codec.get(), sh.range.size(), options_.ef_decay);
+    sh.push_ef = std::make_unique<ErrorFeedback>(
+        sh.push_codec.get(), sh.range.size(), options_.ef_decay);
+    v1::RegisterRequest& r = reqs[s];
+    r.set_worker_id(options_.worker_id);
+    r.set_num_workers(options_.num_workers);
+    r.set_shard_index(s);
+    r.set_num_shards(num_shards);
+    *r.mutable_layout() = layout;
+    v1::EncodedTensor* w = r.mutable_initial_weights();
+    w->set_codec(v1::CODEC_FP32);
+    w->set_num_elements(sh.range.size());
+    w->mutable_payload()->assign(
+        reinterpret_cast<const char*>(initial_weights.data() + sh.range.begin),
+        sh.range.size() * sizeof(float));
+    all.push_back(s);
+  }
+  std::vector<std::string> addresses(options_.server_addresses);
+  absl::Status st = CallAll(
+      all, options_.rpc_timeout, options_.retry_budget, addresses, "Register",
+      &stats_.retries,
+      [&](size_t s, grpc::ClientContext* ctx,
+          std::function<void(grpc::Status)> done) {
+        shards_[s].stub->async()->Register(ctx, &reqs[s], &resps[s],
+                                           std::move(done));
+      });
+  if (!st.ok()) return st;
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    const v1::RegisterResponse& r = resps[s];
+    if (r.shard_begin() != shards_[s].range.begin ||
+        r.shard_end() != shards_[s].range.end) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " owns [", r.shard_begin(), ", ", r.shard_end(),
+          "); expected [", shards_[s].range.begin, ", ",
+          shards_[s].range.end, ")"));
+    }
+    if (r.current_step() != resps[0].current_step()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shards disagree on the step: shard 0 is at ",
+          resps[0].current_step(), ", shard ", s, " at ", r.current_step()));
+    }
+  }
+  freezes_ = resps[0].freeze_step() > 0;
+  compression_space_ = resps[0].compression_space();
+  replica_.assign(total, 0.0f);
+  step_ = resps[0].current_step();
+  stage_ = v1::OPTIMIZER_STAGE_WARMUP;
+  registered_ = true;
+  return PullAll(step_, /*want_snapshot=*/true);
+}
+
+absl::Status Client::FetchPreconditioner(size_t s) {
+  ShardState& sh = shards_[s];
+  v1::GetFrozenVarianceRequest req;
+  req.set_worker_id(options_.worker_id);
+  v1::GetFrozenVarianceResponse resp;
+  absl::Status st = CallAll(
+      {s}, options_.rpc_timeout, options_.retry_budget,
+      options_.server_addresses, "GetFrozenVariance", &stats_.retries,
+      [&](size_t, grpc::ClientContext* ctx,
+          std::function<void(grpc::Status)> done) {
+        sh.stub->async()->GetFrozenVariance(ctx, &req, &resp, std::move(done));
+      });
+  if (!st.ok()) return st;
+  std::vector<float> v(sh.range.size());
+  absl::StatusOr<std::unique_ptr<Codec>> dec = MakeDecoderFor(resp.variance());
+  if (!dec.ok()) return dec.status();
+  if (absl::Status d = (*dec)->Decode(resp.variance(), absl::MakeSpan(v));
+      !d.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frozen variance of shard ", s, ": ", d.message()));
+  }
+  sh.preconditioner.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    sh.preconditioner[i] = 1.0f / (std::sqrt(v[i]) + resp.eps());
+  }
+  sh.scratch.resize(v.size());
+  // Carry the warmup residual over into the compression-stage residual (in
+  // its space), so nothing the warmup codec dropped is lost.
+  absl::Span<const float> e = sh.warmup_ef->residual();
+  std::vector<float> moved(e.begin(), e.end());
+  if (compression_space_ == v1::GRADIENT_SPACE_PRECONDITIONED) {
+    for (size_t i = 0; i < moved.size(); ++i) moved[i] *= sh.preconditioner[i];
+  }
+  return sh.push_ef->SetResidual(moved);
+}
+
+absl::Status Client::EncodeShard(size_t s, absl::Span<const float> g,
+                                 v1::PushRequest* req) {
+  ShardState& sh = shards_[s];
+  req->set_worker_id(options_.worker_id);
+  req->set_step(step_);
+  uint64_t seed = Mix(Mix(options_.seed, options_.worker_id), Mix(step_, s));
+  bool compress = !freezes_ || compression_stage();
+  if (compression_stage() &&
+      compression_space_ == v1::GRADIENT_SPACE_PRECONDITIONED) {
+    for (size_t i = 0; i < g.size(); ++i) {
+      sh.scratch[i] = sh.preconditioner[i] * g[i];
+    }
+    g = sh.scratch;
+    req->set_space(v1::GRADIENT_SPACE_PRECONDITIONED);
+  } else {
+    req->set_space(v1::GRADIENT_SPACE_RAW);
+  }
+  ErrorFeedback& ef = compress ? *sh.push_ef : *sh.warmup_ef;
+  return ef.Encode(g, seed, req->mutable_gradient());
+}
+
+absl::Status Client::Step(absl::Span<const float> gradient) {
+  if (!registered_) {
+    return absl::FailedPreconditionError("Step() before Register()");
+  }
+  if (gradient.size() != replica_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient has ", gradient.size(), " elements; expected ",
+                     replica_.size()));
+  }
+  for (size_t i = 0; i < gradient.size(); ++i) {
+    if (!std::isfinite(gradient[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient[", i, "] is ", gradient[i], "; expected a finite value"));
+    }
+  }
+  const size_t n = shards_.size();
+  std::vector<v1::PushRequest> reqs(n);
+  std::vector<v1::PushResponse> resps(n);
+  absl::Time start = absl::Now();
+  for (size_t s = 0; s < n; ++s) {
+    const ShardRange& r = shards_[s].range;
+    absl::Status st =
+        EncodeShard(s, gradient.subspan(r.begin, r.size()), &reqs[s]);
+    if (!st.ok()) return st;
+    stats_.push_payload_bytes += reqs[s].gradient().payload().size();
+    stats_.push_fp32_bytes += Fp32Bytes(r.size());
+  }
+  stats_.encode_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  start = absl::Now();
+  std::vector<size_t> all(n);
+  for (size_t s = 0; s < n; ++s) all[s] = s;
+  absl::Status st = CallAll(
+      all, options_.rpc_timeout, options_.retry_budget,
+      options_.server_addresses, "Push", &stats_.retries,
+      [&](size_t s, grpc::ClientContext* ctx,
+          std::function<void(grpc::Status)> done) {
+        shards_[s].stub->async()->Push(ctx, &reqs[s], &resps[s],
+                                       std::move(done));
+      });
+  stats_.push_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  if (!st.ok()) return st;
+  start = absl::Now();
+  st = PullAll(step_ + 1, /*want_snapshot=*/false);
+  stats_.pull_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  if (!st.ok()) return st;
+  ++stats_.steps;
+  return absl::OkStatus();
+}
+
+absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
+  const size_t n = shards_.size();
+  std::vector<size_t> todo(n);
+  for (size_t s = 0; s < n; ++s) todo[s] = s;
+  bool snapshot = want_snapshot;
+  for (int attempt = 0; attempt < 3 && !todo.empty(); ++attempt) {
+    std::vector<v1::PullRequest> reqs(n);
+    std::vector<v1::PullResponse> resps(n);
+    for (size_t s : todo) {
+      const ShardRange& r = shards_[s].range;
+      v1::PullRequest& q = reqs[s];
+      q.set_worker_id(options_.worker_id);
+      q.set_step(step);
+      q.set_want_snapshot(snapshot);
+      if (!snapshot) {
+        q.set_replica_step(static_cast<int64_t>(step_));
+        q.set_replica_checksum(ChecksumOf(
+            absl::MakeConstSpan(replica_).subspan(r.begin, r.size())));
+      } else {
+        q.set_replica_step(-1);
+      }
+    }
+    absl::Status st = CallAll(
+        todo, options_.pull_timeout, options_.retry_budget,
+        options_.server_addresses, "Pull", &stats_.retries,
+        [&](size_t s, grpc::ClientContext* ctx,
+            std::function<void(grpc::Status)> done) {
+          shards_[s].stub->async()->Pull(ctx, &reqs[s], &resps[s],
+                                         std::move(done));
+        });
+    if (!st.ok()) return st;
+    std::vector<size_t> again;
+    for (size_t s : todo) {
+      absl::Status a = ApplyPull(s, step, resps[s]);
+      if (absl::IsDataLoss(a)) {
+        ++stats_.checksum_mismatches;
+        again.push_back(s);
+      } else if (!a.ok()) {
+        return a;
+      }
+    }
+    todo = std::move(again);
+    snapshot = true;  // re-sync what did not verify
+  }
+  if (!todo.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "replica of shard ", todo[0], " does not match its checksum even "
+        "after a snapshot"));
+  }
+  step_ = step;
+  // Entering the compression stage: fetch the frozen preconditioners once.
+  for (size_t s = 0; s < n; ++s) {
+    if (compression_stage() && freezes_ && shards_[s].preconditioner.empty() &&
+        shards_[s].range.size() > 0) {
+      if (absl::Status f = FetchPreconditioner(s); !f.ok()) return f;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::ApplyPull(size_t s, uint64_t step,
+                               const v1::PullResponse& resp) {
+  ShardState& sh = shards_[s];
+  absl::Span<float> slice =
+      absl::MakeSpan(replica_).subspan(sh.range.begin, sh.range.size());
+  const v1::EncodedTensor& w = resp.weights();
+  absl::StatusOr<std::unique_ptr<Codec>> dec = MakeDecoderFor(w);
+  if (!dec.ok()) return dec.status();
+  absl::Status st;
+  if (resp.kind() == v1::PULL_KIND_SNAPSHOT) {
+    st = (*dec)->Decode(w, slice);
+    ++stats_.snapshots;
+  } else if (resp.kind() == v1::PULL_KIND_DELTA) {
+    st = (*dec)->DecodeAccumulate(w, 1.0f, slice);
+  } else {
+    st = absl::InvalidArgumentError("pull response kind is unspecified");
+  }
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("pull from shard ", s, " (",
+                                                sh.address, "): ",
+                                                st.message()));
+  }
+  stats_.pull_payload_bytes += w.payload().size();
+  stats_.pull_fp32_bytes += Fp32Bytes(sh.range.size());
+  if (resp.step() != step) {
+    return absl::AbortedError(absl::StrCat(
+        "shard ", s, " answered with step ", resp.step(), "; expected ", step));
+  }
+  if (ChecksumOf(slice) != resp.replica_checksum()) {
+    return absl::DataLossError(absl::StrCat(
+        "replica of shard ", s, " does not match the shard's checksum"));
+  }
+  stage_ = resp.stage();
+  return absl::OkStatus();
+}
+
+double Client::ResidualNorm() const {
+  double sq = 0;
+  for (const ShardState& sh : shards_) {
+    for (const ErrorFeedback* ef : {sh.warmup_ef.get(), sh.push_ef.get()}) {
+      if (ef == nullptr) continue;
+      double n = ef->ResidualNorm();
+      sq += n * n;
+    }
+  }
+  return std::sqrt(sq);
+}
+
+}  // namespace pserver

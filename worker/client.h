@@ -1,0 +1,159 @@
+// The client library: what a worker's training loop calls to train through
+// pserver. It connects to every shard, registers the model, and per step
+// pushes the worker's flat gradient and returns the next weights.
+//
+// Per step and shard it: takes the shard's slice of the gradient; in 1-bit
+// Adam's compression stage multiplies it by the shard's frozen preconditioner
+// D = 1 / (sqrt(v) + eps) (fetched once, when the stage changes); adds the
+// error-feedback residual and encodes it with the push codec (warmup_codec
+// while the optimizer is still in warmup); pushes all shards in parallel;
+// then pulls all shards in parallel, applies each delta to the local replica
+// and checks it against the shard's checksum, pulling a full snapshot on a
+// mismatch. Pushes and pulls that fail with UNAVAILABLE or DEADLINE_EXCEEDED
+// are retried with backoff: a repeated push is deduplicated by the shard.
+//
+// Usage:
+//   ClientOptions o;
+//   o.server_addresses = {"127.0.0.1:50051", "127.0.0.1:50052"};
+//   o.worker_id = 0; o.num_workers = 4;
+//   auto client = Client::Connect(o);                 // no RPC yet
+//   (*client)->Register(layout, initial_weights);     // replica = weights
+//   for (...) {
+//     Compute(client->weights(), grad);
+//     (*client)->Step(grad);                          // replica advanced
+//   }
+#ifndef PSERVER_WORKER_CLIENT_H_
+#define PSERVER_WORKER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/codec.h"
+#include "common/error_feedback.h"
+#include "common/layout.h"
+#include "pserver/v1/parameter_server.grpc.pb.h"
+
+namespace pserver {
+
+struct ClientOptions {
+  // Shard i's address is server_addresses[i]; the count is the shard count.
+  std::vector<std::string> server_addresses;
+  uint32_t worker_id = 0;
+  uint32_t num_workers = 1;
+  // Codec of pushes once 1-bit Adam has frozen its variance, and at every
+  // step for optimizers that never freeze (adam, sgd).
+  v1::Codec push_codec = v1::CODEC_ONEBIT;
+  v1::CodecParams push_params;
+  // Codec of pushes during 1-bit Adam's warmup (fp32 or bf16 usually).
+  v1::Codec warmup_codec = v1::CODEC_FP32;
+  v1::CodecParams warmup_params;
+  // Decay of the error-feedback residual (1 = exact error feedback).
+  float ef_decay = 1.0f;
+  // Base of the per-step encoder seeds (stochastic rounding, randomk).
+  uint64_t seed = 1;
+  // Deadline of one Register/Push/GetFrozenVariance attempt.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Deadline of one Pull attempt (it waits for the slowest worker).
+  absl::Duration pull_timeout = absl::Seconds(120);
+  // How long retriable failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried
+  // before Step() gives up; backoff doubles from 50 ms up to 2 s.
+  absl::Duration retry_budget = absl::Seconds(300);
+  int max_message_bytes = 1 << 30;
+};
+
+// Bytes moved and time spent, since Connect().
+struct ClientStats {
+  uint64_t steps = 0;
+  uint64_t push_payload_bytes = 0;  // encoded tensor payloads sent
+  uint64_t pull_payload_bytes = 0;  // encoded tensor payloads received
+  uint64_t push_fp32_bytes = 0;     // what fp32 would have sent
+  uint64_t pull_fp32_bytes = 0;
+  uint64_t snapshots = 0;           // pulls answered with a full snapshot
+  uint64_t checksum_mismatches = 0;
+  uint64_t retries = 0;
+  double encode_seconds = 0;
+  double push_seconds = 0;   // waiting on pushes (includes server rounds)
+  double pull_seconds = 0;
+};
+
+// Thread-compatible: one training loop drives one Client.
+class Client {
+ public:
+  // Creates channels to every shard. Does not contact them (gRPC connects
+  // lazily). INVALID_ARGUMENT for an empty address list or bad ids.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
+  ~Client();
+
+  // Registers this worker with every shard: the first worker's
+  // `initial_weights` initialise the model; everyone then pulls a snapshot,
+  // so on return weights() holds the shards' current replica and step() the
+  // shards' current step. Blocks on one Register and one Pull per shard,
+  // retrying while shards are unavailable (for up to retry_budget).
+  // REQUIRES: initial_weights.size() == TotalElements(layout).
+  // FAILED_PRECONDITION when the shards' layout or configuration differs.
+  absl::Status Register(const v1::ModelLayout& layout,
+                        absl::Span<const float> initial_weights);
+
+  // Pushes `gradient` (the full flat gradient at weights()) for step(), then
+  // waits for every shard's next weights and advances the replica. Blocks on
+  // the slowest worker of the round. On return step() has advanced by one
+  // and weights() holds the new replica. A non-finite gradient is refused
+  // with INVALID_ARGUMENT before anything is sent (residuals unchanged).
+  // REQUIRES: Register() succeeded; gradient.size() == num_params().
+  absl::Status Step(absl::Span<const float> gradient);
+
+  // The replica: the weights every worker holds for step().
+  absl::Span<const float> weights() const { return replica_; }
+  uint64_t step() const { return step_; }
+  uint64_t num_params() const { return replica_.size(); }
+  v1::OptimizerStage stage() const { return stage_; }
+  const ClientStats& stats() const { return stats_; }
+  // L2 norm of all shards' push error-feedback residuals together.
+  double ResidualNorm() const;
+
+ private:
+  struct ShardState {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::ParameterServer::Stub> stub;
+    ShardRange range;
+    std::unique_ptr<Codec> warmup_codec;
+    std::unique_ptr<Codec> push_codec;
+    std::unique_ptr<ErrorFeedback> warmup_ef;
+    std::unique_ptr<ErrorFeedback> push_ef;
+    std::vector<float> preconditioner;  // D, once frozen
+    std::vector<float> scratch;         // D * g
+  };
+
+  explicit Client(const ClientOptions& options);
+  absl::Status EncodeShard(size_t s, absl::Span<const float> g,
+                           v1::PushRequest* req);
+  absl::Status PullAll(uint64_t step, bool want_snapshot);
+  // DATA_LOSS when the replica does not match the shard's checksum.
+  absl::Status ApplyPull(size_t s, uint64_t step, const v1::PullResponse& resp);
+  absl::Status FetchPreconditioner(size_t s);
+  bool compression_stage() const {
+    return stage_ == v1::OPTIMIZER_STAGE_COMPRESSION;
+  }
+
+  const ClientOptions options_;
+  std::vector<ShardState> shards_;
+  std::vector<float> replica_;
+  uint64_t step_ = 0;
+  bool registered_ = false;
+  bool freezes_ = false;  // the server's optimizer has a compression stage
+  v1::GradientSpace compression_space_ = v1::GRADIENT_SPACE_RAW;
+  v1::OptimizerStage stage_ = v1::OPTIMIZER_STAGE_WARMUP;
+  ClientStats stats_;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_WORKER_CLIENT_H_

@@ -1,0 +1,276 @@
+// pserver_worker: trains a model through the parameter server.
+//
+//   pserver_worker --servers=127.0.0.1:50051,127.0.0.1:50052 --worker_id=0
+//                  --num_workers=4 --push_codec=onebit
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/codec.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "worker/client.h"
+#include "worker/metrics.h"
+#include "worker/mlp.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, servers, "127.0.0.1:50051",
+          "comma-separated shard addresses, shard 0 first");
+ABSL_FLAG(uint32_t, worker_id, 0, "this worker, 0 .. num_workers-1");
+ABSL_FLAG(uint32_t, num_workers, 1, "workers in the job");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp (Fashion-MNIST) or synthetic (random gradients, any size)");
+ABSL_FLAG(std::string, hidden, "256,128", "mlp hidden layer sizes");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "folder with the Fashion-MNIST IDX files (.gz or plain)");
+ABSL_FLAG(int32_t, epochs, 5, "passes over the training set");
+ABSL_FLAG(int64_t, steps, 0, "if > 0, stop after this many steps");
+ABSL_FLAG(int32_t, batch_size, 32, "examples per step per worker");
+ABSL_FLAG(uint64_t, seed, 1, "model initialisation and data order");
+ABSL_FLAG(int64_t, train_subset, 0, "if > 0, train on the first N examples");
+ABSL_FLAG(int64_t, test_subset, 0, "if > 0, test on the first N examples");
+ABSL_FLAG(uint64_t, synthetic_params, 1 << 20, "synthetic model: parameters");
+ABSL_FLAG(int32_t, synthetic_tensors, 4, "synthetic model: tensors");
+ABSL_FLAG(std::string, push_codec, "onebit",
+          "push codec (after 1-bit Adam's warmup, or always for adam/sgd): "
+          "fp32, fp16, bf16, onebit, topk, randomk, quantize, topk_quantize");
+ABSL_FLAG(std::string, warmup_codec, "fp32",
+          "push codec during 1-bit Adam's warmup (fp32, bf16, ...)");
+ABSL_FLAG(uint32_t, block_size, 256,
+          "onebit/quantize: elements per scale block (0 = whole tensor)");
+ABSL_FLAG(std::string, onebit_scale, "mean_abs",
+          "onebit block scale: mean_abs or l2 (DeepSpeed)");
+ABSL_FLAG(double, k_fraction, 0.01, "topk/randomk: fraction of elements kept");
+ABSL_FLAG(std::string, topk_selection, "sampled", "topk: sampled or exact");
+ABSL_FLAG(std::string, value_format, "fp32", "topk/randomk values: fp32 or fp16");
+ABSL_FLAG(uint32_t, bits, 8, "quantize: bits per level, 2..8");
+ABSL_FLAG(std::string, rounding, "nearest", "quantize: nearest or stochastic");
+ABSL_FLAG(std::string, quantize_range, "linear",
+          "quantize: linear (block min/max) or adaptive (percentile clip)");
+ABSL_FLAG(float, ef_decay, 1.0f, "error-feedback residual decay (1 = exact)");
+ABSL_FLAG(int32_t, blas_threads, 1,
+          "OpenBLAS threads (results are bit-reproducible per thread count)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus /metrics listen address, host:port; empty disables");
+ABSL_FLAG(double, log_interval, 5, "seconds between progress lines");
+ABSL_FLAG(std::string, progress, "auto",
+          "progress display: auto (a bar on a terminal), bar or lines");
+ABSL_FLAG(double, rpc_timeout, 30, "seconds per push/register attempt");
+ABSL_FLAG(double, pull_timeout, 120,
+          "seconds per pull attempt (it waits for the slowest worker)");
+ABSL_FLAG(double, retry_budget, 300,
+          "seconds to keep retrying unavailable shards before giving up");
+ABSL_FLAG(std::string, summary_json, "",
+          "if set, write the final summary (accuracy, bytes, time) here");
+
+namespace pserver {
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "pserver_worker: %s\n", message.c_str());
+  return 2;
+}
+
+absl::Status CodecParamsFromFlags(v1::CodecParams* p) {
+  p->set_block_size(absl::GetFlag(FLAGS_block_size));
+  std::string scale = absl::GetFlag(FLAGS_onebit_scale);
+  if (scale == "mean_abs") {
+    p->set_scale_mode(v1::SCALE_MODE_MEAN_ABS);
+  } else if (scale == "l2") {
+    p->set_scale_mode(v1::SCALE_MODE_L2);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--onebit_scale is '", scale, "'; expected mean_abs or l2"));
+  }
+  p->set_k_fraction(absl::GetFlag(FLAGS_k_fraction));
+  std::string sel = absl::GetFlag(FLAGS_topk_selection);
+  if (sel == "sampled") {
+    p->set_selection(v1::TOPK_SELECTION_SAMPLED);
+  } else if (sel == "exact") {
+    p->set_selection(v1::TOPK_SELECTION_EXACT);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--topk_selection is '", sel, "'; expected sampled or exact"));
+  }
+  std::string vf = absl::GetFlag(FLAGS_value_format);
+  if (vf == "fp32") {
+    p->set_value_format(v1::VALUE_FORMAT_FP32);
+  } else if (vf == "fp16") {
+    p->set_value_format(v1::VALUE_FORMAT_FP16);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--value_format is '", vf, "'; expected fp32 or fp16"));
+  }
+  p->set_bits(absl::GetFlag(FLAGS_bits));
+  std::string r = absl::GetFlag(FLAGS_rounding);
+  if (r == "nearest") {
+    p->set_rounding(v1::ROUNDING_NEAREST);
+  } else if (r == "stochastic") {
+    p->set_rounding(v1::ROUNDING_STOCHASTIC);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rounding is '", r, "'; expected nearest or stochastic"));
+  }
+  std::string q = absl::GetFlag(FLAGS_quantize_range);
+  if (q == "linear") {
+    p->set_range(v1::QUANTIZE_RANGE_LINEAR);
+  } else if (q == "adaptive") {
+    p->set_range(v1::QUANTIZE_RANGE_ADAPTIVE);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--quantize_range is '", q, "'; expected linear or adaptive"));
+  }
+  return absl::OkStatus();
+}
+
+void WriteSummary(const std::string& path, const TrainerOptions& t,
+                  const ClientOptions& c, const TrainResult& r) {
+  std::ofstream out(path);
+  const ClientStats& s = r.stats;
+  out << absl::StrFormat(
+      "{\"worker_id\": %u, \"num_workers\": %u, \"shards\": %d, "
+      "\"model\": \"%s\", \"push_codec\": \"%s\", \"warmup_codec\": \"%s\", "
+      "\"steps\": %d, \"wall_seconds\": %.3f, \"test_accuracy\": %.6f, "
+      "\"test_loss\": %.6f, \"last_loss\": %.6f, "
+      "\"push_bytes\": %d, \"pull_bytes\": %d, \"push_fp32_bytes\": %d, "
+      "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
+      "\"encode_seconds\": %.4f}\n",
+      c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
+      t.model, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
+      r.wall_seconds, r.test_accuracy, r.test_loss, r.last_loss,
+      s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
+      s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds);
+}
+
+int Run() {
+  ClientOptions c;
+  c.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',',
+                                      absl::SkipWhitespace());
+  if (c.server_addresses.empty()) {
+    return Fail("--servers is empty; expected host:port[,host:port...]");
+  }
+  c.worker_id = absl::GetFlag(FLAGS_worker_id);
+  c.num_workers = absl::GetFlag(FLAGS_num_workers);
+  if (c.num_workers == 0 || c.worker_id >= c.num_workers) {
+    return Fail(absl::StrCat("--worker_id is ", c.worker_id,
+                             "; expected 0..num_workers-1 (--num_workers is ",
+                             c.num_workers, ")"));
+  }
+  absl::StatusOr<v1::Codec> push = ParseCodecName(absl::GetFlag(FLAGS_push_codec));
+  if (!push.ok()) return Fail(absl::StrCat("--push_", push.status().message()));
+  absl::StatusOr<v1::Codec> warm =
+      ParseCodecName(absl::GetFlag(FLAGS_warmup_codec));
+  if (!warm.ok()) return Fail(absl::StrCat("--warmup_", warm.status().message()));
+  c.push_codec = *push;
+  c.warmup_codec = *warm;
+  if (absl::Status s = CodecParamsFromFlags(&c.push_params); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  c.warmup_params = c.push_params;
+  c.ef_decay = absl::GetFlag(FLAGS_ef_decay);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  c.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout));
+  c.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout));
+  c.retry_budget = absl::Seconds(absl::GetFlag(FLAGS_retry_budget));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c);
+  if (!client.ok()) return Fail(std::string(client.status().message()));
+
+  TrainerOptions t;
+  t.model = absl::GetFlag(FLAGS_model);
+  t.hidden.clear();
+  for (absl::string_view h :
+       absl::StrSplit(absl::GetFlag(FLAGS_hidden), ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(h, &v) || v <= 0) {
+      return Fail(absl::StrCat("--hidden has '", h,
+                               "'; expected positive integers like 256,128"));
+    }
+    t.hidden.push_back(v);
+  }
+  t.data_dir = absl::GetFlag(FLAGS_data_dir);
+  t.epochs = absl::GetFlag(FLAGS_epochs);
+  t.steps = absl::GetFlag(FLAGS_steps);
+  t.batch_size = absl::GetFlag(FLAGS_batch_size);
+  t.seed = absl::GetFlag(FLAGS_seed);
+  t.train_subset = absl::GetFlag(FLAGS_train_subset);
+  t.test_subset = absl::GetFlag(FLAGS_test_subset);
+  t.synthetic_params = absl::GetFlag(FLAGS_synthetic_params);
+  t.synthetic_tensors = absl::GetFlag(FLAGS_synthetic_tensors);
+  t.log_interval_seconds = absl::GetFlag(FLAGS_log_interval);
+  std::string progress = absl::GetFlag(FLAGS_progress);
+  if (progress == "auto") {
+    t.progress_bar = isatty(STDOUT_FILENO);
+  } else if (progress == "bar" || progress == "lines") {
+    t.progress_bar = progress == "bar";
+  } else {
+    return Fail(absl::StrCat("--progress is '", progress,
+                             "'; expected auto, bar or lines"));
+  }
+  if (t.epochs <= 0 && t.steps <= 0) {
+    return Fail("--epochs and --steps are both <= 0; expected one positive");
+  }
+  int blas = absl::GetFlag(FLAGS_blas_threads);
+  if (blas < 1) {
+    return Fail(absl::StrCat("--blas_threads is ", blas, "; expected >= 1"));
+  }
+  SetBlasThreads(blas);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
+    } catch (const std::exception& e) {
+      return Fail(absl::StrCat("--metrics_listen ", metrics_listen,
+                               ": cannot listen: ", e.what()));
+    }
+    exposer->RegisterCollectable(registry);
+  }
+  WorkerMetrics metrics(*registry);
+  absl::StatusOr<TrainResult> r = RunTraining(
+      t, client->get(), &metrics, stdout, c.worker_id, c.num_workers);
+  if (!r.ok()) return Fail(std::string(r.status().message()));
+  const ClientStats& s = r->stats;
+  double sent = static_cast<double>(s.push_payload_bytes + s.pull_payload_bytes);
+  std::printf(
+      "worker %u done: %d steps in %.1f s, test accuracy %.4f, pushed %.0f "
+      "bytes (%.1fx less than fp32), pulled %.0f bytes (%.1fx less)\n",
+      c.worker_id, static_cast<int>(r->steps), r->wall_seconds,
+      r->test_accuracy, static_cast<double>(s.push_payload_bytes),
+      s.push_payload_bytes ? double(s.push_fp32_bytes) / s.push_payload_bytes
+                           : 0.0,
+      static_cast<double>(s.pull_payload_bytes),
+      s.pull_payload_bytes ? double(s.pull_fp32_bytes) / s.pull_payload_bytes
+                           : 0.0);
+  (void)sent;
+  std::string summary = absl::GetFlag(FLAGS_summary_json);
+  if (!summary.empty()) WriteSummary(summary, t, c, *r);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pserver
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Trains a model through pserver shards.\n"
+      "  pserver_worker --servers=HOST:PORT,... --worker_id=0 --num_workers=4");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "pserver_worker: unexpected argument '%s'\n", rest[1]);
+    return 2;
+  }
+  return pserver::Run();
+}

@@ -1,0 +1,57 @@
+// The worker's training loop: the reference workload (an MLP on
+// Fashion-MNIST) or a synthetic model of any size, driven through a Client.
+#ifndef PSERVER_WORKER_TRAINER_H_
+#define PSERVER_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/client.h"
+#include "worker/metrics.h"
+
+namespace pserver {
+
+struct TrainerOptions {
+  std::string model = "mlp";  // "mlp" or "synthetic"
+  std::vector<int> hidden = {256, 128};
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int epochs = 5;
+  int64_t steps = 0;  // > 0: stop after this many steps instead
+  int batch_size = 32;
+  uint64_t seed = 1;  // model initialisation and data order
+  int64_t train_subset = 0;  // > 0: use only the first N training examples
+  int64_t test_subset = 0;   // > 0: evaluate on the first N test examples
+  // Synthetic model: this many parameters in this many equal tensors, with
+  // seeded random gradients.
+  uint64_t synthetic_params = uint64_t{1} << 20;
+  int synthetic_tensors = 4;
+  double log_interval_seconds = 5;
+  bool progress_bar = false;  // redraw one line instead of printing lines
+  bool evaluate_each_epoch = true;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double wall_seconds = 0;
+  double last_loss = 0;
+  double test_accuracy = -1;  // -1 for the synthetic model
+  double test_loss = 0;
+  ClientStats stats;
+  std::vector<float> final_weights;
+};
+
+// Registers with the shards (the model's initial weights from options.seed)
+// and trains. Log lines go to `log` (may be null). `metrics` may be null.
+// Errors from the data, the model or the shards end the run.
+absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& options,
+                                        Client* client,
+                                        WorkerMetrics* metrics, FILE* log,
+                                        uint32_t worker_id,
+                                        uint32_t num_workers);
+
+}  // namespace pserver
+
+#endif  // PSERVER_WORKER_TRAINER_H_
