@@ -8,7 +8,7 @@ PSERVER_BUILD_PACKAGES=(
 )
 PSERVER_TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist prometheus
+  dataset-fashion-mnist prometheus curl
 )
 PSERVER_RUN_PACKAGES=(dataset-fashion-mnist)
 

@@ -52,6 +52,9 @@ ABSL_FLAG(double, pull_k_fraction, 0.01,
 ABSL_FLAG(uint32_t, pull_bits, 8, "pull codec: bits for quantize, 2..8");
 ABSL_FLAG(int32_t, max_message_mb, 1024,
           "largest gRPC message in MiB, each direction (1..2047)");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, write the bound gRPC port here once listening (for "
+          "scripts that use --listen with port 0)");
 ABSL_FLAG(int32_t, drain_seconds, 10,
           "on SIGTERM/SIGINT, time in-flight calls get to finish");
 
@@ -155,6 +158,16 @@ int Run() {
                metrics_port.c_str(), config.num_workers,
                OptimizerName(o.kind).c_str(),
                CodecName(config.pull_codec).c_str());
+  if (std::string port_file = absl::GetFlag(FLAGS_port_file);
+      !port_file.empty()) {
+    // Write then rename, so readers never see a partial file.
+    std::string tmp = port_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr || std::fprintf(f, "%d\n", (*server)->port()) < 0 ||
+        std::fclose(f) != 0 || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      return Fail(absl::StrCat("--port_file ", port_file, ": cannot write"));
+    }
+  }
   int sig = 0;
   sigwait(&stop, &sig);
   std::fprintf(stderr, "pserver_server: %s, draining for up to %ds\n",

@@ -71,6 +71,8 @@ ABSL_FLAG(double, pull_timeout, 120,
           "seconds per pull attempt (it waits for the slowest worker)");
 ABSL_FLAG(double, retry_budget, 300,
           "seconds to keep retrying unavailable shards before giving up");
+ABSL_FLAG(std::string, save_weights, "",
+          "if set, write the final weights here as raw little-endian fp32");
 ABSL_FLAG(std::string, summary_json, "",
           "if set, write the final summary (accuracy, bytes, time) here");
 
@@ -255,6 +257,13 @@ int Run() {
       s.pull_payload_bytes ? double(s.pull_fp32_bytes) / s.pull_payload_bytes
                            : 0.0);
   (void)sent;
+  if (std::string path = absl::GetFlag(FLAGS_save_weights); !path.empty()) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(r->final_weights.data()),
+              static_cast<std::streamsize>(r->final_weights.size() * 4));
+    if (!out.good()) return Fail(absl::StrCat("--save_weights ", path,
+                                              ": cannot write"));
+  }
   std::string summary = absl::GetFlag(FLAGS_summary_json);
   if (!summary.empty()) WriteSummary(summary, t, c, *r);
   return 0;

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The main command: a local pserver cluster training Fashion-MNIST.
+#
+# Installs what is missing (Debian bookworm), builds, starts the shards and
+# workers on loopback, shows progress, prints a summary, and stops everything
+# it started (also on Ctrl-C).
+#
+#   deploy/local.sh                         # 2 shards, 4 workers, 5 epochs, 1-bit Adam both ways
+#   deploy/local.sh --epochs 1 --push-codec topk --pull-codec topk
+#   WORKERS=2 SHARDS=1 deploy/local.sh
+#
+# Options (or the environment variable in brackets):
+#   --shards N [SHARDS=2]          --workers N [WORKERS=4]
+#   --epochs N [EPOCHS=5]          --steps N [STEPS=0: whole epochs]
+#   --batch N [BATCH=32]           --lr X [LR=0.001]
+#   --optimizer NAME [OPTIMIZER=onebit_adam]   (onebit_adam, adam, sgd)
+#   --push-codec C [PUSH_CODEC=onebit]         --pull-codec C [PULL_CODEC=onebit]
+#   --warmup-codec C [WARMUP_CODEC=bf16]       --freeze-step N [FREEZE_STEP=300]
+#   --k-fraction X [K_FRACTION=0.01]           --seed N [SEED=1]
+#   --base-port P [BASE_PORT=50051]  shards listen on P.., their metrics on
+#                 METRICS_PORT=9100.., workers' metrics on 9200..
+#   --run-dir D [RUN_DIR=a new folder under /tmp]   logs and summaries
+#   --monitor     also start Prometheus on the cluster (needs `prometheus`)
+#   SERVER_FLAGS / WORKER_FLAGS: extra flags passed to every daemon.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SHARDS="${SHARDS:-2}"
+WORKERS="${WORKERS:-4}"
+EPOCHS="${EPOCHS:-5}"
+STEPS="${STEPS:-0}"
+BATCH="${BATCH:-32}"
+LR="${LR:-0.001}"
+OPTIMIZER="${OPTIMIZER:-onebit_adam}"
+PUSH_CODEC="${PUSH_CODEC:-onebit}"
+PULL_CODEC="${PULL_CODEC:-onebit}"
+WARMUP_CODEC="${WARMUP_CODEC:-bf16}"
+FREEZE_STEP="${FREEZE_STEP:-300}"
+K_FRACTION="${K_FRACTION:-0.01}"
+SEED="${SEED:-1}"
+BASE_PORT="${BASE_PORT:-50051}"
+METRICS_PORT="${METRICS_PORT:-9100}"
+WORKER_METRICS_PORT="${WORKER_METRICS_PORT:-9200}"
+RUN_DIR="${RUN_DIR:-}"
+MONITOR="${MONITOR:-0}"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+
+die() { echo "local.sh: $*" >&2; exit 2; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --shards) need_value "$@"; SHARDS="$2"; shift 2 ;;
+    --workers) need_value "$@"; WORKERS="$2"; shift 2 ;;
+    --epochs) need_value "$@"; EPOCHS="$2"; shift 2 ;;
+    --steps) need_value "$@"; STEPS="$2"; shift 2 ;;
+    --batch) need_value "$@"; BATCH="$2"; shift 2 ;;
+    --lr) need_value "$@"; LR="$2"; shift 2 ;;
+    --optimizer) need_value "$@"; OPTIMIZER="$2"; shift 2 ;;
+    --push-codec) need_value "$@"; PUSH_CODEC="$2"; shift 2 ;;
+    --pull-codec) need_value "$@"; PULL_CODEC="$2"; shift 2 ;;
+    --warmup-codec) need_value "$@"; WARMUP_CODEC="$2"; shift 2 ;;
+    --freeze-step) need_value "$@"; FREEZE_STEP="$2"; shift 2 ;;
+    --k-fraction) need_value "$@"; K_FRACTION="$2"; shift 2 ;;
+    --seed) need_value "$@"; SEED="$2"; shift 2 ;;
+    --base-port) need_value "$@"; BASE_PORT="$2"; shift 2 ;;
+    --run-dir) need_value "$@"; RUN_DIR="$2"; shift 2 ;;
+    --monitor) MONITOR=1; shift ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+for v in SHARDS WORKERS BATCH BASE_PORT; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v is '${!v}'; expected a positive integer"
+done
+[[ "$EPOCHS" =~ ^[0-9]+$ && "$STEPS" =~ ^[0-9]+$ ]] || die "epochs/steps must be integers"
+
+# shellcheck source=packages.sh
+source "$ROOT/deploy/packages.sh"
+packages=("${PSERVER_BUILD_PACKAGES[@]}" "${PSERVER_RUN_PACKAGES[@]}")
+[[ "$MONITOR" == 1 ]] && packages+=(prometheus)
+pserver_install_packages "${packages[@]}"
+
+echo "local.sh: building in $BUILD_DIR"
+if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+cmake --build "$BUILD_DIR" --target pserver_server_bin pserver_worker_bin -- -j"$(nproc)" \
+  | grep -E "error:|FAILED" || true
+SERVER="$BUILD_DIR/server/pserver_server"
+WORKER="$BUILD_DIR/worker/pserver_worker"
+[[ -x "$SERVER" && -x "$WORKER" ]] || die "build failed"
+
+RUN_DIR="${RUN_DIR:-$(mktemp -d /tmp/pserver-run.XXXXXX)}"
+mkdir -p "$RUN_DIR"
+PIDS=()
+cleanup() {
+  local code=$?
+  trap - EXIT INT TERM
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  exit "$code"
+}
+trap cleanup EXIT
+trap 'echo; echo "local.sh: interrupted, stopping the cluster"; exit 130' INT TERM
+
+addresses=()
+for ((s = 0; s < SHARDS; s++)); do
+  addresses+=("127.0.0.1:$((BASE_PORT + s))")
+  # shellcheck disable=SC2086
+  "$SERVER" --shard_index="$s" --num_shards="$SHARDS" --num_workers="$WORKERS" \
+    --listen="127.0.0.1:$((BASE_PORT + s))" \
+    --metrics_listen="127.0.0.1:$((METRICS_PORT + s))" \
+    --optimizer="$OPTIMIZER" --lr="$LR" --freeze_step="$FREEZE_STEP" \
+    --pull_codec="$PULL_CODEC" --pull_k_fraction="$K_FRACTION" \
+    ${SERVER_FLAGS:-} >"$RUN_DIR/shard$s.log" 2>&1 &
+  PIDS+=($!)
+done
+servers="$(IFS=,; echo "${addresses[*]}")"
+
+if [[ "$MONITOR" == 1 ]]; then
+  targets=""
+  for ((s = 0; s < SHARDS; s++)); do targets+="'127.0.0.1:$((METRICS_PORT + s))',"; done
+  for ((w = 0; w < WORKERS; w++)); do targets+="'127.0.0.1:$((WORKER_METRICS_PORT + w))',"; done
+  sed -e "s|targets: \[.*\] *# local.sh|targets: [${targets%,}]|" \
+    "$ROOT/deploy/prometheus/local.yml" >"$RUN_DIR/prometheus.yml"
+  prometheus --config.file="$RUN_DIR/prometheus.yml" \
+    --storage.tsdb.path="$RUN_DIR/prometheus-data" \
+    --web.listen-address=127.0.0.1:9090 >"$RUN_DIR/prometheus.log" 2>&1 &
+  PIDS+=($!)
+fi
+
+start=$(date +%s.%N)
+echo "local.sh: $SHARDS shards, $WORKERS workers, optimizer $OPTIMIZER," \
+  "push $PUSH_CODEC (warmup $WARMUP_CODEC), pull $PULL_CODEC; logs in $RUN_DIR"
+progress=lines
+[[ -t 1 ]] && progress=bar
+worker_pids=()
+for ((w = 0; w < WORKERS; w++)); do
+  args=(--servers="$servers" --worker_id="$w" --num_workers="$WORKERS"
+        --epochs="$EPOCHS" --steps="$STEPS" --batch_size="$BATCH" --seed="$SEED"
+        --push_codec="$PUSH_CODEC" --warmup_codec="$WARMUP_CODEC"
+        --k_fraction="$K_FRACTION"
+        --metrics_listen="127.0.0.1:$((WORKER_METRICS_PORT + w))"
+        --summary_json="$RUN_DIR/worker$w.json")
+  if [[ $w -eq 0 ]]; then
+    # Worker 0 shows its progress here; the others log to files.
+    # shellcheck disable=SC2086
+    "$WORKER" "${args[@]}" --progress="$progress" ${WORKER_FLAGS:-} \
+      > >(tee "$RUN_DIR/worker$w.log") 2>&1 &
+  else
+    # shellcheck disable=SC2086
+    "$WORKER" "${args[@]}" --progress=lines ${WORKER_FLAGS:-} \
+      >"$RUN_DIR/worker$w.log" 2>&1 &
+  fi
+  worker_pids+=($!)
+  PIDS+=($!)
+done
+
+failed=0
+for ((w = 0; w < WORKERS; w++)); do
+  if ! wait "${worker_pids[$w]}"; then
+    echo "local.sh: worker $w failed; its log ($RUN_DIR/worker$w.log) ends with:" >&2
+    tail -3 "$RUN_DIR/worker$w.log" >&2
+    failed=1
+  fi
+done
+end=$(date +%s.%N)
+[[ $failed -eq 0 ]] || exit 1
+
+# The summary, from the workers' JSON files (no tools beyond awk needed).
+field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1"; }
+up=0; down=0; up32=0; down32=0
+for ((w = 0; w < WORKERS; w++)); do
+  f="$RUN_DIR/worker$w.json"
+  up=$(awk -v a="$up" -v b="$(field "$f" push_bytes)" 'BEGIN{printf "%.0f", a+b}')
+  down=$(awk -v a="$down" -v b="$(field "$f" pull_bytes)" 'BEGIN{printf "%.0f", a+b}')
+  up32=$(awk -v a="$up32" -v b="$(field "$f" push_fp32_bytes)" 'BEGIN{printf "%.0f", a+b}')
+  down32=$(awk -v a="$down32" -v b="$(field "$f" pull_fp32_bytes)" 'BEGIN{printf "%.0f", a+b}')
+done
+acc=$(field "$RUN_DIR/worker0.json" test_accuracy)
+steps=$(field "$RUN_DIR/worker0.json" steps)
+awk -v acc="$acc" -v up="$up" -v down="$down" -v up32="$up32" -v down32="$down32" \
+    -v t="$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" -v steps="$steps" \
+    -v w="$WORKERS" 'BEGIN {
+  printf "\n== pserver local run ==\n"
+  printf "test accuracy      %.2f%% after %d steps\n", acc * 100, steps
+  printf "bytes up (push)    %.1f MB  (fp32 would send %.1f MB: %.1fx less)\n", up/1e6, up32/1e6, up32/up
+  printf "bytes down (pull)  %.1f MB  (fp32 would send %.1f MB: %.1fx less)\n", down/1e6, down32/1e6, down32/down
+  printf "total              %.1fx less than fp32 (%.1f MB per worker)\n", (up32+down32)/(up+down), (up+down)/w/1e6
+  printf "wall time          %.1f s\n", t
+}'
+echo "metrics            shards: http://127.0.0.1:$METRICS_PORT/metrics .. :$((METRICS_PORT + SHARDS - 1)); workers: http://127.0.0.1:$WORKER_METRICS_PORT/metrics .. :$((WORKER_METRICS_PORT + WORKERS - 1)) (while running)"
+if [[ "$MONITOR" == 1 ]]; then
+  echo "prometheus         http://127.0.0.1:9090/graph?g0.expr=pserver_worker_train_loss&g1.expr=rate(pserver_server_step%5B1m%5D)"
+fi
+echo "logs               $RUN_DIR"
