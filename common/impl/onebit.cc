@@ -129,42 +129,48 @@ void AccumulateScalar(const float* scales, const uint8_t* signs, uint64_t n,
 #if defined(__x86_64__)
 #define PSERVER_AVX2 __attribute__((target("avx2,fma")))
 
-// REQUIRES: every block starts at a multiple of 8.
+// REQUIRES: every block starts at a multiple of 8. Templated so that the
+// inner loops carry no mode branches and keep the pointers in registers.
+template <bool kEf, bool kL2>
 PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
                                      const Layout& l, float* scales,
                                      uint8_t* signs) {
-  const float* src = a.e_out ? a.e_out : a.g;
+  const float* const g = a.g;
+  const float* const e_in = a.e_in;
+  float* const e_out = a.e_out;
+  const float* const src = kEf ? e_out : g;
   const __m256 vdecay = _mm256_set1_ps(a.decay);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 vmax = _mm256_set1_ps(FLT_MAX);
   const __m256 zero = _mm256_setzero_ps();
-  for (uint64_t b = 0; b < l.blocks; ++b) {
-    const uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
+  const uint64_t block = l.block, blocks = l.blocks;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t b0 = b * block, b1 = std::min(n, b0 + block);
     __m256 sum = zero, bad = zero;
     uint64_t i = b0;
     for (; i + 8 <= b1; i += 8) {
-      __m256 u = _mm256_loadu_ps(a.g + i);
-      if (a.e_in) {
-        u = _mm256_add_ps(u, _mm256_mul_ps(vdecay, _mm256_loadu_ps(a.e_in + i)));
+      __m256 u = _mm256_loadu_ps(g + i);
+      if (kEf) {
+        u = _mm256_add_ps(u, _mm256_mul_ps(vdecay, _mm256_loadu_ps(e_in + i)));
+        _mm256_storeu_ps(e_out + i, u);
       }
-      if (a.e_out) _mm256_storeu_ps(a.e_out + i, u);
       __m256 m = _mm256_and_ps(u, absmask);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(m, vmax, _CMP_NLE_UQ));
-      sum = _mm256_add_ps(sum, a.l2 ? _mm256_mul_ps(u, u) : m);
+      sum = _mm256_add_ps(sum, kL2 ? _mm256_mul_ps(u, u) : m);
     }
     if (i < b1) {  // tail: masked lanes read as 0 and add 0 to their sums
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       __m256i mask = _mm256_cmpgt_epi32(
           _mm256_set1_epi32(static_cast<int>(b1 - i)), lane);
-      __m256 u = _mm256_maskload_ps(a.g + i, mask);
-      if (a.e_in) {
+      __m256 u = _mm256_maskload_ps(g + i, mask);
+      if (kEf) {
         u = _mm256_add_ps(
-            u, _mm256_mul_ps(vdecay, _mm256_maskload_ps(a.e_in + i, mask)));
+            u, _mm256_mul_ps(vdecay, _mm256_maskload_ps(e_in + i, mask)));
+        _mm256_maskstore_ps(e_out + i, mask, u);
       }
-      if (a.e_out) _mm256_maskstore_ps(a.e_out + i, mask, u);
       __m256 m = _mm256_and_ps(u, absmask);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(m, vmax, _CMP_NLE_UQ));
-      sum = _mm256_add_ps(sum, a.l2 ? _mm256_mul_ps(u, u) : m);
+      sum = _mm256_add_ps(sum, kL2 ? _mm256_mul_ps(u, u) : m);
     }
     if (_mm256_movemask_ps(bad)) return FirstBadInBlock(a, b0, b1);
     // Same tree as ReduceLanes: (s_j + s_{j+4}), then (t0 + t2) + (t1 + t3).
@@ -173,7 +179,7 @@ PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
     __m128 w = _mm_add_ps(t, _mm_movehl_ps(t, t));
     float total = _mm_cvtss_f32(
         _mm_add_ss(w, _mm_shuffle_ps(w, w, _MM_SHUFFLE(1, 1, 1, 1))));
-    const float s = FinishScale(total, src + b0, b1 - b0, a.l2);
+    const float s = FinishScale(total, src + b0, b1 - b0, kL2);
     scales[b] = s;
     const __m256 vpos = _mm256_set1_ps(s), vneg = _mm256_set1_ps(-s);
     i = b0;
@@ -181,14 +187,25 @@ PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
       __m256 u = _mm256_loadu_ps(src + i);
       __m256 ge = _mm256_cmp_ps(u, zero, _CMP_GE_OQ);
       signs[i >> 3] = static_cast<uint8_t>(_mm256_movemask_ps(ge));
-      if (a.e_out) {
-        _mm256_storeu_ps(a.e_out + i,
+      if (kEf) {
+        _mm256_storeu_ps(e_out + i,
                          _mm256_sub_ps(u, _mm256_blendv_ps(vneg, vpos, ge)));
       }
     }
-    SignsScalar(src, a.e_out, signs, s, i, b1);
+    SignsScalar(src, kEf ? e_out : nullptr, signs, s, i, b1);
   }
   return absl::OkStatus();
+}
+
+absl::Status EncodeAvx2Dispatch(const EncodeArgs& a, uint64_t n,
+                                const Layout& l, float* scales,
+                                uint8_t* signs) {
+  if (a.e_in) {
+    return a.l2 ? EncodeAvx2<true, true>(a, n, l, scales, signs)
+                : EncodeAvx2<true, false>(a, n, l, scales, signs);
+  }
+  return a.l2 ? EncodeAvx2<false, true>(a, n, l, scales, signs)
+              : EncodeAvx2<false, false>(a, n, l, scales, signs);
 }
 
 // REQUIRES: every block starts at a multiple of 8.
@@ -337,7 +354,7 @@ class OneBitCodec final : public CodecBase {
     absl::Status s;
 #if defined(__x86_64__)
     if (AvxUsable(l)) {
-      s = EncodeAvx2(a, n, l, scales.data(), signs);
+      s = EncodeAvx2Dispatch(a, n, l, scales.data(), signs);
     } else {
       s = EncodeScalar(a, n, l, scales.data(), signs);
     }

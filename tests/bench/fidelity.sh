@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Fidelity benchmark (not a unit test): the reference workload (Fashion-MNIST
+# MLP, 5 epochs, 4 workers x batch 32, lr 1e-3, 2 shards) through the real
+# local cluster, for plain Adam with fp32 both ways, 1-bit Adam (1-bit push
+# and pull) and TopK 1% (push and pull). Prints test accuracy and total bytes
+# up+down per worker against the fp32 run, and writes the same as
+# RESULTS/fidelity.md, RESULTS/fidelity.json and RESULTS/fidelity.svg.
+#
+#   tests/bench/fidelity.sh                   # the three runs, seed 1
+#   SEEDS="1 2 3" tests/bench/fidelity.sh     # each run per seed (mean shown)
+#   RUNS="onebit_adam" EPOCHS=1 tests/bench/fidelity.sh
+#
+# Each run's settings are in the table below; every choice is a flag of the
+# daemons, passed through deploy/local.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+RESULTS="${RESULTS:-$ROOT/results/fidelity}"
+SEEDS="${SEEDS:-1}"
+EPOCHS="${EPOCHS:-5}"
+RUNS="${RUNS:-adam_fp32 onebit_adam topk}"
+mkdir -p "$RESULTS/runs"
+
+# name -> local.sh options
+declare -A OPTS=(
+  [adam_fp32]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
+  [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec bf16 --freeze-step ${FREEZE_STEP:-300}"
+  [topk]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec bf16 --freeze-step ${TOPK_FREEZE_STEP:-200} --k-fraction 0.01"
+)
+declare -A EXTRA_SERVER=(
+  [adam_fp32]=""
+  [onebit_adam]="${ONEBIT_SERVER_FLAGS:-}"
+  [topk]="${TOPK_SERVER_FLAGS:-}"
+)
+declare -A EXTRA_WORKER=(
+  [adam_fp32]=""
+  [onebit_adam]="${ONEBIT_WORKER_FLAGS:-}"
+  [topk]="${TOPK_WORKER_FLAGS:-}"
+)
+
+field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1"; }
+
+json="["
+rows=()
+for name in $RUNS; do
+  [[ -n "${OPTS[$name]:-}" ]] || { echo "fidelity.sh: unknown run '$name'" >&2; exit 2; }
+  for seed in $SEEDS; do
+    dir="$RESULTS/runs/$name-seed$seed"
+    rm -rf "$dir"
+    echo "fidelity.sh: $name seed $seed ..." >&2
+    # shellcheck disable=SC2086
+    METRICS_PORT=9400 WORKER_METRICS_PORT=9500 \
+    SERVER_FLAGS="${EXTRA_SERVER[$name]}" WORKER_FLAGS="${EXTRA_WORKER[$name]}" \
+      "$ROOT/deploy/local.sh" ${OPTS[$name]} --epochs "$EPOCHS" --seed "$seed" \
+      --run-dir "$dir" --base-port 52051 </dev/null >"$dir.log" 2>&1 ||
+      { echo "fidelity.sh: run $name seed $seed failed; see $dir.log" >&2; tail -5 "$dir.log" >&2; exit 1; }
+    up=0; down=0; n=0
+    for f in "$dir"/worker*.json; do
+      up=$((up + $(field "$f" push_bytes)))
+      down=$((down + $(field "$f" pull_bytes)))
+      n=$((n + 1))
+    done
+    acc=$(field "$dir/worker0.json" test_accuracy)
+    wall=$(field "$dir/worker0.json" wall_seconds)
+    up=$((up / n)); down=$((down / n))
+    rows+=("$name $seed $acc $up $down $wall")
+    json+=$(printf '\n  {"name": "%s", "seed": %s, "test_accuracy": %s, "bytes_up_per_worker": %s, "bytes_down_per_worker": %s, "wall_seconds": %s},' \
+      "$name" "$seed" "$acc" "$up" "$down" "$wall")
+  done
+done
+json="${json%,}"$'\n]\n'
+printf '%s' "$json" >"$RESULTS/fidelity.json"
+
+# Per run name: mean accuracy over seeds, mean bytes; ratios against adam_fp32.
+summary=$(printf '%s\n' "${rows[@]}" | awk '
+  { acc[$1] += $3; up[$1] += $4; down[$1] += $5; wall[$1] += $6; n[$1]++;
+    if (!($1 in seen)) { order[++k] = $1; seen[$1] = 1 }
+    accs[$1] = accs[$1] sprintf("%s%.2f", (n[$1] > 1 ? " " : ""), $3 * 100) }
+  END {
+    base = ("adam_fp32" in n) ? (up["adam_fp32"] + down["adam_fp32"]) / n["adam_fp32"] : 0
+    for (i = 1; i <= k; i++) {
+      r = order[i]; t = (up[r] + down[r]) / n[r]
+      printf "%s|%.2f|%s|%.1f|%.1f|%.1f|%s|%.0f\n", r, acc[r] / n[r] * 100, accs[r],
+        up[r] / n[r] / 1e6, down[r] / n[r] / 1e6, t / 1e6,
+        (base > 0 ? sprintf("%.1fx", base / t) : "n/a"), wall[r] / n[r]
+    }
+  }')
+
+{
+  echo "| run | test accuracy % (mean) | per seed | MB up / worker | MB down / worker | MB total / worker | less traffic than adam_fp32 | wall s |"
+  echo "|---|---|---|---|---|---|---|---|"
+  while IFS='|' read -r r a s u d t x w; do
+    echo "| $r | $a | $s | $u | $d | $t | $x | $w |"
+  done <<<"$summary"
+  echo
+  echo "Seeds: $SEEDS; $EPOCHS epochs; 4 workers x batch 32; 2 shards; lr 1e-3."
+} >"$RESULTS/fidelity.md"
+cat "$RESULTS/fidelity.md"
+
+# SVG: accuracy against total bytes per worker (log x axis), one point per run.
+awk -F'|' -v W=640 -v H=400 '
+  { name[NR] = $1; acc[NR] = $2; mb[NR] = $6; n = NR }
+  END {
+    lo = 1e30; hi = 0; alo = 100; ahi = 0
+    for (i = 1; i <= n; i++) {
+      if (mb[i] < lo) lo = mb[i]; if (mb[i] > hi) hi = mb[i]
+      if (acc[i] < alo) alo = acc[i]; if (acc[i] > ahi) ahi = acc[i]
+    }
+    lx0 = log(lo / 2) / log(10); lx1 = log(hi * 2) / log(10)
+    alo = int(alo) - 1; ahi = int(ahi) + 1
+    L = 70; R = W - 20; T = 20; B = H - 50
+    printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H
+    printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+    printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, B, R, B
+    printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, T, L, B
+    for (e = int(lx0); e <= lx1 + 1; e++) {
+      x = L + (e - lx0) / (lx1 - lx0) * (R - L)
+      if (x < L || x > R) continue
+      printf "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>\n", x, T, x, B
+      printf "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g MB</text>\n", x, B + 18, 10 ^ e
+    }
+    for (a = alo; a <= ahi; a++) {
+      y = B - (a - alo) / (ahi - alo) * (B - T)
+      printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>\n", L, y, R, y
+      printf "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%d%%</text>\n", L - 6, y + 4, a
+    }
+    printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">total bytes up+down per worker (log scale)</text>\n", (L + R) / 2, H - 12
+    printf "<text x=\"16\" y=\"%d\" transform=\"rotate(-90 16 %d)\" text-anchor=\"middle\">test accuracy</text>\n", (T + B) / 2, (T + B) / 2
+    for (i = 1; i <= n; i++) {
+      x = L + (log(mb[i]) / log(10) - lx0) / (lx1 - lx0) * (R - L)
+      y = B - (acc[i] - alo) / (ahi - alo) * (B - T)
+      printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#1f77b4\"/>\n", x, y
+      printf "<text x=\"%.1f\" y=\"%.1f\">%s (%.2f%%)</text>\n", x + 8, y - 6, name[i], acc[i]
+    }
+    print "</svg>"
+  }' <<<"$summary" >"$RESULTS/fidelity.svg"
+echo "fidelity.sh: wrote $RESULTS/fidelity.md, fidelity.json, fidelity.svg" >&2

@@ -1,0 +1,157 @@
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "common/codec.h"
+#include "common/internal/cpu.h"
+#include "gtest/gtest.h"
+#include "tests/common/codec_test_util.h"
+
+namespace pserver {
+namespace {
+
+using testing_util::MustMake;
+using testing_util::RandomVector;
+
+// Slow reference: sort positions by |u| descending, ties by lower index.
+std::vector<uint64_t> ReferenceTopK(const std::vector<float>& u, size_t k) {
+  std::vector<uint64_t> pos(u.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::stable_sort(pos.begin(), pos.end(), [&](uint64_t a, uint64_t b) {
+    return std::fabs(u[a]) > std::fabs(u[b]);
+  });
+  pos.resize(k);
+  std::sort(pos.begin(), pos.end());
+  return pos;
+}
+
+// Decodes and returns the positions present in the payload, via the codec.
+std::vector<uint64_t> DecodedSupport(const Codec& codec, const v1::EncodedTensor& t,
+                                     std::vector<float>* d) {
+  d->assign(t.num_elements(), 0.0f);
+  EXPECT_TRUE(codec.Decode(t, absl::MakeSpan(*d)).ok());
+  // Parse the varint count and gaps by hand (the wire format).
+  const std::string& p = t.payload();
+  size_t at = 0;
+  auto varint = [&] {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      uint8_t b = static_cast<uint8_t>(p[at++]);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  };
+  uint64_t count = varint();
+  std::vector<uint64_t> idx;
+  for (uint64_t j = 0; j < count; ++j) {
+    uint64_t gap = varint();
+    idx.push_back(j == 0 ? gap : idx.back() + gap + 1);
+  }
+  return idx;
+}
+
+v1::CodecParams Exact(uint64_t k, double fraction = 0) {
+  v1::CodecParams p;
+  p.set_k(k);
+  if (fraction > 0) p.set_k_fraction(fraction);
+  p.set_selection(v1::TOPK_SELECTION_EXACT);
+  return p;
+}
+
+TEST(TopKCodec, ExactMatchesReferenceIncludingTies) {
+  for (size_t n : {1, 7, 255, 257, 1000, 4097, 70000}) {
+    for (bool ties : {false, true}) {
+      std::vector<float> u = RandomVector(n, static_cast<uint32_t>(n));
+      if (ties) {
+        for (float& x : u) x = std::round(x * 2) / 2;  // few distinct |u|
+      }
+      for (size_t k : {size_t{1}, n / 3 + 1, n}) {
+        SCOPED_TRACE(::testing::Message() << n << " " << ties << " " << k);
+        auto codec = MustMake(v1::CODEC_TOPK, Exact(k));
+        v1::EncodedTensor t;
+        ASSERT_TRUE(codec->Encode(u, 0, &t).ok());
+        EXPECT_EQ(t.params().k(), k);
+        std::vector<float> d;
+        std::vector<uint64_t> idx = DecodedSupport(*codec, t, &d);
+        ASSERT_EQ(idx, ReferenceTopK(u, k));
+        std::vector<float> want(n, 0.0f);
+        for (uint64_t i : idx) want[i] = u[i];
+        ASSERT_EQ(d, want);
+      }
+    }
+  }
+}
+
+TEST(TopKCodec, KFromFractionOrCount) {
+  std::vector<float> u = RandomVector(1000, 1);
+  struct Case { uint64_t k; double f; uint64_t want; };
+  for (Case c : {Case{0, 0.01, 10}, Case{0, 0.0004, 1}, Case{0, 0.0015, 2},
+                 Case{0, 1.0, 1000}, Case{5, 0.5, 5}, Case{5000, 0, 1000}}) {
+    auto codec = MustMake(v1::CODEC_TOPK, Exact(c.k, c.f));
+    v1::EncodedTensor t;
+    ASSERT_TRUE(codec->Encode(u, 0, &t).ok());
+    std::vector<float> d;
+    EXPECT_EQ(DecodedSupport(*codec, t, &d).size(), c.want) << c.k << " " << c.f;
+  }
+}
+
+TEST(TopKCodec, Fp16ValuesRoundToNearest) {
+  std::vector<float> u = RandomVector(500, 2);
+  v1::CodecParams p = Exact(50);
+  p.set_value_format(v1::VALUE_FORMAT_FP16);
+  auto codec = MustMake(v1::CODEC_TOPK, p);
+  v1::EncodedTensor t;
+  ASSERT_TRUE(codec->Encode(u, 0, &t).ok());
+  std::vector<float> d;
+  std::vector<uint64_t> idx = DecodedSupport(*codec, t, &d);
+  ASSERT_EQ(idx, ReferenceTopK(u, 50));
+  for (uint64_t i : idx) EXPECT_NEAR(d[i], u[i], std::fabs(u[i]) * 0x1p-11);
+}
+
+TEST(TopKCodec, SampledKeepsTopSetWithinTenPercent) {
+  for (size_t n : {size_t{1} << 17, size_t{1} << 20}) {
+    std::vector<float> u = RandomVector(n, 9);
+    v1::CodecParams p;  // sampled, 1%
+    auto codec = MustMake(v1::CODEC_TOPK, p);
+    v1::EncodedTensor t, t_scalar;
+    ASSERT_TRUE(codec->Encode(u, 0, &t).ok());
+    std::vector<float> d;
+    std::vector<uint64_t> idx = DecodedSupport(*codec, t, &d);
+    const double k = std::round(0.01 * n);
+    EXPECT_GE(idx.size(), 0.9 * k);
+    EXPECT_LE(idx.size(), 1.1 * k);
+    // It is the exact top-c set for its own c.
+    EXPECT_EQ(idx, ReferenceTopK(u, idx.size()));
+    internal::ForceScalarKernelsForTesting(true);
+    ASSERT_TRUE(codec->Encode(u, 0, &t_scalar).ok());
+    internal::ForceScalarKernelsForTesting(false);
+    EXPECT_EQ(t.payload(), t_scalar.payload());
+  }
+}
+
+TEST(TopKCodec, SampledFallsBackToExactOnHeavyTies) {
+  const size_t n = 1 << 17;
+  std::vector<float> u = RandomVector(n, 4, 0.01f);
+  for (size_t i = 0; i < n; i += 2) u[i] = (i % 4 ? 1.0f : -1.0f);  // half tie
+  auto codec = MustMake(v1::CODEC_TOPK, {});
+  v1::EncodedTensor t;
+  ASSERT_TRUE(codec->Encode(u, 0, &t).ok());
+  std::vector<float> d;
+  EXPECT_EQ(DecodedSupport(*codec, t, &d), ReferenceTopK(u, 1311));
+}
+
+TEST(TopKCodec, ExactWithOneHugeBucket) {
+  // Over 2^20 equal keys in one histogram bucket: the second-level path.
+  const size_t n = (1 << 20) + 5000;
+  std::vector<float> u(n, 0.0f);
+  for (size_t i = 0; i < n; i += 4000) u[i] = 1.0f + i * 1e-6f;
+  auto codec = MustMake(v1::CODEC_TOPK, Exact(1000));
+  v1::EncodedTensor t;
+  ASSERT_TRUE(codec->Encode(u, 0, &t).ok());
+  std::vector<float> d;
+  EXPECT_EQ(DecodedSupport(*codec, t, &d), ReferenceTopK(u, 1000));
+}
+
+}  // namespace
+}  // namespace pserver
