@@ -41,74 +41,6 @@ absl::Status FirstNonFinite(absl::Span<const float> u) {
   return absl::OkStatus();
 }
 
-// The k largest keys (ties: lower index), k >= 1, k <= u.size().
-absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
-                         std::vector<uint64_t>* idx, std::vector<float>* val) {
-  const size_t n = u.size();
-  std::vector<uint64_t> hist(kBuckets, 0);
-  const float* p = u.data();
-  for (size_t i = 0; i < n; ++i) ++hist[KeyOf(p[i]) >> kHistShift];
-  for (size_t b = kInfKey >> kHistShift; b < kBuckets; ++b) {
-    if (hist[b]) return FirstNonFinite(u);
-  }
-  // Bucket of the k-th largest key, and how many keys lie above it.
-  size_t bucket = kBuckets;
-  uint64_t above = 0;
-  while (bucket > 0) {
-    --bucket;
-    if (above + hist[bucket] >= k) break;
-    above += hist[bucket];
-  }
-  const uint64_t in_bucket = hist[bucket];
-  const uint64_t rank = k - above;  // 1-based rank inside the bucket
-  // The exact threshold key T and how many keys equal to T to keep.
-  uint32_t threshold;
-  uint64_t greater = above;
-  if (in_bucket <= (uint64_t{1} << 20)) {
-    std::vector<uint32_t> keys;
-    keys.reserve(in_bucket);
-    for (size_t i = 0; i < n; ++i) {
-      uint32_t key = KeyOf(p[i]);
-      if ((key >> kHistShift) == bucket) keys.push_back(key);
-    }
-    std::nth_element(keys.begin(), keys.begin() + (rank - 1), keys.end(),
-                     std::greater<uint32_t>());
-    threshold = keys[rank - 1];
-    for (uint32_t key : keys) greater += key > threshold;
-  } else {
-    // Huge bucket (e.g. mostly zeros): second histogram on the low bits.
-    std::vector<uint64_t> low(size_t{1} << kHistShift, 0);
-    const uint32_t mask = (uint32_t{1} << kHistShift) - 1;
-    for (size_t i = 0; i < n; ++i) {
-      uint32_t key = KeyOf(p[i]);
-      if ((key >> kHistShift) == bucket) ++low[key & mask];
-    }
-    size_t j = low.size();
-    uint64_t cum = 0;
-    while (j > 0) {
-      --j;
-      if (cum + low[j] >= rank) break;
-      cum += low[j];
-    }
-    threshold = static_cast<uint32_t>(bucket << kHistShift | j);
-    greater += cum;
-  }
-  uint64_t take_equal = k - greater;
-  idx->clear();
-  val->clear();
-  idx->reserve(k);
-  val->reserve(k);
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t key = KeyOf(p[i]);
-    if (key > threshold || (key == threshold && take_equal > 0)) {
-      if (key == threshold) --take_equal;
-      idx->push_back(i);
-      val->push_back(p[i]);
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Keeps i with key(u_i) >= threshold into idx/val (capacity `cap`).
 // Returns the count, or cap + 1 if it would not fit.
 size_t FilterScalar(const float* u, size_t n, uint32_t threshold,
@@ -168,6 +100,116 @@ __attribute__((target("avx2,fma"))) size_t FilterAvx2(
 }
 #endif
 
+size_t Filter(const float* u, size_t n, uint32_t threshold, uint64_t* idx,
+              float* val, size_t cap) {
+#if defined(__x86_64__)
+  if (internal::UseAvx2()) return FilterAvx2(u, n, threshold, idx, val, cap);
+#endif
+  return FilterScalar(u, n, threshold, idx, val, cap);
+}
+
+// The k largest keys (ties: lower index), k >= 1, k <= u.size().
+absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
+                         std::vector<uint64_t>* idx, std::vector<float>* val) {
+  const size_t n = u.size();
+  const float* p = u.data();
+  std::vector<uint64_t> hist(kBuckets, 0);
+  {
+    // Two interleaved tables halve store-to-load stalls on repeated buckets.
+    std::vector<uint32_t> h0(kBuckets, 0), h1(kBuckets, 0);
+    size_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      ++h0[KeyOf(p[i]) >> kHistShift];
+      ++h1[KeyOf(p[i + 1]) >> kHistShift];
+      if ((i & 0x3fffffff) == 0x3ffffffe) {  // flush before uint32 overflow
+        for (size_t b = 0; b < kBuckets; ++b) hist[b] += h0[b] + h1[b], h0[b] = h1[b] = 0;
+      }
+    }
+    if (i < n) ++h0[KeyOf(p[i]) >> kHistShift];
+    for (size_t b = 0; b < kBuckets; ++b) hist[b] += uint64_t{h0[b]} + h1[b];
+  }
+  for (size_t b = kInfKey >> kHistShift; b < kBuckets; ++b) {
+    if (hist[b]) return FirstNonFinite(u);
+  }
+  // Bucket of the k-th largest key, and how many keys lie above it.
+  size_t bucket = kBuckets;
+  uint64_t above = 0;
+  while (bucket > 0) {
+    --bucket;
+    if (above + hist[bucket] >= k) break;
+    above += hist[bucket];
+  }
+  const uint64_t in_bucket = hist[bucket];
+  const uint64_t rank = k - above;  // 1-based rank inside the bucket
+  const uint32_t bucket_lo = static_cast<uint32_t>(bucket << kHistShift);
+  const uint64_t kept = above + in_bucket;
+  if (bucket_lo > 0 && kept <= k + (uint64_t{1} << 20)) {
+    // Usual case: one filter pass keeps every key of the bucket and above
+    // (exactly `kept` of them), then the threshold is found among those.
+    // The AVX2 filter wants 16 spare slots; it then keeps exactly `kept`.
+    idx->resize(kept + 16);
+    val->resize(kept + 16);
+    size_t c = Filter(p, n, bucket_lo, idx->data(), val->data(), kept + 16);
+    idx->resize(c);
+    val->resize(c);
+    std::vector<uint32_t> keys;
+    keys.reserve(in_bucket);
+    for (size_t j = 0; j < kept; ++j) {
+      uint32_t key = KeyOf((*val)[j]);
+      if ((key >> kHistShift) == bucket) keys.push_back(key);
+    }
+    std::nth_element(keys.begin(), keys.begin() + (rank - 1), keys.end(),
+                     std::greater<uint32_t>());
+    const uint32_t threshold = keys[rank - 1];
+    uint64_t greater = above;
+    for (uint32_t key : keys) greater += key > threshold;
+    uint64_t take_equal = k - greater;
+    size_t out = 0;
+    for (size_t j = 0; j < kept; ++j) {
+      uint32_t key = KeyOf((*val)[j]);
+      if (key > threshold || (key == threshold && take_equal > 0)) {
+        if (key == threshold) --take_equal;
+        (*idx)[out] = (*idx)[j];
+        (*val)[out] = (*val)[j];
+        ++out;
+      }
+    }
+    idx->resize(out);
+    val->resize(out);
+    return absl::OkStatus();
+  }
+  // Huge bucket (e.g. mostly zeros): second histogram on the low key bits
+  // of that bucket gives the exact threshold.
+  std::vector<uint64_t> low(size_t{1} << kHistShift, 0);
+  const uint32_t mask = (uint32_t{1} << kHistShift) - 1;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t key = KeyOf(p[i]);
+    if ((key >> kHistShift) == bucket) ++low[key & mask];
+  }
+  size_t j = low.size();
+  uint64_t cum = 0;
+  while (j > 0) {
+    --j;
+    if (cum + low[j] >= rank) break;
+    cum += low[j];
+  }
+  const uint32_t threshold = bucket_lo | static_cast<uint32_t>(j);
+  uint64_t take_equal = k - above - cum;
+  idx->clear();
+  val->clear();
+  idx->reserve(k);
+  val->reserve(k);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t key = KeyOf(p[i]);
+    if (key > threshold || (key == threshold && take_equal > 0)) {
+      if (key == threshold) --take_equal;
+      idx->push_back(i);
+      val->push_back(p[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Threshold key from a deterministic sample: about `want` of n keys are >=
 // it. The sample positions depend only on n.
 uint32_t SampleThreshold(absl::Span<const float> u, uint64_t want) {
@@ -199,16 +241,7 @@ absl::Status SelectSampled(absl::Span<const float> u, uint64_t k,
   const size_t cap = k + k / 2 + 64;
   idx->resize(cap);
   val->resize(cap);
-  size_t c;
-#if defined(__x86_64__)
-  if (internal::UseAvx2()) {
-    c = FilterAvx2(u.data(), n, threshold, idx->data(), val->data(), cap);
-  } else {
-    c = FilterScalar(u.data(), n, threshold, idx->data(), val->data(), cap);
-  }
-#else
-  c = FilterScalar(u.data(), n, threshold, idx->data(), val->data(), cap);
-#endif
+  size_t c = Filter(u.data(), n, threshold, idx->data(), val->data(), cap);
   if (c > cap || c * 10 < k * 9) return SelectExact(u, k, idx, val);
   idx->resize(c);
   val->resize(c);
