@@ -2,14 +2,19 @@
 //
 //   pserver_server --shard_index=0 --num_shards=2 --num_workers=4
 //                  --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9100
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
@@ -177,6 +182,32 @@ int Run() {
   return 0;
 }
 
+// absl's own --help lists only flags defined in <program>.cc (this file is
+// main.cc) and exits 1; a user asking for help gets this binary's flags and
+// exit status 0.
+bool IsDaemonFlag(absl::string_view file) {
+  return absl::EndsWith(file, "server/main.cc");
+}
+
+void PrintHelp() {
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (IsDaemonFlag(flag->Filename())) flags.push_back(flag);
+  }
+  std::sort(flags.begin(), flags.end(), [](const auto* a, const auto* b) {
+    return a->Name() < b->Name();
+  });
+  std::printf("%s\n\nFlags:\n",
+              std::string(absl::ProgramUsageMessage()).c_str());
+  for (const absl::CommandLineFlag* f : flags) {
+    std::string def = f->IsOfType<std::string>()
+                          ? absl::StrCat("\"", f->DefaultValue(), "\"")
+                          : f->DefaultValue();
+    std::printf("  --%s (%s); default: %s;\n", std::string(f->Name()).c_str(),
+                f->Help().c_str(), def.c_str());
+  }
+}
+
 }  // namespace
 }  // namespace pserver
 
@@ -184,6 +215,18 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "One shard of the pserver parameter server.\n"
       "  pserver_server --shard_index=0 --num_shards=2 --num_workers=4");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = pserver::IsDaemonFlag;
+  usage.contains_helpshort_flags = pserver::IsDaemonFlag;
+  absl::SetFlagsUsageConfig(usage);
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--help" || arg == "-help") {
+      pserver::PrintHelp();
+      return 0;
+    }
+  }
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::fprintf(stderr, "pserver_server: unexpected argument '%s'\n", rest[1]);

@@ -1,0 +1,146 @@
+#!/bin/bash
+# The pserver_server daemon from the outside: --help, invalid flag
+# combinations (non-zero exit, one line naming the flag), and a clean exit 0
+# on SIGTERM and on SIGINT when started on port 0. A live /metrics scrape of
+# the daemon goes through `promtool check metrics` when promtool is installed.
+#
+#   daemon_test.sh /path/to/pserver_server
+set -u
+
+BIN=${1:?usage: daemon_test.sh /path/to/pserver_server}
+WORK=$(mktemp -d /tmp/pserver_daemon_test.XXXXXX)
+PIDS=()
+FAILED=0
+
+cleanup() {
+  for pid in "${PIDS[@]}"; do
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  FAILED=1
+}
+
+# --- --help ---------------------------------------------------------------
+"$BIN" --help >"$WORK/help.out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] || fail "--help exited $rc, expected 0"
+for flag in listen metrics_listen shard_index num_shards num_workers optimizer \
+            lr beta1 beta2 eps weight_decay freeze_step variance_floor \
+            onebit_mode pull_codec max_message_mb drain_seconds; do
+  grep -q -- "--$flag " "$WORK/help.out" ||
+    fail "--help does not list --$flag"
+done
+grep -q 'default: ' "$WORK/help.out" || fail "--help shows no defaults"
+
+# --- invalid combinations ---------------------------------------------------
+# Each: the arguments, then the flag name its one-line error must mention.
+check_invalid() {
+  local flag=$1
+  shift
+  timeout 10 "$BIN" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "$@" \
+    >"$WORK/out" 2>"$WORK/err"
+  local rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    fail "$* exited $rc, expected a non-zero exit at once"
+    return
+  fi
+  local lines
+  lines=$(wc -l <"$WORK/err")
+  [ "$lines" -eq 1 ] || fail "$*: $lines lines on stderr, expected 1: $(cat "$WORK/err")"
+  grep -q -- "$flag" "$WORK/err" || fail "$*: message does not name $flag: $(cat "$WORK/err")"
+  [ -s "$WORK/out" ] && fail "$*: unexpected stdout: $(cat "$WORK/out")"
+}
+check_invalid --shard_index --shard_index=2 --num_shards=2
+check_invalid --num_shards --num_shards=0
+check_invalid --optimizer --optimizer=lamb
+check_invalid --pull_codec --pull_codec=zip
+check_invalid --num_workers --num_workers=0
+check_invalid --onebit_mode --onebit_mode=fast
+check_invalid --max_message_mb --max_message_mb=0
+check_invalid --lr --lr=-1
+check_invalid --beta1 --beta1=1.5
+
+# --- start on port 0, stop with a signal -------------------------------------
+# Starts the daemon, waits until it listens, sets PID, GRPC_PORT, METRICS_PORT.
+start_daemon() {
+  local log=$1
+  : >"$log"  # exists before the background shell opens it
+  "$BIN" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --num_workers=2 \
+    2>"$log" &
+  PID=$!
+  PIDS+=("$PID")
+  for _ in $(seq 1 100); do
+    if grep -q 'listening on port' "$log"; then break; fi
+    if ! kill -0 "$PID" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  if ! grep -q 'listening on port' "$log"; then
+    fail "daemon did not start: $(cat "$log")"
+    return 1
+  fi
+  GRPC_PORT=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$log")
+  METRICS_PORT=$(sed -n 's/.*(metrics port \([0-9]*\)).*/\1/p' "$log")
+  [ -n "$GRPC_PORT" ] && [ "$GRPC_PORT" -gt 0 ] || fail "no gRPC port in: $(cat "$log")"
+  [ -n "$METRICS_PORT" ] && [ "$METRICS_PORT" -gt 0 ] || fail "no metrics port in: $(cat "$log")"
+  return 0
+}
+
+# Waits up to 10 s for PID to exit; sets RC (or fails and kills it).
+wait_exit() {
+  for _ in $(seq 1 100); do
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$PID" 2>/dev/null; then
+    fail "daemon still running 10 s after $1"
+    kill -KILL "$PID" 2>/dev/null
+  fi
+  wait "$PID"
+  RC=$?
+}
+
+for sig in TERM INT; do
+  if start_daemon "$WORK/daemon_$sig.log"; then
+    if [ "$sig" = TERM ]; then
+      # While it runs: /metrics answers, and promtool accepts it.
+      if exec 3<>"/dev/tcp/127.0.0.1/$METRICS_PORT"; then
+        printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+        timeout 10 cat <&3 >"$WORK/scrape.http"
+        exec 3<&-
+        head -1 "$WORK/scrape.http" | grep -q ' 200 ' ||
+          fail "GET /metrics: $(head -1 "$WORK/scrape.http")"
+        sed '1,/^\r$/d' "$WORK/scrape.http" >"$WORK/scrape.txt"
+        grep -q '^pserver_build_info{' "$WORK/scrape.txt" ||
+          fail "/metrics has no pserver_build_info"
+        grep -q '^pserver_server_step{shard="0"} 0' "$WORK/scrape.txt" ||
+          fail "/metrics has no pserver_server_step"
+        if command -v promtool >/dev/null; then
+          out=$(promtool check metrics <"$WORK/scrape.txt" 2>&1) ||
+            fail "promtool check metrics failed: $out"
+          [ -z "$out" ] || fail "promtool check metrics reported: $out"
+        else
+          echo "note: promtool not installed; /metrics lint skipped" >&2
+        fi
+      else
+        fail "cannot connect to the metrics port $METRICS_PORT"
+      fi
+    fi
+    kill -"$sig" "$PID"
+    wait_exit "SIG$sig"
+    [ "$RC" -eq 0 ] || fail "daemon exited $RC after SIG$sig, expected 0: $(cat "$WORK/daemon_$sig.log")"
+    grep -q 'stopped' "$WORK/daemon_$sig.log" ||
+      fail "no 'stopped' line after SIG$sig: $(cat "$WORK/daemon_$sig.log")"
+  fi
+done
+
+if [ "$FAILED" -ne 0 ]; then
+  echo "daemon_test: FAILED" >&2
+  exit 1
+fi
+echo "daemon_test: passed"
