@@ -331,8 +331,10 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     delta_.reset();
   } else {
     // acc_ is free now: reuse it for x - x_hat.
+    const float* x = x_.data();
+    const float* x_hat = x_hat_.data();
     ParallelChunks(n, [&](uint64_t b, uint64_t e) {
-      for (uint64_t i = b; i < e; ++i) acc_[i] = x_[i] - x_hat_[i];
+      for (uint64_t i = b; i < e; ++i) acc_[i] = x[i] - x_hat[i];
     });
     v1::EncodedTensor d;
     absl::Status s = pull_codec_->Encode(
