@@ -57,6 +57,12 @@ ABSL_FLAG(double, pull_k_fraction, 0.01,
 ABSL_FLAG(uint32_t, pull_bits, 8, "pull codec: bits for quantize, 2..8");
 ABSL_FLAG(int32_t, max_message_mb, 1024,
           "largest gRPC message in MiB, each direction (1..2047)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "folder for this shard's checkpoints (empty: none); the newest "
+          "usable one is loaded at start, a final one written on SIGTERM");
+ABSL_FLAG(uint64_t, checkpoint_every, 100,
+          "with --checkpoint_dir: write a checkpoint every N rounds (0: only "
+          "on SIGTERM/SIGINT)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the bound gRPC port here once listening (for "
           "scripts that use --listen with port 0)");
@@ -109,6 +115,8 @@ int Run() {
   config.pull_params.set_block_size(absl::GetFlag(FLAGS_pull_block_size));
   config.pull_params.set_k_fraction(absl::GetFlag(FLAGS_pull_k_fraction));
   config.pull_params.set_bits(absl::GetFlag(FLAGS_pull_bits));
+  config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   if (absl::Status s = ValidateShardConfig(config); !s.ok()) {
     return Fail(absl::StrCat("--", s.message()));
   }
@@ -153,6 +161,9 @@ int Run() {
       ShardServer::Start(config, options, registry.get());
   if (!server.ok()) {
     return Fail(absl::StrCat("--listen: ", server.status().message()));
+  }
+  for (const std::string& line : (*server)->shard()->startup_log()) {
+    std::fprintf(stderr, "pserver_server: %s\n", line.c_str());
   }
   std::string metrics_port =
       exposer ? absl::StrCat(exposer->GetListeningPorts().front()) : "off";

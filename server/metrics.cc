@@ -1,6 +1,8 @@
 #include "server/metrics.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -110,7 +112,30 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                           .Name("pserver_server_shard_elements")
                           .Help("Parameters this shard owns.")
                           .Register(registry)
-                          .Add({{"shard", shard_}})) {
+                          .Add({{"shard", shard_}})),
+      skipped_rounds_(BuildCounter()
+                          .Name("pserver_server_skipped_rounds_total")
+                          .Help("Rounds this shard skipped to catch up with "
+                                "workers after a restart (lost updates).")
+                          .Register(registry)
+                          .Add({{"shard", shard_}})),
+      checkpoint_seconds_(BuildHistogram()
+                              .Name("pserver_server_checkpoint_duration_seconds")
+                              .Help("Writing one checkpoint (fsync included).")
+                              .Register(registry)
+                              .Add({{"shard", shard_}}, SecondsBuckets())),
+      checkpoint_failures_(BuildCounter()
+                               .Name("pserver_server_checkpoint_failures_total")
+                               .Help("Checkpoint writes that failed.")
+                               .Register(registry)
+                               .Add({{"shard", shard_}})),
+      checkpoint_timestamp_(
+          BuildGauge()
+              .Name("pserver_server_last_checkpoint_timestamp_seconds")
+              .Help("Unix time of the last checkpoint written (0: none); "
+                    "checkpoint age = time() - this.")
+              .Register(registry)
+              .Add({{"shard", shard_}})) {
   BuildGauge()
       .Name("pserver_build_info")
       .Help("Always 1; labels name the build.")
@@ -186,6 +211,17 @@ void ServerMetrics::SetNorms(double update, double momentum, double residual) {
   update_norm_.Set(update);
   momentum_norm_.Set(momentum);
   residual_norm_.Set(residual);
+}
+void ServerMetrics::AddSkippedRounds(uint64_t n) {
+  skipped_rounds_.Increment(static_cast<double>(n));
+}
+void ServerMetrics::ObserveCheckpoint(bool ok, double seconds) {
+  if (!ok) {
+    checkpoint_failures_.Increment();
+    return;
+  }
+  checkpoint_seconds_.Observe(seconds);
+  checkpoint_timestamp_.Set(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
 }
 void ServerMetrics::SetModelElements(uint64_t n) {
   model_elements_.Set(static_cast<double>(n));

@@ -42,6 +42,9 @@ class ServerMetrics {
   void SetWorkersRegistered(uint32_t n);
   void SetNorms(double update, double momentum, double replica_residual);
   void SetModelElements(uint64_t n);
+  void AddSkippedRounds(uint64_t n);
+  // A checkpoint written (ok) or failed, and how long the write took.
+  void ObserveCheckpoint(bool ok, double seconds);
 
  private:
   prometheus::Counter& Child(prometheus::Family<prometheus::Counter>& f,
@@ -65,6 +68,10 @@ class ServerMetrics {
   prometheus::Gauge& momentum_norm_;
   prometheus::Gauge& residual_norm_;
   prometheus::Gauge& model_elements_;
+  prometheus::Counter& skipped_rounds_;
+  prometheus::Histogram& checkpoint_seconds_;
+  prometheus::Counter& checkpoint_failures_;
+  prometheus::Gauge& checkpoint_timestamp_;
 
   absl::Mutex mu_;
   // Totals behind the compression-ratio gauges.

@@ -69,7 +69,11 @@ void ParallelChunks(uint64_t n,
 
 Optimizer::Optimizer(const OptimizerConfig& config, uint64_t n,
                      std::vector<LocalSegment> segments)
-    : config_(config), n_(n), segments_(std::move(segments)), m_(n, 0.0f) {
+    : config_(config),
+      n_(n),
+      segments_(std::move(segments)),
+      m_(n, 0.0f),
+      freeze_at_(config.freeze_step) {
   if (config_.kind != OptimizerKind::kSgd) v_.assign(n, 0.0f);
 }
 
@@ -88,8 +92,9 @@ double Optimizer::Step(absl::Span<const float> g, absl::Span<float> x) {
     sq[b == 0 ? 0 : 1] = StepRange(b, e, g, x);
   });
   ++step_;
+  ++rounds_run_;
   if (config_.kind == OptimizerKind::kOneBitAdam && !frozen_ &&
-      step_ >= config_.freeze_step) {
+      step_ >= freeze_at_) {
     Freeze();
   }
   return std::sqrt(sq[0] + sq[1]);
@@ -172,9 +177,24 @@ void Optimizer::Freeze() {
 void Optimizer::RestoreState(uint64_t step, bool frozen, std::vector<float> m,
                              std::vector<float> v) {
   step_ = step;
+  rounds_run_ = step;
   frozen_ = frozen;
   m_ = std::move(m);
   v_ = std::move(v);
+}
+
+void Optimizer::FastForward(uint64_t step) {
+  if (step <= step_) return;
+  step_ = step;
+  if (config_.kind != OptimizerKind::kOneBitAdam || frozen_ ||
+      step_ < freeze_at_) {
+    return;
+  }
+  if (rounds_run_ > 0) {
+    Freeze();
+  } else {
+    freeze_at_ = step_ + config_.freeze_step;
+  }
 }
 
 }  // namespace pserver

@@ -89,8 +89,20 @@ class Optimizer {
   absl::Span<const float> v() const { return v_; }
 
   // Restores state (checkpoints, tests). REQUIRES sizes equal n or empty v.
+  // The restored moments count as data for the freeze.
   void RestoreState(uint64_t step, bool frozen, std::vector<float> m,
                     std::vector<float> v);
+
+  // Moves the step counter forward to `step` without updating anything
+  // (a shard that lost rounds in a crash catches up with its workers). If
+  // that crosses the freeze and this state has seen at least one round, v is
+  // frozen now; a state that has seen none (fresh weights) starts its warmup
+  // over: it freezes freeze_step rounds later.
+  void FastForward(uint64_t step);
+  // The step at which v freezes (onebit_adam), or 0.
+  uint64_t freeze_at() const {
+    return config_.kind == OptimizerKind::kOneBitAdam ? freeze_at_ : 0;
+  }
 
  private:
   void Freeze();
@@ -104,6 +116,8 @@ class Optimizer {
   std::vector<float> m_;
   std::vector<float> v_;  // empty for sgd
   uint64_t step_ = 0;
+  uint64_t rounds_run_ = 0;  // Step() calls on this state, incl. restored
+  uint64_t freeze_at_ = 0;
   bool frozen_ = false;
 };
 

@@ -67,8 +67,39 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
   absl::StatusOr<std::unique_ptr<Codec>> codec =
       MakeCodec(config.pull_codec, config.pull_params);
   if (!codec.ok()) return codec.status();
-  return std::unique_ptr<Shard>(
+  std::unique_ptr<Shard> shard(
       new Shard(config, metrics, std::move(codec).value()));
+  if (!config.checkpoint_dir.empty()) {
+    CheckpointExpectation expect;
+    expect.shard_index = config.shard_index;
+    expect.num_shards = config.num_shards;
+    expect.num_workers = config.num_workers;
+    expect.optimizer_kind = static_cast<uint32_t>(config.optimizer.kind);
+    std::vector<std::string> refused;
+    absl::StatusOr<ShardState> state =
+        LoadNewestCheckpoint(config.checkpoint_dir, expect, &refused);
+    for (const std::string& r : refused) {
+      shard->startup_log_.push_back(absl::StrCat("refused checkpoint ", r));
+    }
+    if (state.ok()) {
+      uint64_t step = state->step;
+      if (absl::Status s = shard->RestoreFrom(*std::move(state)); !s.ok()) {
+        return s;
+      }
+      shard->startup_log_.push_back(absl::StrCat(
+          "restored step ", step, " from ", config.checkpoint_dir));
+    } else {
+      shard->startup_log_.push_back(absl::StrCat(
+          "no usable checkpoint in ", config.checkpoint_dir, "; starting fresh"));
+    }
+    if (config.checkpoint_every > 0) {
+      Shard* self = shard.get();
+      shard->writer_ = std::make_unique<std::thread>([self] { self->WriterLoop(); });
+    }
+  } else {
+    shard->startup_log_.push_back("no checkpoint_dir; starting fresh");
+  }
+  return shard;
 }
 
 Shard::Shard(const ShardConfig& config, ServerMetrics* metrics,
@@ -147,28 +178,16 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     if (absl::Status s = (*codec)->Decode(init, absl::MakeSpan(x)); !s.ok()) {
       return reject("invalid_payload", s);
     }
-    // Tensor pieces inside this shard, for per-tensor optimizer rules.
-    std::vector<LocalSegment> segments;
-    for (const TensorSlot& t : *slots) {
-      uint64_t b = std::max(t.offset, range.begin);
-      uint64_t e = std::min(t.offset + t.size, range.end);
-      if (b < e) segments.push_back({b - range.begin, e - range.begin});
-    }
-    layout_ = req.layout();
-    range_ = range;
-    x_ = std::move(x);
-    x_hat_ = x_;
-    acc_.assign(range.size(), 0.0f);
-    optimizer_ = std::make_unique<Optimizer>(config_.optimizer, range.size(),
-                                             std::move(segments));
-    replica_checksum_ = ChecksumOf(x_hat_);
-    prev_replica_checksum_ = replica_checksum_;
-    registered_ = true;
+    InstallModel(req.layout(), *slots, std::move(x));
     resp.set_initialized_model(true);
-    if (metrics_) {
-      metrics_->SetModelElements(range.size());
-      metrics_->SetStage(optimizer_->stage());
+  }
+  if (req.resume_step() > step_) {
+    if (received_ > 0) {
+      return absl::AbortedError(absl::StrCat(
+          "resume_step is ", req.resume_step(), " but the shard has pushes "
+          "pending for step ", step_, "; retry"));
     }
+    FastForward(req.resume_step());
   }
   worker_registered_[req.worker_id()] = true;
   uint32_t count = 0;
@@ -178,9 +197,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
   resp.set_shard_end(range_.end);
   resp.set_current_step(step_);
   resp.set_stage(optimizer_->stage());
-  resp.set_freeze_step(config_.optimizer.kind == OptimizerKind::kOneBitAdam
-                           ? config_.optimizer.freeze_step
-                           : 0);
+  resp.set_freeze_step(optimizer_->freeze_at());
   resp.set_compression_space(config_.optimizer.preconditioned
                                  ? v1::GRADIENT_SPACE_PRECONDITIONED
                                  : v1::GRADIENT_SPACE_RAW);
@@ -368,6 +385,11 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
 
   std::fill(acc_.begin(), acc_.end(), 0.0f);
   for (auto& p : pending_) p.reset();
+  if (writer_ && step_ % config_.checkpoint_every == 0) {
+    ShardState state = CaptureState();
+    absl::MutexLock l(&writer_mu_);
+    to_write_ = std::move(state);  // a newer state replaces an unwritten one
+  }
   for (auto& c : pending_codec_) c.reset();
   received_ = 0;
   next_ = 0;
@@ -523,11 +545,11 @@ absl::StatusOr<v1::GetFrozenVarianceResponse> Shard::GetFrozenVariance(
           "; only onebit_adam freezes its variance"));
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "variance is frozen from step ", config_.optimizer.freeze_step,
+        "variance is frozen from step ", optimizer_->freeze_at(),
         "; the shard is at step ", step_));
   }
   v1::GetFrozenVarianceResponse resp;
-  resp.set_freeze_step(config_.optimizer.freeze_step);
+  resp.set_freeze_step(optimizer_->freeze_at());
   resp.set_eps(config_.optimizer.eps);
   SetFp32(optimizer_->frozen_variance(), resp.mutable_variance());
   return resp;
@@ -590,6 +612,170 @@ void Shard::Shutdown() {
   for (Waiter& w : waiters) {
     w.done(absl::UnavailableError("shard is shutting down"),
            v1::PullResponse());
+  }
+}
+
+void Shard::InstallModel(const v1::ModelLayout& layout,
+                         const std::vector<TensorSlot>& slots,
+                         std::vector<float> x) {
+  ShardRange range = ShardRangeFor(TotalElements(layout), config_.num_shards,
+                                   config_.shard_index);
+  // Tensor pieces inside this shard, for per-tensor optimizer rules.
+  std::vector<LocalSegment> segments;
+  for (const TensorSlot& t : slots) {
+    uint64_t b = std::max(t.offset, range.begin);
+    uint64_t e = std::min(t.offset + t.size, range.end);
+    if (b < e) segments.push_back({b - range.begin, e - range.begin});
+  }
+  layout_ = layout;
+  range_ = range;
+  x_ = std::move(x);
+  x_hat_ = x_;
+  acc_.assign(range.size(), 0.0f);
+  optimizer_ = std::make_unique<Optimizer>(config_.optimizer, range.size(),
+                                           std::move(segments));
+  replica_checksum_ = ChecksumOf(x_hat_);
+  prev_replica_checksum_ = replica_checksum_;
+  registered_ = true;
+  if (metrics_) {
+    metrics_->SetModelElements(range.size());
+    metrics_->SetStage(optimizer_->stage());
+  }
+}
+
+void Shard::FastForward(uint64_t step) {
+  uint64_t skipped = step - step_;
+  std::fprintf(stderr,
+               "pserver: shard %u skips from step %lu to %lu (a worker "
+               "resumed there; %lu rounds of this shard are lost)\n",
+               config_.shard_index, static_cast<unsigned long>(step_),
+               static_cast<unsigned long>(step),
+               static_cast<unsigned long>(skipped));
+  step_ = step;
+  optimizer_->FastForward(step);
+  // Workers' replicas of this shard are not x_hat any more: snapshots only.
+  delta_.reset();
+  prev_replica_checksum_ = replica_checksum_;
+  if (metrics_) {
+    metrics_->AddSkippedRounds(skipped);
+    metrics_->SetStep(step_);
+    metrics_->SetStage(optimizer_->stage());
+  }
+}
+
+ShardState Shard::CaptureState() {
+  ShardState st;
+  st.shard_index = config_.shard_index;
+  st.num_shards = config_.num_shards;
+  st.num_workers = config_.num_workers;
+  st.optimizer_kind = static_cast<uint32_t>(config_.optimizer.kind);
+  st.frozen = optimizer_->frozen();
+  st.preconditioned = config_.optimizer.preconditioned;
+  st.step = step_;
+  st.freeze_step = optimizer_->freeze_at();
+  st.prev_replica_checksum = prev_replica_checksum_;
+  st.replica_checksum = replica_checksum_;
+  st.layout = layout_;
+  st.delta = delta_;
+  st.x = x_;
+  st.m.assign(optimizer_->m().begin(), optimizer_->m().end());
+  st.v.assign(optimizer_->v().begin(), optimizer_->v().end());
+  st.x_hat = x_hat_;
+  st.last_pushed = last_pushed_;
+  return st;
+}
+
+absl::Status Shard::RestoreFrom(ShardState st) {
+  absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(st.layout);
+  if (!slots.ok()) return slots.status();
+  if (ChecksumOf(st.x_hat) != st.replica_checksum) {
+    return absl::DataLossError(
+        "checkpoint replica does not match its recorded checksum");
+  }
+  absl::MutexLock lock(&mu_);
+  InstallModel(st.layout, *slots, std::move(st.x));
+  x_hat_ = std::move(st.x_hat);
+  optimizer_->RestoreState(st.step, st.frozen, std::move(st.m),
+                           std::move(st.v));
+  step_ = st.step;
+  last_pushed_ = std::move(st.last_pushed);
+  delta_ = std::move(st.delta);
+  replica_checksum_ = st.replica_checksum;
+  prev_replica_checksum_ = st.prev_replica_checksum;
+  // Workers registered before the restart may push straight away.
+  worker_registered_.assign(config_.num_workers, true);
+  if (metrics_) {
+    metrics_->SetStep(step_);
+    metrics_->SetStage(optimizer_->stage());
+    metrics_->SetWorkersRegistered(config_.num_workers);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::SaveCheckpoint() {
+  if (config_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("no checkpoint_dir is configured");
+  }
+  ShardState state;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!registered_) {
+      return absl::FailedPreconditionError(
+          "no model is registered; nothing to checkpoint");
+    }
+    state = CaptureState();
+  }
+  absl::MutexLock disk(&disk_mu_);
+  absl::Time start = absl::Now();
+  absl::Status s = WriteCheckpoint(config_.checkpoint_dir, state);
+  if (metrics_) metrics_->ObserveCheckpoint(s.ok(), SecondsSince(start));
+  return s;
+}
+
+void Shard::WriterLoop() {
+  while (true) {
+    std::optional<ShardState> state;
+    {
+      absl::MutexLock l(&writer_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(writer_mu_) {
+        return to_write_.has_value() || writer_stop_;
+      };
+      writer_mu_.Await(absl::Condition(&ready));
+      if (!to_write_.has_value()) return;  // stopping, nothing left
+      state = std::move(to_write_);
+      to_write_.reset();
+    }
+    absl::MutexLock disk(&disk_mu_);
+    absl::Time start = absl::Now();
+    absl::Status s = WriteCheckpoint(config_.checkpoint_dir, *state);
+    if (metrics_) metrics_->ObserveCheckpoint(s.ok(), SecondsSince(start));
+    if (!s.ok()) {
+      std::fprintf(stderr, "pserver: shard %u: checkpoint failed: %s\n",
+                   config_.shard_index, std::string(s.message()).c_str());
+    }
+  }
+}
+
+absl::Status Shard::Close() {
+  if (writer_) {
+    {
+      absl::MutexLock l(&writer_mu_);
+      writer_stop_ = true;
+    }
+    writer_->join();
+    writer_.reset();
+  }
+  if (config_.checkpoint_dir.empty() || !registered()) return absl::OkStatus();
+  return SaveCheckpoint();
+}
+
+Shard::~Shard() {
+  if (writer_) {
+    {
+      absl::MutexLock l(&writer_mu_);
+      writer_stop_ = true;
+    }
+    writer_->join();
   }
 }
 

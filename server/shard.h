@@ -20,6 +20,8 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -30,6 +32,7 @@
 #include "common/codec.h"
 #include "common/layout.h"
 #include "pserver/v1/parameter_server.pb.h"
+#include "server/checkpoint.h"
 #include "server/optimizer.h"
 
 namespace pserver {
@@ -45,6 +48,11 @@ struct ShardConfig {
   // snapshot of x (as many bytes as an fp32 delta, and no rounding).
   v1::Codec pull_codec = v1::CODEC_ONEBIT;
   v1::CodecParams pull_params;
+  // Where checkpoints go (empty: none). The newest usable one is loaded at
+  // start. One folder per shard.
+  std::string checkpoint_dir;
+  // Write a checkpoint every this many rounds (0: only on Close()).
+  uint64_t checkpoint_every = 0;
 };
 
 absl::Status ValidateShardConfig(const ShardConfig& c);
@@ -95,6 +103,18 @@ class Shard {
   // graceful shutdown.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Writes a checkpoint of the current state now (blocking on the disk).
+  // FAILED_PRECONDITION without a checkpoint_dir or before registration.
+  absl::Status SaveCheckpoint() ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops the background checkpoint writer and, with a checkpoint_dir,
+  // writes a final checkpoint. Call after in-flight calls have finished.
+  absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
+  ~Shard();
+
+  // Where the state came from at start: "fresh" or the checkpoint's path
+  // and step, plus any checkpoints refused on the way.
+  const std::vector<std::string>& startup_log() const { return startup_log_; }
+
   const ShardConfig& config() const { return config_; }
 
  private:
@@ -107,6 +127,15 @@ class Shard {
 
   Shard(const ShardConfig& config, ServerMetrics* metrics,
         std::unique_ptr<Codec> pull_codec);
+
+  // Installs a model (first registration or a checkpoint).
+  void InstallModel(const v1::ModelLayout& layout,
+                    const std::vector<TensorSlot>& slots, std::vector<float> x)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreFrom(ShardState state) ABSL_LOCKS_EXCLUDED(mu_);
+  ShardState CaptureState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FastForward(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriterLoop() ABSL_LOCKS_EXCLUDED(writer_mu_);
 
   absl::Status CheckWorker(uint32_t worker_id, absl::string_view field) const;
   // Builds the answer to a pull whose step is available.
@@ -153,6 +182,16 @@ class Shard {
 
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+
+  std::vector<std::string> startup_log_;
+
+  // Background checkpoint writer: CompleteRound hands it a captured state;
+  // it writes without holding mu_. disk_mu_ serialises all writers.
+  absl::Mutex disk_mu_;
+  absl::Mutex writer_mu_;
+  std::optional<ShardState> to_write_ ABSL_GUARDED_BY(writer_mu_);
+  bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
+  std::unique_ptr<std::thread> writer_;
 };
 
 }  // namespace pserver

@@ -1,5 +1,7 @@
 #include "server/shard_server.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
@@ -54,6 +56,11 @@ void ShardServer::Shutdown(absl::Duration drain) {
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   server_->Wait();
   server_.reset();
+  // In-flight calls are done: the state is final.
+  if (absl::Status s = shard_->Close(); !s.ok()) {
+    std::fprintf(stderr, "pserver: final checkpoint failed: %s\n",
+                 std::string(s.message()).c_str());
+  }
 }
 
 }  // namespace pserver

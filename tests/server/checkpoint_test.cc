@@ -1,0 +1,297 @@
+#include "server/checkpoint.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/checksum.h"
+#include "gtest/gtest.h"
+#include "server/shard.h"
+#include "tests/server/server_test_util.h"
+
+namespace pserver {
+namespace {
+
+using testing_util::Fp32Tensor;
+using testing_util::Gradient;
+using testing_util::InitialWeights;
+using testing_util::kSmallElements;
+using testing_util::PullRequestFor;
+using testing_util::PushRequestFor;
+using testing_util::RegisterRequestFor;
+
+std::string NewDir(const std::string& name) {
+  std::string tmpl = absl::StrCat(::testing::TempDir(), "/", name, ".XXXXXX");
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  return mkdtemp(buf.data());
+}
+
+ShardConfig Config(const std::string& dir, uint64_t freeze_step = 5) {
+  ShardConfig c;
+  c.num_workers = 2;
+  c.optimizer.freeze_step = freeze_step;
+  c.pull_codec = v1::CODEC_ONEBIT;
+  c.checkpoint_dir = dir;
+  return c;
+}
+
+// Runs rounds [from, to) with deterministic pushes from both workers, in the
+// space the shard expects (precondition with the frozen variance if any).
+void RunRounds(Shard& shard, uint64_t from, uint64_t to) {
+  for (uint64_t t = from; t < to; ++t) {
+    v1::GetStatusResponse st = shard.Status();
+    ASSERT_EQ(st.current_step(), t);
+    bool pre = st.stage() == v1::OPTIMIZER_STAGE_COMPRESSION;
+    std::vector<float> d;
+    if (pre) {
+      auto v = shard.GetFrozenVariance(v1::GetFrozenVarianceRequest());
+      ASSERT_TRUE(v.ok()) << v.status();
+      d = testing_util::DecodeAll(v->variance());
+      for (float& x : d) x = 1.0f / (std::sqrt(x) + 1e-8f);
+    }
+    for (uint32_t w = 0; w < 2; ++w) {
+      std::vector<float> g = Gradient(kSmallElements, w, t, 0.1f);
+      if (pre) {
+        for (size_t i = 0; i < g.size(); ++i) g[i] *= d[i];
+      }
+      auto r = shard.Push(PushRequestFor(
+          w, t, Fp32Tensor(g),
+          pre ? v1::GRADIENT_SPACE_PRECONDITIONED : v1::GRADIENT_SPACE_RAW));
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+}
+
+std::unique_ptr<Shard> NewRegisteredShard(const ShardConfig& c) {
+  auto shard = Shard::Create(c, nullptr);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  std::vector<float> x0 = InitialWeights(kSmallElements);
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto r = (*shard)->Register(RegisterRequestFor(w, 2, x0));
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  return std::move(shard).value();
+}
+
+TEST(Checkpoint, SerializeParseRoundTrip) {
+  ShardState s;
+  s.shard_index = 1;
+  s.num_shards = 3;
+  s.num_workers = 2;
+  s.step = 42;
+  s.frozen = true;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(0);
+  uint64_t n = ShardRangeFor(768, 3, 1).size();
+  s.x.assign(n, 1.5f);
+  s.m.assign(n, -2.0f);
+  s.v.assign(n, 3.0f);
+  s.x_hat.assign(n, 4.0f);
+  s.last_pushed = {41, 40};
+  s.delta = Fp32Tensor(std::vector<float>(n, 0.25f));
+  std::string bytes = SerializeShardState(s);
+  auto back = ParseShardState(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(SerializeShardState(*back), bytes);
+}
+
+TEST(Checkpoint, EveryTruncationAndBitFlipIsRefusedWithoutCrashing) {
+  ShardState s;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
+  s.x.assign(256, 1.0f);
+  s.m.assign(256, 0.0f);
+  s.v.assign(256, 0.0f);
+  s.x_hat.assign(256, 1.0f);
+  s.last_pushed = {0};
+  std::string bytes = SerializeShardState(s);
+  for (size_t cut = 0; cut < bytes.size(); cut += 7) {
+    EXPECT_FALSE(ParseShardState(bytes.substr(0, cut)).ok()) << cut;
+  }
+  for (size_t i = 0; i < bytes.size(); i += 13) {
+    std::string b = bytes;
+    b[i] ^= 0x10;
+    EXPECT_FALSE(ParseShardState(b).ok()) << i;
+  }
+}
+
+TEST(Checkpoint, SaveRestoreGivesBitIdenticalStateAndContinuation) {
+  std::string dir = NewDir("ckpt_identical");
+  ShardConfig c = Config(dir, /*freeze_step=*/100);
+  auto a = NewRegisteredShard(c);
+  RunRounds(*a, 0, 7);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  auto b = Shard::Create(c, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->Status().state_checksum(), a->Status().state_checksum());
+  EXPECT_EQ((*b)->Status().replica_checksum(), a->Status().replica_checksum());
+  // The restored shard serves the same delta to a worker that holds the
+  // replica of the previous step (compression state survived).
+  RunRounds(*a, 7, 12);
+  RunRounds(**b, 7, 12);
+  EXPECT_EQ((*b)->Status().state_checksum(), a->Status().state_checksum());
+}
+
+TEST(Checkpoint, CrossingTheFreezeInEitherDirectionAcrossARestore) {
+  // Reference: 12 rounds straight through a freeze at 5.
+  std::string ref_dir = NewDir("ckpt_ref");
+  auto ref = NewRegisteredShard(Config(ref_dir));
+  RunRounds(*ref, 0, 12);
+  // Saved before the freeze, restored, then crossing it.
+  std::string dir1 = NewDir("ckpt_before");
+  auto a = NewRegisteredShard(Config(dir1));
+  RunRounds(*a, 0, 3);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  a.reset();
+  auto a2 = Shard::Create(Config(dir1), nullptr);
+  ASSERT_TRUE(a2.ok());
+  EXPECT_EQ((*a2)->Status().stage(), v1::OPTIMIZER_STAGE_WARMUP);
+  RunRounds(**a2, 3, 12);
+  EXPECT_EQ((*a2)->Status().state_checksum(), ref->Status().state_checksum());
+  // Saved after the freeze (frozen v and preconditioned momentum kept).
+  std::string dir2 = NewDir("ckpt_after");
+  auto b = NewRegisteredShard(Config(dir2));
+  RunRounds(*b, 0, 8);
+  ASSERT_TRUE(b->SaveCheckpoint().ok());
+  b.reset();
+  auto b2 = Shard::Create(Config(dir2), nullptr);
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ((*b2)->Status().stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  RunRounds(**b2, 8, 12);
+  EXPECT_EQ((*b2)->Status().state_checksum(), ref->Status().state_checksum());
+}
+
+TEST(Checkpoint, CorruptNewestFallsBackAndMismatchedIsRefused) {
+  std::string dir = NewDir("ckpt_fallback");
+  ShardConfig c = Config(dir, 100);
+  c.checkpoint_every = 0;
+  auto a = NewRegisteredShard(c);
+  RunRounds(*a, 0, 2);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  uint64_t at2 = a->Status().state_checksum();
+  RunRounds(*a, 2, 4);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  // Truncate the newest (step 4).
+  std::string newest = absl::StrCat(dir, "/ckpt-00000000000000000004.pserver");
+  ASSERT_EQ(truncate(newest.c_str(), 100), 0);
+  auto b = Shard::Create(c, nullptr);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->Status().current_step(), 2u);
+  EXPECT_EQ((*b)->Status().state_checksum(), at2);
+  bool mentioned = false;
+  for (const std::string& line : (*b)->startup_log()) {
+    if (line.find("refused checkpoint") != std::string::npos &&
+        line.find("00004") != std::string::npos) {
+      mentioned = true;
+    }
+  }
+  EXPECT_TRUE(mentioned);
+  // Another shard index or worker count never loads these files.
+  ShardConfig other = c;
+  other.num_workers = 3;
+  auto d = Shard::Create(other, nullptr);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE((*d)->registered());
+}
+
+TEST(Checkpoint, PeriodicWriterAndCloseWriteTheNewestState) {
+  std::string dir = NewDir("ckpt_periodic");
+  ShardConfig c = Config(dir, 100);
+  c.checkpoint_every = 2;
+  auto a = NewRegisteredShard(c);
+  RunRounds(*a, 0, 5);
+  ASSERT_TRUE(a->Close().ok());
+  uint64_t want = a->Status().state_checksum();
+  a.reset();
+  auto b = Shard::Create(c, nullptr);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->Status().current_step(), 5u);
+  EXPECT_EQ((*b)->Status().state_checksum(), want);
+}
+
+TEST(Checkpoint, ResumeStepFastForwardsAShardThatLostRounds) {
+  std::string dir = NewDir("ckpt_resume");
+  auto a = NewRegisteredShard(Config(dir, 100));
+  RunRounds(*a, 0, 3);
+  v1::RegisterRequest r = RegisterRequestFor(0, 2, InitialWeights(kSmallElements));
+  r.set_resume_step(6);
+  auto resp = a->Register(r);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->current_step(), 6u);
+  // Pulls are snapshots now; pushes for step 6 are accepted.
+  auto pull = a->PullBlocking(PullRequestFor(0, 6, 5, 0), absl::Seconds(1));
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  EXPECT_EQ(pull->kind(), v1::PULL_KIND_SNAPSHOT);
+  RunRounds(*a, 6, 8);
+  // A fresh shard (no checkpoint) takes the worker's weights at resume_step
+  // and restarts 1-bit Adam's warmup there.
+  std::string empty = NewDir("ckpt_none");
+  auto f = Shard::Create(Config(empty, 5), nullptr);
+  ASSERT_TRUE(f.ok());
+  std::vector<float> replica(kSmallElements, 0.5f);
+  v1::RegisterRequest rr = RegisterRequestFor(0, 2, replica);
+  rr.set_resume_step(50);
+  auto fr = (*f)->Register(rr);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  EXPECT_EQ(fr->current_step(), 50u);
+  EXPECT_EQ(fr->stage(), v1::OPTIMIZER_STAGE_WARMUP);
+  EXPECT_EQ(fr->freeze_step(), 55u);
+}
+
+// kill -9 while checkpoints are being written, at many points: whatever is
+// on disk afterwards loads completely (the newest complete one) or not at
+// all, never partly.
+TEST(Checkpoint, KillDuringWritesNeverLeavesAHalfLoadableCheckpoint) {
+  std::string dir = NewDir("ckpt_kill");
+  // A big enough state that each write takes a while.
+  ShardState s;
+  v1::TensorSpec* t = s.layout.add_tensors();
+  t->set_name("big");
+  t->add_shape(1 << 18);
+  s.x.assign(1 << 18, 1.0f);
+  s.m.assign(1 << 18, 2.0f);
+  s.v.assign(1 << 18, 3.0f);
+  s.x_hat.assign(1 << 18, 1.0f);
+  s.replica_checksum = ChecksumOf(s.x_hat);
+  s.last_pushed = {0};
+  CheckpointExpectation expect;
+  int loaded = 0;
+  for (int round = 0; round < 25; ++round) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      ShardState c = s;
+      for (uint64_t step = 1000 * round + 1;; ++step) {
+        c.step = step;
+        c.x[step % c.x.size()] = static_cast<float>(step);
+        if (!WriteCheckpoint(dir, c).ok()) _exit(1);
+      }
+    }
+    // Kill points spread over 1..~120 ms: before the first write, inside
+    // writes, between rename and the folder fsync, during retention.
+    usleep(1000 + 4900 * round);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    std::vector<std::string> refused;
+    auto got = LoadNewestCheckpoint(dir, expect, &refused);
+    if (got.ok()) {
+      ++loaded;
+      EXPECT_EQ(got->x.size(), s.x.size());
+      EXPECT_EQ(got->x[got->step % got->x.size()], static_cast<float>(got->step))
+          << "half-written state at step " << got->step;
+    } else {
+      EXPECT_TRUE(absl::IsNotFound(got.status())) << got.status();
+    }
+    EXPECT_TRUE(refused.empty()) << refused[0];
+  }
+  EXPECT_GT(loaded, 0);
+}
+
+}  // namespace
+}  // namespace pserver
