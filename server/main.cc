@@ -37,7 +37,9 @@ ABSL_FLAG(float, beta2, 0.999f, "Adam beta2 (variance decay)");
 ABSL_FLAG(float, eps, 1e-8f, "Adam eps, added outside the sqrt");
 ABSL_FLAG(float, weight_decay, 0.0f,
           "decoupled weight decay for Adam variants (AdamW), L2 for sgd");
-ABSL_FLAG(bool, bias_correction, false, "adam: apply Adam's bias correction");
+ABSL_FLAG(bool, bias_correction, false,
+          "apply Adam's bias correction (adam; onebit_adam: in warmup, and "
+          "the frozen moments are bias-corrected)");
 ABSL_FLAG(float, momentum, 0.9f, "sgd momentum");
 ABSL_FLAG(uint64_t, freeze_step, 100,
           "onebit_adam: rounds of plain Adam before v is frozen");
@@ -63,6 +65,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(uint64_t, checkpoint_every, 100,
           "with --checkpoint_dir: write a checkpoint every N rounds (0: only "
           "on SIGTERM/SIGINT)");
+ABSL_FLAG(double, lease_timeout_seconds, 30,
+          "drop a worker from the rounds after this many seconds without a "
+          "call from it, so the others go on (0: wait forever)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the bound gRPC port here once listening (for "
           "scripts that use --listen with port 0)");
@@ -117,6 +122,12 @@ int Run() {
   config.pull_params.set_bits(absl::GetFlag(FLAGS_pull_bits));
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  double lease = absl::GetFlag(FLAGS_lease_timeout_seconds);
+  if (!(lease >= 0) || lease > 86400) {
+    return Fail(absl::StrCat("--lease_timeout_seconds is ", lease,
+                             "; expected 0..86400"));
+  }
+  config.lease_timeout = absl::Seconds(lease);
   if (absl::Status s = ValidateShardConfig(config); !s.ok()) {
     return Fail(absl::StrCat("--", s.message()));
   }

@@ -119,6 +119,17 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                                 "workers after a restart (lost updates).")
                           .Register(registry)
                           .Add({{"shard", shard_}})),
+      workers_live_(BuildGauge()
+                        .Name("pserver_server_workers_live")
+                        .Help("Workers the rounds wait for (leases not expired).")
+                        .Register(registry)
+                        .Add({{"shard", shard_}})),
+      workers_dropped_(BuildCounter()
+                           .Name("pserver_server_workers_dropped_total")
+                           .Help("Workers dropped from the rounds after their "
+                                 "lease expired.")
+                           .Register(registry)
+                           .Add({{"shard", shard_}})),
       checkpoint_seconds_(BuildHistogram()
                               .Name("pserver_server_checkpoint_duration_seconds")
                               .Help("Writing one checkpoint (fsync included).")
@@ -212,6 +223,8 @@ void ServerMetrics::SetNorms(double update, double momentum, double residual) {
   momentum_norm_.Set(momentum);
   residual_norm_.Set(residual);
 }
+void ServerMetrics::SetWorkersLive(uint32_t n) { workers_live_.Set(n); }
+void ServerMetrics::AddDroppedWorker() { workers_dropped_.Increment(); }
 void ServerMetrics::AddSkippedRounds(uint64_t n) {
   skipped_rounds_.Increment(static_cast<double>(n));
 }

@@ -43,6 +43,8 @@ class ServerMetrics {
   void SetNorms(double update, double momentum, double replica_residual);
   void SetModelElements(uint64_t n);
   void AddSkippedRounds(uint64_t n);
+  void SetWorkersLive(uint32_t n);
+  void AddDroppedWorker();
   // A checkpoint written (ok) or failed, and how long the write took.
   void ObserveCheckpoint(bool ok, double seconds);
 
@@ -69,6 +71,8 @@ class ServerMetrics {
   prometheus::Gauge& residual_norm_;
   prometheus::Gauge& model_elements_;
   prometheus::Counter& skipped_rounds_;
+  prometheus::Gauge& workers_live_;
+  prometheus::Counter& workers_dropped_;
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_failures_;
   prometheus::Gauge& checkpoint_timestamp_;

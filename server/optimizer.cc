@@ -120,7 +120,7 @@ double Optimizer::StepRange(uint64_t begin, uint64_t end,
   float* v = v_.data();
   if (!frozen_) {
     float mc = 1.0f, vc = 1.0f;
-    if (config_.kind == OptimizerKind::kAdam && config_.bias_correction) {
+    if (config_.bias_correction) {
       double t = static_cast<double>(step_ + 1);
       mc = static_cast<float>(1.0 / (1.0 - std::pow(double{b1}, t)));
       vc = static_cast<float>(1.0 / (1.0 - std::pow(double{b2}, t)));
@@ -155,7 +155,18 @@ double Optimizer::StepRange(uint64_t begin, uint64_t end,
 
 void Optimizer::Freeze() {
   frozen_ = true;
-  if (!config_.preconditioned) return;  // DeepSpeed-exact: v and m as they are
+  if (config_.bias_correction && step_ > 0) {
+    // Freeze the bias-corrected moments: the compression stage then takes
+    // the steps plain Adam (with correction) would take at this point.
+    double t = static_cast<double>(step_);
+    float mc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta1}, t)));
+    float vc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta2}, t)));
+    for (uint64_t i = 0; i < n_; ++i) {
+      m_[i] *= mc;
+      v_[i] *= vc;
+    }
+  }
+  if (!config_.preconditioned) return;  // DeepSpeed-exact: no floor, raw m
   for (const LocalSegment& s : segments_) {
     double sum = 0;
     for (uint64_t i = s.begin; i < s.end; ++i) sum += std::sqrt(double{v_[i]});

@@ -38,7 +38,9 @@ struct OptimizerConfig {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;  // decoupled for Adam variants, L2 for SGD
-  bool bias_correction = false;  // adam only
+  // Adam's bias correction (off in DeepSpeed's convention). For onebit_adam
+  // it applies in warmup, and the moments are frozen bias-corrected.
+  bool bias_correction = false;
   float momentum = 0.9f;         // sgd only
   // onebit_adam only.
   uint64_t freeze_step = 100;     // rounds of plain Adam before the freeze

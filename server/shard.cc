@@ -99,6 +99,10 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
   } else {
     shard->startup_log_.push_back("no checkpoint_dir; starting fresh");
   }
+  if (config.lease_timeout > absl::ZeroDuration()) {
+    Shard* self = shard.get();
+    shard->reaper_ = std::make_unique<std::thread>([self] { self->ReaperLoop(); });
+  }
   return shard;
 }
 
@@ -107,6 +111,9 @@ Shard::Shard(const ShardConfig& config, ServerMetrics* metrics,
     : config_(config), metrics_(metrics), pull_codec_(std::move(pull_codec)) {
   worker_registered_.assign(config_.num_workers, false);
   last_pushed_.assign(config_.num_workers, -1);
+  live_.assign(config_.num_workers, true);
+  rejoin_.assign(config_.num_workers, false);
+  last_seen_.assign(config_.num_workers, absl::Now());
   pending_.resize(config_.num_workers);
   pending_codec_.resize(config_.num_workers);
 }
@@ -190,6 +197,18 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     FastForward(req.resume_step());
   }
   worker_registered_[req.worker_id()] = true;
+  Touch(req.worker_id());
+  if (!live_[req.worker_id()]) {
+    if (received_ == 0 && next_ == 0) {
+      live_[req.worker_id()] = true;
+    } else {
+      rejoin_[req.worker_id()] = true;  // the round in progress goes on without it
+    }
+    std::fprintf(stderr, "pserver: shard %u: worker %u rejoins at step %lu\n",
+                 config_.shard_index, req.worker_id(),
+                 static_cast<unsigned long>(step_ + (live_[req.worker_id()] ? 0 : 1)));
+    PublishLiveness();
+  }
   uint32_t count = 0;
   for (bool b : worker_registered_) count += b ? 1 : 0;
   if (metrics_) metrics_->SetWorkersRegistered(count);
@@ -252,7 +271,15 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
     const uint32_t w = req.worker_id();
     absl::Status error;
     std::string reason;
-    if (req.step() < step_) {
+    Touch(w);
+    if (req.step() == step_ && !live_[w] && pending_[w] == nullptr) {
+      reason = "dropped_worker";
+      error = absl::AbortedError(absl::StrCat(
+          "worker_id ", w, " was dropped from the rounds (no call within the "
+          "lease timeout); step ", step_, " goes on without it; ",
+          rejoin_[w] ? absl::StrCat("it is counted again from step ", step_ + 1)
+                     : "call Register to rejoin"));
+    } else if (req.step() < step_) {
       if (last_pushed_[w] >= static_cast<int64_t>(req.step())) {
         resp.set_duplicate(true);
       } else {
@@ -303,7 +330,12 @@ std::vector<Shard::Ready> Shard::Drain() {
   if (draining_) return {};
   draining_ = true;
   const uint32_t w_count = config_.num_workers;
-  while (next_ < w_count && pending_[next_] != nullptr) {
+  while (next_ < w_count) {
+    if (pending_[next_] == nullptr) {
+      if (live_[next_]) break;  // the round waits for this worker
+      ++next_;                  // dropped: the round goes on without it
+      continue;
+    }
     const v1::EncodedTensor* t = pending_[next_].get();
     const Codec* codec = pending_codec_[next_].get();
     // acc_ belongs to this thread while draining_ is set: decode unlocked so
@@ -322,15 +354,21 @@ std::vector<Shard::Ready> Shard::Drain() {
                    std::string(s.message()).c_str());
     }
     ++next_;
+    ++contributors_;
   }
   draining_ = false;
-  if (next_ == w_count) return CompleteRound();
+  if (next_ == w_count) {
+    if (contributors_ > 0) return CompleteRound();
+    next_ = 0;  // every worker was dropped: wait for one to come back
+  }
   return {};
 }
 
 std::vector<Shard::Ready> Shard::CompleteRound() {
   const uint64_t n = range_.size();
-  const float inv_w = 1.0f / static_cast<float>(config_.num_workers);
+  // The mean over the workers that contributed (all of them unless some
+  // were dropped for an expired lease).
+  const float inv_w = 1.0f / static_cast<float>(contributors_);
   ParallelChunks(n, [&](uint64_t b, uint64_t e) {
     for (uint64_t i = b; i < e; ++i) acc_[i] *= inv_w;
   });
@@ -393,6 +431,17 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   for (auto& c : pending_codec_) c.reset();
   received_ = 0;
   next_ = 0;
+  contributors_ = 0;
+  bool changed = false;
+  for (uint32_t w = 0; w < config_.num_workers; ++w) {
+    if (rejoin_[w]) {
+      rejoin_[w] = false;
+      live_[w] = true;
+      last_seen_[w] = absl::Now();
+      changed = true;
+    }
+  }
+  if (changed) PublishLiveness();
   return WakeWaiters();
 }
 
@@ -458,7 +507,7 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
                !s.ok()) {
       error = s;
       if (metrics_) metrics_->CountRejected("unknown_worker");
-    } else if (req.step() > step_ + 1) {
+    } else if (Touch(req.worker_id()), req.step() > step_ + 1) {
       error = absl::FailedPreconditionError(absl::StrCat(
           "step is ", req.step(), "; the shard is at step ", step_,
           ", so at most step ", step_ + 1, " can be pulled"));
@@ -569,6 +618,9 @@ v1::GetStatusResponse Shard::Status() {
   for (bool b : worker_registered_) count += b ? 1 : 0;
   r.set_workers_registered(count);
   r.set_pushes_pending(received_);
+  uint32_t live = 0;
+  for (bool b : live_) live += b ? 1 : 0;
+  r.set_workers_live(live);
   if (registered_) {
     r.set_stage(optimizer_->stage());
     r.set_shard_begin(range_.begin);
@@ -607,7 +659,12 @@ void Shard::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
+    reaper_stop_ = true;
     waiters.swap(waiters_);
+  }
+  if (reaper_) {
+    reaper_->join();
+    reaper_.reset();
   }
   for (Waiter& w : waiters) {
     w.done(absl::UnavailableError("shard is shutting down"),
@@ -637,6 +694,9 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   replica_checksum_ = ChecksumOf(x_hat_);
   prev_replica_checksum_ = replica_checksum_;
   registered_ = true;
+  // Every worker's lease starts now: the first rounds wait for all of them.
+  last_seen_.assign(config_.num_workers, absl::Now());
+  PublishLiveness();
   if (metrics_) {
     metrics_->SetModelElements(range.size());
     metrics_->SetStage(optimizer_->stage());
@@ -770,12 +830,74 @@ absl::Status Shard::Close() {
 }
 
 Shard::~Shard() {
+  {
+    absl::MutexLock lock(&mu_);
+    reaper_stop_ = true;
+  }
+  if (reaper_) reaper_->join();
   if (writer_) {
     {
       absl::MutexLock l(&writer_mu_);
       writer_stop_ = true;
     }
     writer_->join();
+  }
+}
+
+void Shard::Touch(uint32_t worker) { last_seen_[worker] = absl::Now(); }
+
+void Shard::PublishLiveness() {
+  if (metrics_ == nullptr) return;
+  uint32_t n = 0;
+  for (bool b : live_) n += b ? 1 : 0;
+  metrics_->SetWorkersLive(n);
+}
+
+std::vector<Shard::Ready> Shard::ReapLeases(absl::Time now) {
+  if (!registered_ || config_.lease_timeout <= absl::ZeroDuration()) return {};
+  std::vector<bool> waiting(config_.num_workers, false);
+  for (const Waiter& w : waiters_) {
+    if (w.request.worker_id() < waiting.size()) waiting[w.request.worker_id()] = true;
+  }
+  bool dropped = false;
+  for (uint32_t w = 0; w < config_.num_workers; ++w) {
+    if (!live_[w]) continue;
+    bool pushed = pending_[w] != nullptr || next_ > w;
+    if (pushed || waiting[w]) {
+      last_seen_[w] = now;  // waiting on the round counts as alive
+      continue;
+    }
+    if (now - last_seen_[w] > config_.lease_timeout) {
+      live_[w] = false;
+      dropped = true;
+      std::fprintf(stderr,
+                   "pserver: shard %u: worker %u dropped at step %lu (no call "
+                   "for %s); the rounds go on without it\n",
+                   config_.shard_index, w, static_cast<unsigned long>(step_),
+                   absl::FormatDuration(now - last_seen_[w]).c_str());
+      if (metrics_) metrics_->AddDroppedWorker();
+    }
+  }
+  if (!dropped) return {};
+  PublishLiveness();
+  return Drain();
+}
+
+void Shard::ReaperLoop() {
+  const absl::Duration period =
+      std::min(absl::Seconds(1), config_.lease_timeout / 4);
+  while (true) {
+    std::vector<Ready> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return reaper_stop_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), period);
+      if (reaper_stop_) return;
+      ready = ReapLeases(absl::Now());
+    }
+    for (Ready& r : ready) r();
   }
 }
 

@@ -53,6 +53,10 @@ struct ShardConfig {
   std::string checkpoint_dir;
   // Write a checkpoint every this many rounds (0: only on Close()).
   uint64_t checkpoint_every = 0;
+  // A worker that makes no call for this long while the round waits for it
+  // is dropped from the rounds, so the others go on (0: never). Waiting in
+  // a Pull, or having pushed the current round, counts as alive.
+  absl::Duration lease_timeout = absl::ZeroDuration();
 };
 
 absl::Status ValidateShardConfig(const ShardConfig& c);
@@ -136,6 +140,12 @@ class Shard {
   ShardState CaptureState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FastForward(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriterLoop() ABSL_LOCKS_EXCLUDED(writer_mu_);
+  // Drops live workers whose lease expired; returns what to run unlocked.
+  std::vector<Ready> ReapLeases(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReaperLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Touch(uint32_t worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckWorker(uint32_t worker_id, absl::string_view field) const;
   // Builds the answer to a pull whose step is available.
@@ -163,6 +173,14 @@ class Shard {
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;         // completed rounds
   // Last step each worker's push was received for (-1: none).
   std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);
+  // Leases. live_[w]: the rounds wait for w. A worker that registers again
+  // after being dropped is live from the next round (rejoin_[w]).
+  std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> rejoin_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
+  uint32_t contributors_ ABSL_GUARDED_BY(mu_) = 0;  // summed this round
+  bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<std::thread> reaper_;
 
   // The current round: validated pushes waiting to be summed, by worker id;
   // next_ is the first worker not yet summed. acc_ is written only by the
