@@ -165,6 +165,17 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
                                            std::move(done));
       });
   if (!st.ok()) return st;
+  // A previous incarnation of this worker may have crashed after its push
+  // reached only some shards: those completed the round without it and are
+  // one step ahead. Start from the lagging shards' step; the next push to an
+  // ahead shard is acknowledged as a duplicate. Further apart cannot happen
+  // in a synchronous run.
+  uint64_t min_step = resps[0].current_step();
+  uint64_t max_step = min_step;
+  for (const v1::RegisterResponse& r : resps) {
+    min_step = std::min<uint64_t>(min_step, r.current_step());
+    max_step = std::max<uint64_t>(max_step, r.current_step());
+  }
   for (uint32_t s = 0; s < num_shards; ++s) {
     const v1::RegisterResponse& r = resps[s];
     if (r.shard_begin() != shards_[s].range.begin ||
@@ -174,16 +185,16 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
           "); expected [", shards_[s].range.begin, ", ",
           shards_[s].range.end, ")"));
     }
-    if (r.current_step() != resps[0].current_step()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shards disagree on the step: shard 0 is at ",
-          resps[0].current_step(), ", shard ", s, " at ", r.current_step()));
-    }
+  }
+  if (max_step > min_step + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shards are more than one step apart: their steps range "
+                     "from ", min_step, " to ", max_step));
   }
   freezes_ = resps[0].freeze_step() > 0;
   compression_space_ = resps[0].compression_space();
   replica_.assign(total, 0.0f);
-  step_ = resps[0].current_step();
+  step_ = min_step;
   stage_ = v1::OPTIMIZER_STAGE_WARMUP;
   registered_ = true;
   return PullAll(step_, /*want_snapshot=*/true);
@@ -328,7 +339,7 @@ absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
     if (!st.ok()) return st;
     std::vector<size_t> again;
     for (size_t s : todo) {
-      absl::Status a = ApplyPull(s, step, resps[s]);
+      absl::Status a = ApplyPull(s, step, want_snapshot, resps[s]);
       if (absl::IsDataLoss(a)) {
         ++stats_.checksum_mismatches;
         again.push_back(s);
@@ -355,12 +366,22 @@ absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
   return absl::OkStatus();
 }
 
-absl::Status Client::ApplyPull(size_t s, uint64_t step,
+absl::Status Client::ApplyPull(size_t s, uint64_t step, bool registering,
                                const v1::PullResponse& resp) {
   ShardState& sh = shards_[s];
   absl::Span<float> slice =
       absl::MakeSpan(replica_).subspan(sh.range.begin, sh.range.size());
   const v1::EncodedTensor& w = resp.weights();
+  stats_.pull_payload_bytes += w.payload().size();
+  stats_.pull_fp32_bytes += Fp32Bytes(sh.range.size());
+  // Checked before the replica is touched. At Register a shard one step
+  // ahead (see Register) answers with its newer snapshot.
+  const bool ahead = registering && resp.kind() == v1::PULL_KIND_SNAPSHOT &&
+                     resp.step() == step + 1;
+  if (resp.step() != step && !ahead) {
+    return absl::AbortedError(absl::StrCat(
+        "shard ", s, " answered with step ", resp.step(), "; expected ", step));
+  }
   absl::StatusOr<std::unique_ptr<Codec>> dec = MakeDecoderFor(w);
   if (!dec.ok()) return dec.status();
   absl::Status st;
@@ -377,17 +398,13 @@ absl::Status Client::ApplyPull(size_t s, uint64_t step,
                                                 sh.address, "): ",
                                                 st.message()));
   }
-  stats_.pull_payload_bytes += w.payload().size();
-  stats_.pull_fp32_bytes += Fp32Bytes(sh.range.size());
-  if (resp.step() != step) {
-    return absl::AbortedError(absl::StrCat(
-        "shard ", s, " answered with step ", resp.step(), "; expected ", step));
-  }
   if (ChecksumOf(slice) != resp.replica_checksum()) {
     return absl::DataLossError(absl::StrCat(
         "replica of shard ", s, " does not match the shard's checksum"));
   }
-  stage_ = resp.stage();
+  // An ahead shard may already be past the freeze; the next push follows the
+  // lagging shards.
+  if (!ahead) stage_ = resp.stage();
   return absl::OkStatus();
 }
 

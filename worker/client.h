@@ -94,7 +94,12 @@ class Client {
   // Registers this worker with every shard: the first worker's
   // `initial_weights` initialise the model; everyone then pulls a snapshot,
   // so on return weights() holds the shards' current replica and step() the
-  // shards' current step. Blocks on one Register and one Pull per shard,
+  // shards' current step. If a previous incarnation of this worker crashed
+  // after pushing to only some shards, those are one step ahead: step() is
+  // then the other shards' step, and the next Step()'s push to the ahead
+  // shards is acknowledged as a duplicate (their slice of the replica is
+  // already newer and resyncs by snapshot). Blocks on one Register and one
+  // Pull per shard,
   // retrying while shards are unavailable (for up to retry_budget).
   // REQUIRES: initial_weights.size() == TotalElements(layout).
   // FAILED_PRECONDITION when the shards' layout or configuration differs.
@@ -136,8 +141,11 @@ class Client {
   absl::Status EncodeShard(size_t s, absl::Span<const float> g,
                            v1::PushRequest* req);
   absl::Status PullAll(uint64_t step, bool want_snapshot);
-  // DATA_LOSS when the replica does not match the shard's checksum.
-  absl::Status ApplyPull(size_t s, uint64_t step, const v1::PullResponse& resp);
+  // DATA_LOSS when the replica does not match the shard's checksum; ABORTED,
+  // with the replica untouched, when the shard answered another step (except
+  // a snapshot one step ahead while `registering`).
+  absl::Status ApplyPull(size_t s, uint64_t step, bool registering,
+                         const v1::PullResponse& resp);
   absl::Status FetchPreconditioner(size_t s);
   bool compression_stage() const {
     return stage_ == v1::OPTIMIZER_STAGE_COMPRESSION;
