@@ -20,7 +20,10 @@
 #   --base-port P [BASE_PORT=50051]  shards listen on P.., their metrics on
 #                 METRICS_PORT=9100.., workers' metrics on 9200..
 #   --run-dir D [RUN_DIR=a new folder under /tmp]   logs and summaries
-#   --monitor     also start Prometheus on the cluster (needs `prometheus`)
+#   --monitor     also start Prometheus (Debian's `prometheus`) scraping every
+#                 daemon, and print the URL of a graph of the key series; when
+#                 stdin is a terminal, Prometheus and the shards stay up after
+#                 training until Ctrl-C. [PROMETHEUS_PORT=9090]
 #   SERVER_FLAGS / WORKER_FLAGS: extra flags passed to every daemon.
 set -euo pipefail
 
@@ -43,6 +46,7 @@ METRICS_PORT="${METRICS_PORT:-9100}"
 WORKER_METRICS_PORT="${WORKER_METRICS_PORT:-9200}"
 RUN_DIR="${RUN_DIR:-}"
 MONITOR="${MONITOR:-0}"
+PROMETHEUS_PORT="${PROMETHEUS_PORT:-9090}"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 
 die() { echo "local.sh: $*" >&2; exit 2; }
@@ -64,12 +68,13 @@ while [[ $# -gt 0 ]]; do
     --seed) need_value "$@"; SEED="$2"; shift 2 ;;
     --base-port) need_value "$@"; BASE_PORT="$2"; shift 2 ;;
     --run-dir) need_value "$@"; RUN_DIR="$2"; shift 2 ;;
+    --prometheus-port) need_value "$@"; PROMETHEUS_PORT="$2"; shift 2 ;;
     --monitor) MONITOR=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
-for v in SHARDS WORKERS BATCH BASE_PORT; do
+for v in SHARDS WORKERS BATCH BASE_PORT PROMETHEUS_PORT; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v is '${!v}'; expected a positive integer"
 done
 [[ "$EPOCHS" =~ ^[0-9]+$ && "$STEPS" =~ ^[0-9]+$ ]] || die "epochs/steps must be integers"
@@ -77,7 +82,7 @@ done
 # shellcheck source=packages.sh
 source "$ROOT/deploy/packages.sh"
 packages=("${PSERVER_BUILD_PACKAGES[@]}" "${PSERVER_RUN_PACKAGES[@]}")
-[[ "$MONITOR" == 1 ]] && packages+=(prometheus)
+[[ "$MONITOR" == 1 ]] && packages+=(prometheus curl)
 pserver_install_packages "${packages[@]}"
 
 echo "local.sh: building in $BUILD_DIR"
@@ -125,8 +130,43 @@ if [[ "$MONITOR" == 1 ]]; then
     "$ROOT/deploy/prometheus/local.yml" >"$RUN_DIR/prometheus.yml"
   prometheus --config.file="$RUN_DIR/prometheus.yml" \
     --storage.tsdb.path="$RUN_DIR/prometheus-data" \
-    --web.listen-address=127.0.0.1:9090 >"$RUN_DIR/prometheus.log" 2>&1 &
+    --web.listen-address="127.0.0.1:$PROMETHEUS_PORT" >"$RUN_DIR/prometheus.log" 2>&1 &
+  PROMETHEUS_PID=$!
   PIDS+=($!)
+  ready=0
+  for _ in $(seq 100); do
+    if curl -sf "http://127.0.0.1:$PROMETHEUS_PORT/-/ready" >/dev/null 2>&1; then ready=1; break; fi
+    kill -0 "$PROMETHEUS_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ $ready != 1 ]]; then
+    echo "local.sh: Prometheus did not start; its log ($RUN_DIR/prometheus.log) ends with:" >&2
+    tail -3 "$RUN_DIR/prometheus.log" >&2
+    exit 1
+  fi
+  # A graph page with the key series of the Grafana dashboard, last 15 min.
+  urlencode() {
+    local s="$1" out="" c i
+    for ((i = 0; i < ${#s}; i++)); do
+      c="${s:i:1}"
+      case "$c" in [a-zA-Z0-9._~-]) out+="$c" ;; *) out+=$(printf '%%%02X' "'$c") ;; esac
+    done
+    echo "$out"
+  }
+  GRAPH_URL="http://127.0.0.1:$PROMETHEUS_PORT/graph?"
+  g=0
+  for expr in 'rate(pserver_server_step[1m])' \
+              'pserver_worker_train_loss' \
+              'pserver_worker_test_accuracy_ratio' \
+              'sum by (codec) (rate(pserver_server_received_payload_bytes_total[1m]))' \
+              'sum by (codec) (rate(pserver_server_sent_payload_bytes_total[1m]))' \
+              'pserver_server_compression_ratio' \
+              'histogram_quantile(0.9, sum by (le) (rate(pserver_server_round_duration_seconds_bucket[1m])))'; do
+    GRAPH_URL+="g$g.expr=$(urlencode "$expr")&g$g.tab=0&g$g.range_input=15m&"
+    g=$((g + 1))
+  done
+  GRAPH_URL="${GRAPH_URL%&}"
+  echo "local.sh: Prometheus at http://127.0.0.1:$PROMETHEUS_PORT; key series: $GRAPH_URL"
 fi
 
 start=$(date +%s.%N)
@@ -191,6 +231,10 @@ awk -v acc="$acc" -v up="$up" -v down="$down" -v up32="$up32" -v down32="$down32
 }'
 echo "metrics            shards: http://127.0.0.1:$METRICS_PORT/metrics .. :$((METRICS_PORT + SHARDS - 1)); workers: http://127.0.0.1:$WORKER_METRICS_PORT/metrics .. :$((WORKER_METRICS_PORT + WORKERS - 1)) (while running)"
 if [[ "$MONITOR" == 1 ]]; then
-  echo "prometheus         http://127.0.0.1:9090/graph?g0.expr=pserver_worker_train_loss&g1.expr=rate(pserver_server_step%5B1m%5D)"
+  echo "prometheus         $GRAPH_URL"
 fi
 echo "logs               $RUN_DIR"
+if [[ "$MONITOR" == 1 && -t 0 ]]; then
+  echo "local.sh: Prometheus and the shards stay up for you to look; Ctrl-C stops them."
+  wait "$PROMETHEUS_PID" || true
+fi

@@ -8,9 +8,14 @@ PSERVER_BUILD_PACKAGES=(
 )
 PSERVER_TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist prometheus curl
+  dataset-fashion-mnist prometheus curl python3-yaml iproute2
 )
 PSERVER_RUN_PACKAGES=(dataset-fashion-mnist)
+# Only for the tests that need them (tests/e2e/deploy_config_test.sh,
+# compose_test.sh): docker-compose 1.29 validates offline; the real Compose
+# run also needs the engine and a base image made by debootstrap.
+PSERVER_COMPOSE_CONFIG_PACKAGES=(docker-compose)
+PSERVER_COMPOSE_RUN_PACKAGES=(docker.io docker-compose debootstrap iptables)
 
 # pserver_install_packages PKG...: installs the missing ones with apt-get as
 # root or through sudo; otherwise prints the command and returns 1.

@@ -1,0 +1,80 @@
+// pserver_health_probe: asks a gRPC server's health service (grpc.health.v1)
+// whether it serves, for container healthchecks and Kubernetes exec probes.
+// Exits 0 iff the answer is SERVING; otherwise prints one line saying why and
+// exits 1 (the only failure code Docker's HEALTHCHECK defines).
+//
+//   pserver_health_probe --address=127.0.0.1:50051            # the process
+//   pserver_health_probe --service=pserver.v1.ParameterServer # a model is in
+//
+// A shard answers SERVING for service "" as soon as it listens, and for
+// "pserver.v1.ParameterServer" only once the first worker has registered the
+// model: gate workers on "" or they would wait for themselves.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server to ask, host:port");
+ABSL_FLAG(std::string, service, "",
+          "service to ask about; \"\" is the whole server");
+ABSL_FLAG(double, timeout, 3, "seconds to wait for the answer");
+
+namespace {
+
+const char* StatusName(grpc::health::v1::HealthCheckResponse::ServingStatus s) {
+  using R = grpc::health::v1::HealthCheckResponse;
+  switch (s) {
+    case R::SERVING: return "SERVING";
+    case R::NOT_SERVING: return "NOT_SERVING";
+    case R::SERVICE_UNKNOWN: return "SERVICE_UNKNOWN";
+    default: return "UNKNOWN";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Exits 0 iff the gRPC health service at --address answers SERVING for "
+      "--service.");
+  absl::ParseCommandLine(argc, argv);
+  const std::string address = absl::GetFlag(FLAGS_address);
+  const std::string service = absl::GetFlag(FLAGS_service);
+  const double timeout = absl::GetFlag(FLAGS_timeout);
+  if (!(timeout > 0)) {
+    std::fprintf(stderr, "pserver_health_probe: --timeout is %g; expected > 0\n",
+                 timeout);
+    return 1;
+  }
+
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::microseconds(
+                           static_cast<int64_t>(timeout * 1e6)));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  const std::string what =
+      "service \"" + service + "\" at " + address;
+  if (!status.ok()) {
+    std::printf("pserver_health_probe: %s: RPC failed: %s (code %d)\n",
+                what.c_str(), status.error_message().c_str(),
+                static_cast<int>(status.error_code()));
+    return 1;
+  }
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    std::printf("pserver_health_probe: %s is %s\n", what.c_str(),
+                StatusName(response.status()));
+    return 1;
+  }
+  return 0;
+}

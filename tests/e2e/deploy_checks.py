@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Schema-level checks of the deployment files (tests/e2e/deploy_config_test.sh).
+
+  deploy_checks.py compose CONFIG.yml PROMETHEUS.yml   # `docker-compose config` output
+  deploy_checks.py k8s DIR_OR_RENDERED.yaml
+  deploy_checks.py dashboard pserver.json SCRAPE...    # /metrics bodies of live daemons
+
+Prints one line per problem and exits 1 if there is any.
+"""
+import json
+import os
+import re
+import sys
+
+import yaml
+
+problems = []
+
+
+def check(cond, msg):
+    if not cond:
+        problems.append(msg)
+    return cond
+
+
+def seconds(text):
+    """'30s', '1m30s', '10' -> seconds."""
+    total, text = 0.0, str(text)
+    if re.fullmatch(r"[0-9.]+", text):
+        return float(text)
+    for value, unit in re.findall(r"([0-9.]+)(ms|us|h|m|s)", text):
+        total += float(value) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}[unit]
+    return total
+
+
+def env_of(service):
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) for e in env)
+    return env
+
+
+def check_compose(config_path, prometheus_path):
+    cfg = yaml.safe_load(open(config_path))
+    services = cfg.get("services", {})
+    shards = {n: s for n, s in services.items() if n.startswith("shard")}
+    workers = {n: s for n, s in services.items() if n.startswith("worker")}
+    check(len(shards) == 2, f"expected 2 shard services, found {sorted(shards)}")
+    check(len(workers) == 4, f"expected 4 worker services, found {sorted(workers)}")
+    for name in ("prometheus", "grafana"):
+        check(name in services, f"no {name} service")
+    for name, s in services.items():
+        check(list(s.get("networks", {})) == ["pserver"], f"{name}: not on the one network 'pserver'")
+    drain = None
+    shard_ids, worker_ids = set(), set()
+    for name, s in shards.items():
+        env = env_of(s)
+        drain = float(env.get("DRAIN_SECONDS", "10"))
+        shard_ids.add(env.get("SHARD_INDEX"))
+        hc = s.get("healthcheck", {})
+        test = " ".join(hc.get("test", []))
+        check("pserver_health_probe" in test, f"{name}: healthcheck does not run pserver_health_probe")
+        check("ParameterServer" not in test,
+              f"{name}: healthcheck asks pserver.v1.ParameterServer, which serves only after a "
+              "worker registered (workers would wait forever)")
+        check(seconds(s.get("stop_grace_period", "10s")) > drain,
+              f"{name}: stop_grace_period {s.get('stop_grace_period')} is not longer than "
+              f"DRAIN_SECONDS={drain}")
+        check(s.get("restart") in ("on-failure", "always", "unless-stopped"),
+              f"{name}: restart policy {s.get('restart')!r} does not bring a killed shard back")
+        vols = s.get("volumes", [])
+        named = [v for v in vols if v.get("type") == "volume" and v.get("source") in cfg.get("volumes", {})] \
+            if vols and isinstance(vols[0], dict) else \
+            [v for v in vols if v.split(":")[0] in cfg.get("volumes", {})]
+        check(len(named) == 1, f"{name}: no named volume for checkpoints")
+        mounts = [v.get("target") if isinstance(v, dict) else v.split(":")[1] for v in named]
+        check(any(f"--checkpoint_dir={m}" in " ".join(s.get("entrypoint", [])) for m in mounts),
+              f"{name}: --checkpoint_dir is not the named volume's mount point")
+        check(s.get("build", {}).get("target") == "server", f"{name}: not built from target 'server'")
+    check(shard_ids == {"0", "1"}, f"shard indexes are {sorted(map(str, shard_ids))}, expected 0 and 1")
+    for name, s in workers.items():
+        env = env_of(s)
+        worker_ids.add(env.get("WORKER_ID"))
+        deps = s.get("depends_on", {})
+        for shard in shards:
+            check(isinstance(deps, dict) and deps.get(shard, {}).get("condition") == "service_healthy",
+                  f"{name}: does not wait for {shard} to be healthy")
+        check(s.get("build", {}).get("target") == "worker", f"{name}: not built from target 'worker'")
+        check("NUM_WORKERS" in env and "PUSH_CODEC" in env,
+              f"{name}: settings (NUM_WORKERS, PUSH_CODEC) do not come from the env file")
+    check(worker_ids == {"0", "1", "2", "3"}, f"worker ids are {sorted(map(str, worker_ids))}")
+    # One place for settings: every daemon gets the same values from the env file.
+    for key in ("NUM_WORKERS", "PUSH_CODEC", "WARMUP_CODEC", "PULL_CODEC", "OPTIMIZER", "DRAIN_SECONDS"):
+        values = {env_of(s).get(key) for s in list(shards.values()) + list(workers.values())}
+        check(len(values) == 1 and None not in values, f"{key} differs between daemons: {values}")
+    # Every daemon is a Prometheus target.
+    prom = yaml.safe_load(open(prometheus_path))
+    targets = {t for job in prom["scrape_configs"] for sc in job.get("static_configs", [])
+               for t in sc["targets"]}
+    for name in shards:
+        check(f"{name}:9100" in targets, f"prometheus.yml does not scrape {name}:9100")
+    for name in workers:
+        check(f"{name}:9200" in targets, f"prometheus.yml does not scrape {name}:9200")
+
+
+def load_docs(path):
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if f.endswith((".yaml", ".yml")))
+    docs = []
+    for f in files:
+        for d in yaml.safe_load_all(open(f)):
+            if d:
+                d["__file"] = f
+                docs.append(d)
+    return docs
+
+
+def check_k8s(path):
+    docs = load_docs(path)
+    by_kind = {}
+    for d in docs:
+        for key in ("apiVersion", "kind"):
+            check(key in d, f"{d['__file']}: a document has no {key}")
+        if d.get("kind") != "Kustomization":
+            check("name" in d.get("metadata", {}), f"{d['__file']}: {d.get('kind')} has no metadata.name")
+        by_kind.setdefault(d.get("kind"), []).append(d)
+    if os.path.isdir(path):
+        kust = by_kind.get("Kustomization", [{}])[0]
+        listed = set(kust.get("resources", []))
+        present = {os.path.basename(d["__file"]) for d in docs if d.get("kind") != "Kustomization"}
+        check(listed == present, f"kustomization resources {sorted(listed)} != files {sorted(present)}")
+    cms = {d["metadata"]["name"]: d.get("data", {}) for d in by_kind.get("ConfigMap", [])}
+    sts_list = by_kind.get("StatefulSet", [])
+    jobs = by_kind.get("Job", [])
+    svcs = {d["metadata"]["name"]: d for d in by_kind.get("Service", [])}
+    if not (check(len(sts_list) == 1, "expected one StatefulSet (the shards)")
+            and check(len(jobs) == 1, "expected one Job (the workers)")):
+        return
+    sts, job = sts_list[0], jobs[0]
+    check(sts["apiVersion"] == "apps/v1", "StatefulSet apiVersion is not apps/v1")
+    check(job["apiVersion"] == "batch/v1", "Job apiVersion is not batch/v1")
+    spec = sts["spec"]
+    svc = svcs.get(spec.get("serviceName"))
+    if check(svc is not None, f"StatefulSet serviceName {spec.get('serviceName')!r} names no Service"):
+        check(svc["spec"].get("clusterIP") == "None", "the shards' Service is not headless")
+        check(svc["spec"].get("selector", {}).items() <= spec["template"]["metadata"]["labels"].items(),
+              "the shards' Service does not select the shard pods")
+    check(spec.get("selector", {}).get("matchLabels", {}).items()
+          <= spec["template"]["metadata"].get("labels", {}).items(),
+          "StatefulSet selector does not match its pod labels")
+    vcts = spec.get("volumeClaimTemplates", [])
+    check(len(vcts) == 1, "StatefulSet has no PersistentVolumeClaim template")
+    shard_spec = spec["template"]["spec"]["containers"][0]
+    mounts = [m["mountPath"] for m in shard_spec.get("volumeMounts", [])
+              if vcts and m["name"] == vcts[0]["metadata"]["name"]]
+    check(any(f"--checkpoint_dir={m}" in " ".join(shard_spec.get("args", [])) for m in mounts),
+          "shard --checkpoint_dir is not the PersistentVolumeClaim's mount point")
+    config = {}
+    for pod_name, tmpl in (("shard", spec["template"]), ("worker", job["spec"]["template"])):
+        ann = tmpl["metadata"].get("annotations", {})
+        check(ann.get("prometheus.io/scrape") == "true", f"{pod_name} pods lack prometheus.io/scrape")
+        ports = {p["containerPort"] for c in tmpl["spec"]["containers"] for p in c.get("ports", [])}
+        check(int(ann.get("prometheus.io/port", 0)) in ports,
+              f"{pod_name} pods: prometheus.io/port is not a container port")
+        for c in tmpl["spec"]["containers"]:
+            res = c.get("resources", {})
+            for k in ("requests", "limits"):
+                check({"cpu", "memory"} <= set(res.get(k, {})), f"{pod_name}/{c['name']}: no cpu+memory {k}")
+            for ref in c.get("envFrom", []):
+                name = ref.get("configMapRef", {}).get("name")
+                check(name in cms, f"{pod_name}/{c['name']}: envFrom names unknown ConfigMap {name}")
+                config.update(cms.get(name, {}))
+    shard_c = spec["template"]["spec"]["containers"][0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        p = shard_c.get(probe, {})
+        grpc_ok = "grpc" in p and p["grpc"].get("service", "") == ""
+        exec_ok = "pserver_health_probe" in " ".join(p.get("exec", {}).get("command", [])) and \
+            "ParameterServer" not in " ".join(p.get("exec", {}).get("command", []))
+        check(grpc_ok or exec_ok, f"shard {probe} does not ask the gRPC health service \"\"")
+    drain = float(config.get("DRAIN_SECONDS", 10))
+    check(spec["template"]["spec"].get("terminationGracePeriodSeconds", 30) > drain,
+          "shard terminationGracePeriodSeconds is not longer than DRAIN_SECONDS")
+    check(str(spec.get("replicas")) == str(config.get("NUM_SHARDS")),
+          f"StatefulSet replicas {spec.get('replicas')} != NUM_SHARDS {config.get('NUM_SHARDS')}")
+    servers = config.get("SERVERS", "").split(",")
+    check(len(servers) == int(spec.get("replicas", 0)) and all(
+        s.startswith(f"{sts['metadata']['name']}-{i}.{spec.get('serviceName')}") for i, s in enumerate(servers)),
+        f"SERVERS {config.get('SERVERS')!r} does not list the StatefulSet's pods in order")
+    js = job["spec"]
+    check(js.get("completionMode") == "Indexed", "worker Job is not Indexed")
+    check(str(js.get("completions")) == str(config.get("NUM_WORKERS")) == str(js.get("parallelism")),
+          "Job completions / parallelism / NUM_WORKERS disagree")
+    wc = js["template"]["spec"]["containers"][0]
+    args = " ".join(wc.get("command", []) + wc.get("args", []))
+    env = {e["name"]: e for e in wc.get("env", [])}
+    idx_env = [n for n, e in env.items() if "job-completion-index" in json.dumps(e)]
+    check(any(f"--worker_id=$({n})" in args for n in idx_env) or "--worker_id=$(JOB_COMPLETION_INDEX)" in args,
+          "worker id is not the Job completion index")
+    check(js["template"]["spec"].get("restartPolicy") in ("OnFailure", "Never"), "Job restartPolicy invalid")
+    for c in (shard_c, wc):
+        for ref in re.findall(r"\$\(([A-Z_]+)\)", " ".join(c.get("args", []))):
+            check(ref in config or ref in env, f"{c['name']}: $({ref}) is neither in the ConfigMap nor env")
+
+
+PROMQL_WORDS = {
+    "sum", "avg", "min", "max", "count", "by", "without", "rate", "irate", "increase", "or", "and",
+    "unless", "on", "ignoring", "group_left", "group_right", "histogram_quantile", "vector", "time",
+    "topk", "bottomk", "abs", "clamp_min", "clamp_max", "delta", "deriv", "offset", "bool"}
+PROMETHEUS_BUILTIN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+
+
+def metric_names_in(expr):
+    expr = re.sub(r'"[^"]*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}", "", expr)            # label matchers
+    expr = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)  # grouping labels
+    expr = re.sub(r"\[[^\]]*\]", "", expr)            # ranges
+    tokens = re.findall(r"(?<![0-9.])\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", expr)
+    return {t for t in tokens if t not in PROMQL_WORDS}
+
+
+def check_dashboard(dash_path, scrapes):
+    try:
+        dash = json.load(open(dash_path))
+    except ValueError as e:
+        check(False, f"{dash_path}: not valid JSON: {e}")
+        return
+    exposed = set()
+    for path in scrapes:
+        for line in open(path):
+            if line.startswith("# TYPE "):
+                exposed.add(line.split()[2])
+            elif line and not line.startswith("#"):
+                exposed.add(re.split(r"[{ ]", line, 1)[0])
+    panels = dash.get("panels", [])
+    check(len(panels) >= 10, f"only {len(panels)} panels")
+    uids = {t.get("datasource", {}).get("uid") for p in panels for t in p.get("targets", [])}
+    check(uids <= {"pserver-prometheus"}, f"queries use data sources {uids}")
+    names = set()
+    for p in panels:
+        for t in p.get("targets", []):
+            found = metric_names_in(t.get("expr", ""))
+            check(found, f"panel {p.get('title')!r}: a query names no metric")
+            names |= found
+    for n in sorted(names):
+        check(n in exposed or n in PROMETHEUS_BUILTIN,
+              f"dashboard queries {n}, which no live daemon exposes")
+    titles = " ".join(p.get("title", "").lower() for p in panels)
+    for want in ("steps per second", "round time", "up (push)", "down (pull)", "compression ratio",
+                 "loss", "accuracy", "workers live", "optimizer stage", "error-feedback",
+                 "rejected", "checkpoint"):
+        check(want in titles, f"no panel about {want!r}")
+    print(f"dashboard: {len(panels)} panels, {len(names)} metric names, all exposed: "
+          + ", ".join(sorted(names)))
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    what = sys.argv[1]
+    if what == "compose":
+        check_compose(sys.argv[2], sys.argv[3])
+    elif what == "k8s":
+        check_k8s(sys.argv[2])
+    elif what == "dashboard":
+        check_dashboard(sys.argv[2], sys.argv[3:])
+    else:
+        sys.exit(__doc__)
+    for p in problems:
+        print(f"{what}: {p}")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

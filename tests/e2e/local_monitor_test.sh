@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# deploy/local.sh --monitor, non-interactive (stdin is not a terminal): it
+# starts Debian's Prometheus on the local cluster and prints a graph URL; while
+# the cluster trains, Prometheus must see every daemon up and every series of
+# that URL must be a valid query with data; then local.sh exits 0 and leaves
+# nothing running.
+#
+#   tests/e2e/local_monitor_test.sh BUILD_DIR
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export BUILD_DIR="$1"
+DIR="$(mktemp -d /tmp/pserver-monitor.XXXXXX)"
+PID=""
+cleanup() {
+  [[ -n "$PID" ]] && kill "$PID" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; tail -20 "$DIR/out.log" >&2; exit 1; }
+for tool in prometheus curl python3; do
+  command -v "$tool" >/dev/null || { echo "SKIP: $tool is not installed"; exit 0; }
+done
+
+# Free ports: 2 consecutive for each of shards, shard metrics, worker metrics.
+read -r base mbase wbase pport < <(python3 - <<'PY'
+import random, socket
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port)); return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+picked = []
+while len(picked) < 4:
+    p = random.randrange(20000, 30000, 10)
+    if all(free(p + i) for i in range(2)) and p not in picked:
+        picked.append(p)
+print(*picked)
+PY
+)
+BASE_PORT=$base METRICS_PORT=$mbase WORKER_METRICS_PORT=$wbase PROMETHEUS_PORT=$pport \
+  "$ROOT/deploy/local.sh" --monitor --shards 2 --workers 2 --steps 1500 --epochs 1 \
+  --run-dir "$DIR/run" </dev/null >"$DIR/out.log" 2>&1 &
+PID=$!
+
+url=""
+for _ in $(seq 600); do
+  url=$(sed -n 's/.*key series: \(http[^ ]*\).*/\1/p' "$DIR/out.log")
+  [[ -n "$url" ]] && break
+  kill -0 "$PID" 2>/dev/null || fail "local.sh ended before printing the graph URL"
+  sleep 0.5
+done
+[[ -n "$url" ]] || fail "no graph URL printed"
+[[ "$url" == "http://127.0.0.1:$pport/graph?"* ]] || fail "unexpected URL $url"
+curl -sf -o /dev/null "$url" || fail "the graph URL does not load: $url"
+
+api() { curl -sf --max-time 5 "http://127.0.0.1:$pport/api/v1/query" --data-urlencode "query=$1"; }
+count() { python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["status"]=="success"; print(len(d["data"]["result"]))'; }
+up=0
+for _ in $(seq 240); do
+  up=$(api 'up == 1' | count 2>/dev/null || echo 0)
+  [[ "$up" == 4 ]] && break
+  kill -0 "$PID" 2>/dev/null || break
+  sleep 0.25
+done
+[[ "$up" == 4 ]] || fail "Prometheus saw $up of the 4 daemons up"
+sleep 11   # two scrapes at the 5 s interval of deploy/prometheus/local.yml
+python3 - "$url" >"$DIR/exprs" <<'PY'
+import sys, urllib.parse
+q = urllib.parse.parse_qs(urllib.parse.urlparse(sys.argv[1]).query)
+for k in sorted(k for k in q if k.endswith(".expr")):
+    print(q[k][0])
+PY
+[[ $(wc -l <"$DIR/exprs") -ge 5 ]] || fail "the graph URL holds only $(wc -l <"$DIR/exprs") series"
+kill -0 "$PID" 2>/dev/null || fail "training ended before the series could be checked"
+while read -r expr; do
+  n=$(api "$expr" | count) || fail "Prometheus rejects the URL's query: $expr"
+  [[ "$n" -gt 0 ]] || fail "no data for the URL's query: $expr"
+done <"$DIR/exprs"
+wait "$PID" || fail "local.sh --monitor exited non-zero"
+PID=""
+grep -q "^prometheus  *http://127.0.0.1:$pport/graph?" "$DIR/out.log" || fail "summary lacks the Prometheus URL"
+if curl -sf -o /dev/null "http://127.0.0.1:$pport/-/ready"; then fail "Prometheus still runs after local.sh exited"; fi
+echo "PASS: local.sh --monitor: 4 daemons up in Prometheus, $(wc -l <"$DIR/exprs") graph series with data, clean exit"
