@@ -35,6 +35,7 @@ void Checksum64::Block(const unsigned char* p) {
 }
 
 void Checksum64::Update(const void* data, size_t size) {
+  if (size == 0) return;  // data may be null (an empty vector's data())
   const unsigned char* p = static_cast<const unsigned char*>(data);
   total_ += size;
   if (tail_size_ > 0) {
