@@ -155,72 +155,94 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
   absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(req.layout());
   if (!slots.ok()) return reject("bad_layout", slots.status());
 
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) return absl::UnavailableError("shard is shutting down");
-  v1::RegisterResponse resp;
-  if (registered_) {
-    std::string diff = FirstLayoutDifference(req.layout(), layout_);
-    if (!diff.empty()) {
-      return reject("layout_mismatch",
-                    absl::FailedPreconditionError(absl::StrCat(
-                        "model layout differs from the registered one: ",
-                        diff)));
-    }
-  } else {
-    ShardRange range = ShardRangeFor(TotalElements(req.layout()),
-                                     config_.num_shards, config_.shard_index);
-    const v1::EncodedTensor& init = req.initial_weights();
-    absl::StatusOr<std::unique_ptr<Codec>> codec = MakeDecoderFor(init);
-    if (!codec.ok()) {
-      return reject("invalid_payload",
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "initial_weights: ", codec.status().message())));
-    }
-    if (absl::Status s = (*codec)->Validate(init, range.size()); !s.ok()) {
-      return reject("invalid_payload",
-                    absl::InvalidArgumentError(
-                        absl::StrCat("initial_weights: ", s.message())));
-    }
-    std::vector<float> x(range.size(), 0.0f);
-    if (absl::Status s = (*codec)->Decode(init, absl::MakeSpan(x)); !s.ok()) {
-      return reject("invalid_payload", s);
-    }
-    InstallModel(req.layout(), *slots, std::move(x));
-    resp.set_initialized_model(true);
-  }
-  if (req.resume_step() > step_) {
-    if (received_ > 0) {
-      return absl::AbortedError(absl::StrCat(
-          "resume_step is ", req.resume_step(), " but the shard has pushes "
-          "pending for step ", step_, "; retry"));
-    }
-    FastForward(req.resume_step());
-  }
-  worker_registered_[req.worker_id()] = true;
-  Touch(req.worker_id());
-  if (!live_[req.worker_id()]) {
-    if (received_ == 0 && next_ == 0) {
-      live_[req.worker_id()] = true;
+  // Pulls that a fast-forward makes answerable are answered after unlocking.
+  std::vector<Ready> ready;
+  absl::StatusOr<v1::RegisterResponse> result =
+      [&]() -> absl::StatusOr<v1::RegisterResponse> {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shard is shutting down");
+    v1::RegisterResponse resp;
+    if (registered_) {
+      std::string diff = FirstLayoutDifference(req.layout(), layout_);
+      if (!diff.empty()) {
+        return reject("layout_mismatch",
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "model layout differs from the registered one: ",
+                          diff)));
+      }
     } else {
-      rejoin_[req.worker_id()] = true;  // the round in progress goes on without it
+      ShardRange range = ShardRangeFor(TotalElements(req.layout()),
+                                       config_.num_shards, config_.shard_index);
+      const v1::EncodedTensor& init = req.initial_weights();
+      absl::StatusOr<std::unique_ptr<Codec>> codec = MakeDecoderFor(init);
+      if (!codec.ok()) {
+        return reject("invalid_payload",
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "initial_weights: ", codec.status().message())));
+      }
+      if (absl::Status s = (*codec)->Validate(init, range.size()); !s.ok()) {
+        return reject("invalid_payload",
+                      absl::InvalidArgumentError(
+                          absl::StrCat("initial_weights: ", s.message())));
+      }
+      std::vector<float> x(range.size(), 0.0f);
+      if (absl::Status s = (*codec)->Decode(init, absl::MakeSpan(x)); !s.ok()) {
+        return reject("invalid_payload", s);
+      }
+      InstallModel(req.layout(), *slots, std::move(x));
+      resp.set_initialized_model(true);
     }
-    std::fprintf(stderr, "pserver: shard %u: worker %u rejoins at step %lu\n",
-                 config_.shard_index, req.worker_id(),
-                 static_cast<unsigned long>(step_ + (live_[req.worker_id()] ? 0 : 1)));
-    PublishLiveness();
-  }
-  uint32_t count = 0;
-  for (bool b : worker_registered_) count += b ? 1 : 0;
-  if (metrics_) metrics_->SetWorkersRegistered(count);
-  resp.set_shard_begin(range_.begin);
-  resp.set_shard_end(range_.end);
-  resp.set_current_step(step_);
-  resp.set_stage(optimizer_->stage());
-  resp.set_freeze_step(optimizer_->freeze_at());
-  resp.set_compression_space(config_.optimizer.preconditioned
-                                 ? v1::GRADIENT_SPACE_PRECONDITIONED
-                                 : v1::GRADIENT_SPACE_RAW);
-  return resp;
+    if (req.resume_step() > step_) {
+      if (draining_) {
+        return absl::UnavailableError(absl::StrCat(
+            "resume_step is ", req.resume_step(), " while step ", step_,
+            " is being summed; retry"));
+      }
+      if (received_ > 0) {
+        // A worker at resume_step proves round step_ completed before this
+        // shard lost it: the pushes queued for it are dropped with it.
+        std::fprintf(stderr,
+                     "pserver: shard %u drops %u pushes queued for step %lu\n",
+                     config_.shard_index, received_,
+                     static_cast<unsigned long>(step_));
+        std::fill(acc_.begin(), acc_.end(), 0.0f);
+        for (auto& p : pending_) p.reset();
+        for (auto& c : pending_codec_) c.reset();
+        received_ = 0;
+        next_ = 0;
+        contributors_ = 0;
+      }
+      FastForward(req.resume_step());
+      ready = WakeWaiters();
+    }
+    worker_registered_[req.worker_id()] = true;
+    Touch(req.worker_id());
+    if (!live_[req.worker_id()]) {
+      if (received_ == 0 && next_ == 0) {
+        live_[req.worker_id()] = true;
+      } else {
+        rejoin_[req.worker_id()] = true;  // the round in progress goes on without it
+      }
+      std::fprintf(stderr, "pserver: shard %u: worker %u rejoins at step %lu\n",
+                   config_.shard_index, req.worker_id(),
+                   static_cast<unsigned long>(step_ + (live_[req.worker_id()] ? 0 : 1)));
+      PublishLiveness();
+    }
+    uint32_t count = 0;
+    for (bool b : worker_registered_) count += b ? 1 : 0;
+    if (metrics_) metrics_->SetWorkersRegistered(count);
+    resp.set_shard_begin(range_.begin);
+    resp.set_shard_end(range_.end);
+    resp.set_current_step(step_);
+    resp.set_stage(optimizer_->stage());
+    resp.set_freeze_step(optimizer_->freeze_at());
+    resp.set_compression_space(config_.optimizer.preconditioned
+                                   ? v1::GRADIENT_SPACE_PRECONDITIONED
+                                   : v1::GRADIENT_SPACE_RAW);
+    return resp;
+  }();
+  for (Ready& r : ready) r();
+  return result;
 }
 
 absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
@@ -512,6 +534,15 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
           "step is ", req.step(), "; the shard is at step ", step_,
           ", so at most step ", step_ + 1, " can be pulled"));
       if (metrics_) metrics_->CountRejected("future_step");
+    } else if (req.step() == step_ + 1 && live_[req.worker_id()] &&
+               pending_[req.worker_id()] == nullptr &&
+               last_pushed_[req.worker_id()] < static_cast<int64_t>(step_)) {
+      // The round cannot complete without this worker's push: waiting would
+      // deadlock. Happens when a restart lost the push.
+      error = absl::FailedPreconditionError(absl::StrCat(
+          "worker_id ", req.worker_id(), " has not pushed step ", step_,
+          " to this shard; push it, then pull step ", req.step()));
+      if (metrics_) metrics_->CountRejected("pull_before_push");
     } else if (req.step() == step_ + 1) {
       id = next_waiter_id_++;
       waiters_.push_back(Waiter{id, req, std::move(done)});

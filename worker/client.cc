@@ -30,49 +30,70 @@ uint64_t Mix(uint64_t a, uint64_t b) {
 
 // One RPC per shard in `todo`, all in flight at once through the callback
 // API; retriable failures are retried with backoff until `budget` is spent.
-// `start(s, ctx, done)` issues shard s's call. Returns the first
-// non-retriable error, prefixed with the shard's address.
-absl::Status CallAll(
-    std::vector<size_t> todo, absl::Duration attempt_timeout,
+// `start(s, ctx, done)` issues shard s's call. Returns each shard's final
+// status (indexed like `todo`), prefixed with the shard and its address.
+std::vector<absl::Status> CallEach(
+    const std::vector<size_t>& todo, absl::Duration attempt_timeout,
     absl::Duration budget, const std::vector<std::string>& addresses,
     const char* method, uint64_t* retries,
     const std::function<void(size_t, grpc::ClientContext*,
                              std::function<void(grpc::Status)>)>& start) {
+  std::vector<absl::Status> out(todo.size());
+  std::vector<size_t> pending(todo.size());  // indexes into todo
+  for (size_t i = 0; i < todo.size(); ++i) pending[i] = i;
   absl::Time give_up = absl::Now() + budget;
   absl::Duration backoff = absl::Milliseconds(50);
-  while (true) {
-    std::vector<grpc::Status> result(todo.size());
-    std::vector<std::unique_ptr<grpc::ClientContext>> ctx(todo.size());
-    absl::BlockingCounter pending(static_cast<int>(todo.size()));
-    for (size_t i = 0; i < todo.size(); ++i) {
+  while (!pending.empty()) {
+    std::vector<grpc::Status> result(pending.size());
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctx(pending.size());
+    absl::BlockingCounter left(static_cast<int>(pending.size()));
+    for (size_t i = 0; i < pending.size(); ++i) {
       ctx[i] = std::make_unique<grpc::ClientContext>();
       ctx[i]->set_deadline(absl::ToChronoTime(absl::Now() + attempt_timeout));
       // Wait for a shard that is (re)starting instead of failing at once.
       ctx[i]->set_wait_for_ready(true);
-      start(todo[i], ctx[i].get(), [&result, &pending, i](grpc::Status s) {
-        result[i] = std::move(s);
-        pending.DecrementCount();
-      });
+      start(todo[pending[i]], ctx[i].get(),
+            [&result, &left, i](grpc::Status s) {
+              result[i] = std::move(s);
+              left.DecrementCount();
+            });
     }
-    pending.Wait();
+    left.Wait();
     std::vector<size_t> again;
-    for (size_t i = 0; i < todo.size(); ++i) {
-      if (result[i].ok()) continue;
-      if (!Retriable(result[i]) || absl::Now() >= give_up) {
-        absl::Status s = FromGrpcStatus(result[i]);
-        return absl::Status(s.code(), absl::StrCat(method, " to shard ",
-                                                   todo[i], " (",
-                                                   addresses[todo[i]],
-                                                   "): ", s.message()));
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const size_t shard = todo[pending[i]];
+      if (result[i].ok()) {
+        out[pending[i]] = absl::OkStatus();
+      } else if (Retriable(result[i]) && absl::Now() < give_up) {
+        again.push_back(pending[i]);
+      } else {
+        absl::Status st = FromGrpcStatus(result[i]);
+        out[pending[i]] = absl::Status(
+            st.code(), absl::StrCat(method, " to shard ", shard, " (",
+                                    addresses[shard], "): ", st.message()));
       }
-      again.push_back(todo[i]);
     }
-    if (again.empty()) return absl::OkStatus();
+    if (again.empty()) break;
     *retries += again.size();
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
-    todo = std::move(again);
+    pending = std::move(again);
   }
+  return out;
+}
+
+// CallEach, returning the first error.
+absl::Status CallAll(
+    const std::vector<size_t>& todo, absl::Duration attempt_timeout,
+    absl::Duration budget, const std::vector<std::string>& addresses,
+    const char* method, uint64_t* retries,
+    const std::function<void(size_t, grpc::ClientContext*,
+                             std::function<void(grpc::Status)>)>& start) {
+  for (absl::Status& s : CallEach(todo, attempt_timeout, budget, addresses,
+                                  method, retries, start)) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -193,11 +214,67 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   }
   freezes_ = resps[0].freeze_step() > 0;
   compression_space_ = resps[0].compression_space();
+  layout_ = layout;
   replica_.assign(total, 0.0f);
   step_ = min_step;
-  stage_ = v1::OPTIMIZER_STAGE_WARMUP;
+  for (ShardState& sh : shards_) sh.stage = v1::OPTIMIZER_STAGE_WARMUP;
   registered_ = true;
-  return PullAll(step_, /*want_snapshot=*/true);
+  return PullAll(step_, std::vector<bool>(num_shards, true),
+                 /*registering=*/true, nullptr);
+}
+
+v1::OptimizerStage Client::stage() const {
+  for (const ShardState& sh : shards_) {
+    if (sh.stage != v1::OPTIMIZER_STAGE_COMPRESSION) {
+      return v1::OPTIMIZER_STAGE_WARMUP;
+    }
+  }
+  return v1::OPTIMIZER_STAGE_COMPRESSION;
+}
+
+absl::StatusOr<uint64_t> Client::Rejoin(size_t s, uint64_t resume_step) {
+  ShardState& sh = shards_[s];
+  v1::RegisterRequest req;
+  req.set_worker_id(options_.worker_id);
+  req.set_num_workers(options_.num_workers);
+  req.set_shard_index(static_cast<uint32_t>(s));
+  req.set_num_shards(static_cast<uint32_t>(shards_.size()));
+  *req.mutable_layout() = layout_;
+  req.set_resume_step(resume_step);
+  v1::EncodedTensor* w = req.mutable_initial_weights();
+  w->set_codec(v1::CODEC_FP32);
+  w->set_num_elements(sh.range.size());
+  w->mutable_payload()->assign(
+      reinterpret_cast<const char*>(replica_.data() + sh.range.begin),
+      sh.range.size() * sizeof(float));
+  v1::RegisterResponse resp;
+  absl::Status st = CallAll(
+      {s}, options_.rpc_timeout, options_.retry_budget,
+      options_.server_addresses, "Register", &stats_.retries,
+      [&](size_t, grpc::ClientContext* ctx,
+          std::function<void(grpc::Status)> done) {
+        sh.stub->async()->Register(ctx, &req, &resp, std::move(done));
+      });
+  if (!st.ok()) return st;
+  ++stats_.rejoins;
+  if (absl::Status st = SetStage(s, resp.stage()); !st.ok()) return st;
+  return resp.current_step();
+}
+
+absl::Status Client::SetStage(size_t s, v1::OptimizerStage stage) {
+  ShardState& sh = shards_[s];
+  if (stage == sh.stage) return absl::OkStatus();
+  sh.stage = stage;
+  if (stage == v1::OPTIMIZER_STAGE_COMPRESSION) {
+    if (freezes_ && sh.range.size() > 0) return FetchPreconditioner(s);
+    return absl::OkStatus();
+  }
+  // Back to warmup: the shard restarted from nothing, so its frozen
+  // variance and the residuals measured against it are gone.
+  sh.preconditioner.clear();
+  sh.warmup_ef->Reset();
+  sh.push_ef->Reset();
+  return absl::OkStatus();
 }
 
 absl::Status Client::FetchPreconditioner(size_t s) {
@@ -242,8 +319,8 @@ absl::Status Client::EncodeShard(size_t s, absl::Span<const float> g,
   req->set_worker_id(options_.worker_id);
   req->set_step(step_);
   uint64_t seed = Mix(Mix(options_.seed, options_.worker_id), Mix(step_, s));
-  bool compress = !freezes_ || compression_stage();
-  if (compression_stage() &&
+  bool compress = !freezes_ || compression_stage(s);
+  if (compression_stage(s) &&
       compression_space_ == v1::GRADIENT_SPACE_PRECONDITIONED) {
     for (size_t i = 0; i < g.size(); ++i) {
       sh.scratch[i] = sh.preconditioner[i] * g[i];
@@ -288,30 +365,64 @@ absl::Status Client::Step(absl::Span<const float> gradient) {
   start = absl::Now();
   std::vector<size_t> all(n);
   for (size_t s = 0; s < n; ++s) all[s] = s;
-  absl::Status st = CallAll(
-      all, options_.rpc_timeout, options_.retry_budget,
-      options_.server_addresses, "Push", &stats_.retries,
-      [&](size_t s, grpc::ClientContext* ctx,
-          std::function<void(grpc::Status)> done) {
-        shards_[s].stub->async()->Push(ctx, &reqs[s], &resps[s],
-                                       std::move(done));
-      });
+  auto push = [&](size_t s, grpc::ClientContext* ctx,
+                  std::function<void(grpc::Status)> done) {
+    shards_[s].stub->async()->Push(ctx, &reqs[s], &resps[s], std::move(done));
+  };
+  auto recover = [&](size_t s) -> absl::Status {
+    absl::StatusOr<uint64_t> now = Rejoin(s, step_);
+    if (!now.ok()) return now.status();
+    // Another worker already brought the shard past this step: the round
+    // this push was for is over (lost on that shard); just pull.
+    if (*now > step_) return absl::OkStatus();
+    if (reqs[s].space() != v1::GRADIENT_SPACE_RAW && !compression_stage(s)) {
+      const ShardRange& r = shards_[s].range;
+      absl::Status e =
+          EncodeShard(s, gradient.subspan(r.begin, r.size()), &reqs[s]);
+      if (!e.ok()) return e;
+    }
+    return CallAll({s}, options_.rpc_timeout, options_.retry_budget,
+                   options_.server_addresses, "Push", &stats_.retries, push);
+  };
+  std::vector<absl::Status> pushed =
+      CallEach(all, options_.rpc_timeout, options_.retry_budget,
+               options_.server_addresses, "Push", &stats_.retries, push);
+  std::vector<bool> snapshot(n, false);
+  for (size_t s = 0; s < n; ++s) {
+    if (pushed[s].ok()) continue;
+    if (absl::IsFailedPrecondition(pushed[s])) {
+      // The shard is behind this step or lost this worker's registration
+      // (it restarted): register again, letting it catch up to step_, and
+      // push once more, re-encoded if its stage changed.
+      if (absl::Status r = recover(s); !r.ok()) return r;
+      snapshot[s] = true;  // its replica is not ours any more
+    } else if (absl::IsAborted(pushed[s])) {
+      // This round went on without us on that shard (our lease expired):
+      // register again to be counted from the next round, and take that
+      // round's weights as a snapshot.
+      if (absl::Status r = Rejoin(s, 0).status(); !r.ok()) return r;
+      snapshot[s] = true;
+    } else {
+      return pushed[s];
+    }
+  }
   stats_.push_seconds += absl::ToDoubleSeconds(absl::Now() - start);
-  if (!st.ok()) return st;
   start = absl::Now();
-  st = PullAll(step_ + 1, /*want_snapshot=*/false);
+  absl::Status st = PullAll(step_ + 1, std::move(snapshot),
+                            /*registering=*/false, recover);
   stats_.pull_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   if (!st.ok()) return st;
   ++stats_.steps;
   return absl::OkStatus();
 }
 
-absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
+absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
+                             bool registering,
+                             const std::function<absl::Status(size_t)>& recover) {
   const size_t n = shards_.size();
   std::vector<size_t> todo(n);
   for (size_t s = 0; s < n; ++s) todo[s] = s;
-  bool snapshot = want_snapshot;
-  for (int attempt = 0; attempt < 3 && !todo.empty(); ++attempt) {
+  for (int attempt = 0; attempt < 4 && !todo.empty(); ++attempt) {
     std::vector<v1::PullRequest> reqs(n);
     std::vector<v1::PullResponse> resps(n);
     for (size_t s : todo) {
@@ -319,8 +430,8 @@ absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
       v1::PullRequest& q = reqs[s];
       q.set_worker_id(options_.worker_id);
       q.set_step(step);
-      q.set_want_snapshot(snapshot);
-      if (!snapshot) {
+      q.set_want_snapshot(snapshot[s]);
+      if (!snapshot[s]) {
         q.set_replica_step(static_cast<int64_t>(step_));
         q.set_replica_checksum(ChecksumOf(
             absl::MakeConstSpan(replica_).subspan(r.begin, r.size())));
@@ -328,7 +439,7 @@ absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
         q.set_replica_step(-1);
       }
     }
-    absl::Status st = CallAll(
+    std::vector<absl::Status> pulled = CallEach(
         todo, options_.pull_timeout, options_.retry_budget,
         options_.server_addresses, "Pull", &stats_.retries,
         [&](size_t s, grpc::ClientContext* ctx,
@@ -336,10 +447,21 @@ absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
           shards_[s].stub->async()->Pull(ctx, &reqs[s], &resps[s],
                                          std::move(done));
         });
-    if (!st.ok()) return st;
     std::vector<size_t> again;
-    for (size_t s : todo) {
-      absl::Status a = ApplyPull(s, step, want_snapshot, resps[s]);
+    for (size_t i = 0; i < todo.size(); ++i) {
+      const size_t s = todo[i];
+      if (!pulled[i].ok()) {
+        // The shard restarted behind this step and lost this worker's push:
+        // let the caller register again and push again, then pull anew.
+        if (absl::IsFailedPrecondition(pulled[i]) && recover) {
+          if (absl::Status r = recover(s); !r.ok()) return r;
+          snapshot[s] = true;
+          again.push_back(s);
+          continue;
+        }
+        return pulled[i];
+      }
+      absl::Status a = ApplyPull(s, step, registering, resps[s]);
       if (absl::IsDataLoss(a)) {
         ++stats_.checksum_mismatches;
         again.push_back(s);
@@ -348,7 +470,7 @@ absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
       }
     }
     todo = std::move(again);
-    snapshot = true;  // re-sync what did not verify
+    for (size_t s : todo) snapshot[s] = true;  // re-sync what did not verify
   }
   if (!todo.empty()) {
     return absl::DataLossError(absl::StrCat(
@@ -356,13 +478,6 @@ absl::Status Client::PullAll(uint64_t step, bool want_snapshot) {
         "after a snapshot"));
   }
   step_ = step;
-  // Entering the compression stage: fetch the frozen preconditioners once.
-  for (size_t s = 0; s < n; ++s) {
-    if (compression_stage() && freezes_ && shards_[s].preconditioner.empty() &&
-        shards_[s].range.size() > 0) {
-      if (absl::Status f = FetchPreconditioner(s); !f.ok()) return f;
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -403,8 +518,9 @@ absl::Status Client::ApplyPull(size_t s, uint64_t step, bool registering,
         "replica of shard ", s, " does not match the shard's checksum"));
   }
   // An ahead shard may already be past the freeze; the next push follows the
-  // lagging shards.
-  if (!ahead) stage_ = resp.stage();
+  // lagging shards. Entering the compression stage fetches the frozen
+  // preconditioner, once.
+  if (!ahead) return SetStage(s, resp.stage());
   return absl::OkStatus();
 }
 

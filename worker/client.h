@@ -26,6 +26,7 @@
 #define PSERVER_WORKER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,7 @@ struct ClientStats {
   uint64_t snapshots = 0;           // pulls answered with a full snapshot
   uint64_t checksum_mismatches = 0;
   uint64_t retries = 0;
+  uint64_t rejoins = 0;  // re-registrations after a shard restart or a drop
   double encode_seconds = 0;
   double push_seconds = 0;   // waiting on pushes (includes server rounds)
   double pull_seconds = 0;
@@ -118,7 +120,8 @@ class Client {
   absl::Span<const float> weights() const { return replica_; }
   uint64_t step() const { return step_; }
   uint64_t num_params() const { return replica_.size(); }
-  v1::OptimizerStage stage() const { return stage_; }
+  // COMPRESSION once every shard is in 1-bit Adam's compression stage.
+  v1::OptimizerStage stage() const;
   const ClientStats& stats() const { return stats_; }
   // L2 norm of all shards' push error-feedback residuals together.
   double ResidualNorm() const;
@@ -135,20 +138,38 @@ class Client {
     std::unique_ptr<ErrorFeedback> push_ef;
     std::vector<float> preconditioner;  // D, once frozen
     std::vector<float> scratch;         // D * g
+    // The shard's optimizer stage as last seen (shards change stage at the
+    // same step, except a shard that restarted without a checkpoint).
+    v1::OptimizerStage stage = v1::OPTIMIZER_STAGE_WARMUP;
   };
 
   explicit Client(const ClientOptions& options);
   absl::Status EncodeShard(size_t s, absl::Span<const float> g,
                            v1::PushRequest* req);
-  absl::Status PullAll(uint64_t step, bool want_snapshot);
+  // Pulls `step` from every shard; snapshot[s] asks shard s for a full
+  // snapshot instead of a delta.
+  // A shard that answers FAILED_PRECONDITION (it restarted behind `step`)
+  // is handed to `recover` (register again, push again), then pulled anew.
+  absl::Status PullAll(uint64_t step, std::vector<bool> snapshot,
+                       bool registering,
+                       const std::function<absl::Status(size_t)>& recover);
+  // Registers again with shard s after it restarted or dropped this worker:
+  // resume_step (0: none) lets a shard that lost rounds catch up, and the
+  // replica's slice stands in for initial weights if it lost its model.
+  // Returns the shard's step after registering.
+  absl::StatusOr<uint64_t> Rejoin(size_t s, uint64_t resume_step);
+  // Follows a change of shard s's stage: fetches the preconditioner when it
+  // enters the compression stage; resets its residuals if it went back to
+  // warmup (a shard that restarted from nothing).
+  absl::Status SetStage(size_t s, v1::OptimizerStage stage);
   // DATA_LOSS when the replica does not match the shard's checksum; ABORTED,
   // with the replica untouched, when the shard answered another step (except
   // a snapshot one step ahead while `registering`).
   absl::Status ApplyPull(size_t s, uint64_t step, bool registering,
                          const v1::PullResponse& resp);
   absl::Status FetchPreconditioner(size_t s);
-  bool compression_stage() const {
-    return stage_ == v1::OPTIMIZER_STAGE_COMPRESSION;
+  bool compression_stage(size_t s) const {
+    return shards_[s].stage == v1::OPTIMIZER_STAGE_COMPRESSION;
   }
 
   const ClientOptions options_;
@@ -158,7 +179,7 @@ class Client {
   bool registered_ = false;
   bool freezes_ = false;  // the server's optimizer has a compression stage
   v1::GradientSpace compression_space_ = v1::GRADIENT_SPACE_RAW;
-  v1::OptimizerStage stage_ = v1::OPTIMIZER_STAGE_WARMUP;
+  v1::ModelLayout layout_;
   ClientStats stats_;
 };
 

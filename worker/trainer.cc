@@ -136,9 +136,10 @@ absl::StatusOr<TrainResult> TrainMlp(const TrainerOptions& o, Client* client,
                    e.mean_loss);
     }
   };
-  // A worker that joins late starts at the shards' step.
-  for (int64_t step = static_cast<int64_t>(client->step()); step < total;
-       ++step) {
+  // The client's step leads: a worker that joins late starts at the shards'
+  // step, and one that was dropped from a round skips ahead with it.
+  while (static_cast<int64_t>(client->step()) < total) {
+    const int64_t step = static_cast<int64_t>(client->step());
     absl::Time t0 = absl::Now();
     GatherBatch(*train, batcher->WorkerBatch(step), x.data(), y.data());
     float loss = mlp->LossAndGradient(client->weights(), x.data(), y.data(),
@@ -149,15 +150,15 @@ absl::StatusOr<TrainResult> TrainMlp(const TrainerOptions& o, Client* client,
     }
     if (absl::Status s = client->Step(grad); !s.ok()) return s;
     result.last_loss = loss;
-    int64_t done = step + 1;
+    int64_t done = static_cast<int64_t>(client->step());
     int64_t epoch = step / batcher->steps_per_epoch();
     if (metrics) {
       metrics->ObserveStep(absl::ToDoubleSeconds(absl::Now() - t0), done, loss);
       metrics->Update(client->stats(), client->ResidualNorm());
     }
-    progress.Update(done, epoch, loss, client->stats(), done == total);
+    progress.Update(done, epoch, loss, client->stats(), done >= total);
     if (o.evaluate_each_epoch && done % batcher->steps_per_epoch() == 0 &&
-        done != total) {
+        done < total) {
       evaluate(done / batcher->steps_per_epoch());
     }
   }
@@ -205,19 +206,20 @@ absl::StatusOr<TrainResult> TrainSynthetic(const TrainerOptions& o,
   TrainResult result;
   Progress progress(o, log, worker_id, total);
   absl::Time start = absl::Now();
-  for (int64_t step = static_cast<int64_t>(client->step()); step < total;
-       ++step) {
+  while (static_cast<int64_t>(client->step()) < total) {
+    const int64_t step = static_cast<int64_t>(client->step());
     absl::Time t0 = absl::Now();
     uint64_t shift = Mix64(static_cast<uint64_t>(step)) % n;
     std::memcpy(grad.data(), noise.data() + shift, (n - shift) * sizeof(float));
     std::memcpy(grad.data() + (n - shift), noise.data(), shift * sizeof(float));
     if (absl::Status s = client->Step(grad); !s.ok()) return s;
     if (metrics) {
-      metrics->ObserveStep(absl::ToDoubleSeconds(absl::Now() - t0), step + 1,
-                           0.0);
+      metrics->ObserveStep(absl::ToDoubleSeconds(absl::Now() - t0),
+                           client->step(), 0.0);
       metrics->Update(client->stats(), client->ResidualNorm());
     }
-    progress.Update(step + 1, 0, 0.0, client->stats(), step + 1 == total);
+    int64_t done = static_cast<int64_t>(client->step());
+    progress.Update(done, 0, 0.0, client->stats(), done >= total);
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.steps = total;

@@ -319,6 +319,7 @@ TEST_F(ServiceTest, PullWhoseDeadlineExpiresGetsDeadlineExceededAndServerGoesOn)
   ASSERT_TRUE(Register(RegisterRequestFor(0, 2, x0)).ok());
   ASSERT_TRUE(Register(RegisterRequestFor(1, 2, x0)).ok());
   for (uint64_t t = 0; t < 3; ++t) {
+    ASSERT_TRUE(Push(PushRequestFor(0, t, OneBit(Gradient(kN, 0, t)))).ok());
     const std::string before = Status().SerializeAsString();
     v1::PullResponse resp;
     grpc::Status s = Pull(PullRequestFor(0, t + 1, -1, 0), &resp,
@@ -327,7 +328,6 @@ TEST_F(ServiceTest, PullWhoseDeadlineExpiresGetsDeadlineExceededAndServerGoesOn)
         << s.error_message();
     EXPECT_EQ(Status().SerializeAsString(), before);
     ASSERT_TRUE(Push(PushRequestFor(1, t, OneBit(Gradient(kN, 1, t)))).ok());
-    ASSERT_TRUE(Push(PushRequestFor(0, t, OneBit(Gradient(kN, 0, t)))).ok());
     s = Pull(PullRequestFor(0, t + 1, -1, 0), &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.step(), t + 1);

@@ -252,16 +252,24 @@ TEST(Shard, PullOfTheNextStepWaitsForTheRound) {
   std::unique_ptr<Shard> shard = MakeRegisteredShard(SgdConfig(2), x0);
   ASSERT_NE(shard, nullptr);
 
+  // A worker that has not pushed the round would wait for itself forever:
+  // its pull is refused at once (regression: a shard restart lost a push).
+  absl::StatusOr<v1::PullResponse> early =
+      shard->PullBlocking(PullRequestFor(1, 1, -1, 0), absl::Seconds(5));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(early.status().message()),
+              HasSubstr("has not pushed step 0"));
+
+  ASSERT_TRUE(shard->Push(PushRequestFor(0, 0, Fp32Tensor(Gradient(kN, 0, 0)))).ok());
   absl::Notification answered;
   absl::Status status;
   v1::PullResponse response;
-  shard->Pull(PullRequestFor(1, 1, -1, 0), [&](absl::Status s, v1::PullResponse r) {
+  shard->Pull(PullRequestFor(0, 1, -1, 0), [&](absl::Status s, v1::PullResponse r) {
     status = s;
     response = std::move(r);
     answered.Notify();
   });
   EXPECT_FALSE(answered.HasBeenNotified());
-  ASSERT_TRUE(shard->Push(PushRequestFor(0, 0, Fp32Tensor(Gradient(kN, 0, 0)))).ok());
   // Half a round is not a round.
   EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
 
@@ -286,6 +294,7 @@ TEST(Shard, PullBlockingTimesOutWithDeadlineExceeded) {
   const std::vector<float> x0 = InitialWeights(kN);
   std::unique_ptr<Shard> shard = MakeRegisteredShard(SgdConfig(2), x0);
   ASSERT_NE(shard, nullptr);
+  ASSERT_TRUE(shard->Push(PushRequestFor(0, 0, Fp32Tensor(Gradient(kN, 0, 0)))).ok());
   const uint64_t before = shard->Status().state_checksum();
   absl::StatusOr<v1::PullResponse> r =
       shard->PullBlocking(PullRequestFor(0, 1, -1, 0), absl::Milliseconds(30));
@@ -299,7 +308,7 @@ TEST(Shard, PullBlockingTimesOutWithDeadlineExceeded) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("at step 0"));
 
   // The timed-out waiter is gone and the shard goes on.
-  PushRound(*shard, 0, {0, 1});
+  PushRound(*shard, 0, {1});
   r = shard->PullBlocking(PullRequestFor(0, 1, -1, 0), absl::Seconds(10));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1u);
@@ -309,6 +318,7 @@ TEST(Shard, ShutdownAnswersWaitingPullsWithUnavailable) {
   const std::vector<float> x0 = InitialWeights(kN);
   std::unique_ptr<Shard> shard = MakeRegisteredShard(SgdConfig(2), x0);
   ASSERT_NE(shard, nullptr);
+  ASSERT_TRUE(shard->Push(PushRequestFor(0, 0, Fp32Tensor(Gradient(kN, 0, 0)))).ok());
   absl::StatusOr<v1::PullResponse> r;
   std::thread waiter([&] {
     r = shard->PullBlocking(PullRequestFor(0, 1, -1, 0), absl::Seconds(20));
@@ -319,7 +329,7 @@ TEST(Shard, ShutdownAnswersWaitingPullsWithUnavailable) {
   shard->Shutdown();
   waiter.join();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(shard->Push(PushRequestFor(0, 0, Fp32Tensor(Gradient(kN, 0, 0))))
+  EXPECT_EQ(shard->Push(PushRequestFor(1, 0, Fp32Tensor(Gradient(kN, 1, 0))))
                 .status()
                 .code(),
             absl::StatusCode::kUnavailable);
