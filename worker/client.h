@@ -126,6 +126,16 @@ class Client {
   // L2 norm of all shards' push error-feedback residuals together.
   double ResidualNorm() const;
 
+  // Saves this worker's error-feedback residuals (every shard, both stages)
+  // to `path` atomically, so a restarted worker loses none of the gradient
+  // mass it has not sent yet. Format: worker/client_state.cc.
+  absl::Status SaveState(const std::string& path) const;
+  // Loads residuals saved by SaveState, after Register(). Refused (state
+  // unchanged) when the file is corrupt or was written for another worker
+  // id, worker count, shard layout or model size. Without it a restarted
+  // worker starts with zero residuals, as DeepSpeed does on reload.
+  absl::Status LoadState(const std::string& path);
+
  private:
   struct ShardState {
     std::string address;

@@ -71,6 +71,10 @@ ABSL_FLAG(double, pull_timeout, 120,
           "seconds per pull attempt (it waits for the slowest worker)");
 ABSL_FLAG(double, retry_budget, 300,
           "seconds to keep retrying unavailable shards before giving up");
+ABSL_FLAG(std::string, state_file, "",
+          "keep this worker's error-feedback residuals here: loaded at start "
+          "if present, saved every --state_every steps and at the end");
+ABSL_FLAG(int64_t, state_every, 100, "steps between saves of --state_file");
 ABSL_FLAG(std::string, save_weights, "",
           "if set, write the final weights here as raw little-endian fp32");
 ABSL_FLAG(std::string, summary_json, "",
@@ -210,6 +214,8 @@ int Run() {
   t.synthetic_params = absl::GetFlag(FLAGS_synthetic_params);
   t.synthetic_tensors = absl::GetFlag(FLAGS_synthetic_tensors);
   t.log_interval_seconds = absl::GetFlag(FLAGS_log_interval);
+  t.state_file = absl::GetFlag(FLAGS_state_file);
+  t.state_every = absl::GetFlag(FLAGS_state_every);
   std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress == "auto") {
     t.progress_bar = isatty(STDOUT_FILENO);

@@ -76,6 +76,33 @@ class Progress {
   int64_t last_step_ = 0;
 };
 
+void LoadWorkerState(const TrainerOptions& o, Client* client, FILE* log,
+                     uint32_t worker_id) {
+  if (o.state_file.empty()) return;
+  absl::Status s = client->LoadState(o.state_file);
+  if (log == nullptr) return;
+  if (s.ok()) {
+    std::fprintf(log, "worker %u: error-feedback residuals restored from %s\n",
+                 worker_id, o.state_file.c_str());
+  } else if (!absl::IsNotFound(s)) {
+    std::fprintf(log, "worker %u: residuals not restored (%s); starting from "
+                 "zero\n", worker_id, std::string(s.message()).c_str());
+  }
+}
+
+void SaveWorkerState(const TrainerOptions& o, const Client& client, FILE* log,
+                     bool last) {
+  if (o.state_file.empty()) return;
+  if (!last && (o.state_every <= 0 ||
+                client.step() % static_cast<uint64_t>(o.state_every) != 0)) {
+    return;
+  }
+  if (absl::Status s = client.SaveState(o.state_file); !s.ok() && log) {
+    std::fprintf(log, "worker: saving residuals failed: %s\n",
+                 std::string(s.message()).c_str());
+  }
+}
+
 v1::ModelLayout ToLayout(const std::vector<ParamTensor>& tensors) {
   v1::ModelLayout l;
   for (const ParamTensor& t : tensors) {
@@ -117,6 +144,7 @@ absl::StatusOr<TrainResult> TrainMlp(const TrainerOptions& o, Client* client,
       !s.ok()) {
     return s;
   }
+  LoadWorkerState(o, client, log, worker_id);
   const int64_t total = o.steps > 0 ? o.steps
                                     : o.epochs * batcher->steps_per_epoch();
   std::vector<float> x(static_cast<size_t>(o.batch_size) * train->features());
@@ -157,6 +185,7 @@ absl::StatusOr<TrainResult> TrainMlp(const TrainerOptions& o, Client* client,
       metrics->Update(client->stats(), client->ResidualNorm());
     }
     progress.Update(done, epoch, loss, client->stats(), done >= total);
+    SaveWorkerState(o, *client, log, done >= total);
     if (o.evaluate_each_epoch && done % batcher->steps_per_epoch() == 0 &&
         done < total) {
       evaluate(done / batcher->steps_per_epoch());

@@ -31,6 +31,10 @@ struct TrainerOptions {
   double log_interval_seconds = 5;
   bool progress_bar = false;  // redraw one line instead of printing lines
   bool evaluate_each_epoch = true;
+  // Error-feedback residuals on disk (empty: none): loaded after Register if
+  // present, saved every state_every steps and at the end.
+  std::string state_file;
+  int64_t state_every = 100;
 };
 
 struct TrainResult {
