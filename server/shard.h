@@ -191,6 +191,7 @@ class Shard {
   uint32_t next_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<float> acc_;
+  std::vector<float> scratch_;  // second decode of a pair; like acc_
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
 
   // The delta that takes x_hat(step_ - 1) to x_hat(step_), if there is one.
