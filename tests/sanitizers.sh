@@ -14,6 +14,7 @@
 # replays under ASan+UBSan; every threaded server/worker test under TSan.
 # ci: ASan+UBSan on the common and server tests and the fuzz replays; TSan on
 # the shard, lease, stress and gRPC service tests (the concurrent code).
+# (checkpoint_test is left out of TSan; see tsan() below.)
 # Benchmarks, the e2e suites and parity_test (which spawns daemons) are
 # never built here.
 #
@@ -135,14 +136,17 @@ tsan() {
     fi
     wraps+=" -Wl,--wrap=$s"
   done
-  clang++ -O1 -g -fsanitize=thread -c "$ROOT/tests/tsan_absl_shim.cc" \
-    -o "$dir/tsan_absl_shim.o.new"
-  if ! cmp -s "$dir/tsan_absl_shim.o.new" "$dir/tsan_absl_shim.o"; then
-    # Linked through the linker flags, so ninja does not know to relink.
-    mv "$dir/tsan_absl_shim.o.new" "$dir/tsan_absl_shim.o"
+  # Linked through the linker flags, so ninja does not know to relink when
+  # the shim changes: rebuild it and drop the test binaries only then.
+  local stamp
+  stamp="$(cat "$ROOT/tests/tsan_absl_shim.cc" <(echo "$wraps") | sha256sum)"
+  if [[ ! -f "$dir/tsan_absl_shim.o" ]] ||
+     [[ "$(cat "$dir/tsan_absl_shim.stamp" 2>/dev/null)" != "$stamp" ]]; then
+    clang++ -O1 -g -fsanitize=thread -c "$ROOT/tests/tsan_absl_shim.cc" \
+      -o "$dir/tsan_absl_shim.o"
     find "$dir/tests" -maxdepth 2 -type f -perm -u+x -delete 2>/dev/null || true
+    echo "$stamp" > "$dir/tsan_absl_shim.stamp"
   fi
-  rm -f "$dir/tsan_absl_shim.o.new"
   # The shim references the real functions: every executable (and CMake's
   # own test programs) links libabsl_synchronization with it.
   configure "$dir" "-fsanitize=thread" \
@@ -150,7 +154,14 @@ tsan() {
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/tsan.supp"
   local tests
   if [[ "$SCOPE" == full ]]; then
-    tests=("${SERVER_TESTS[@]}" tests/worker/client_test)
+    # Not checkpoint_test: its kill -9 test forks a writer and expects a
+    # complete write within ~120 ms, and its fallback test does not wait for
+    # the background writer; under TSan's slowdown both fail without any
+    # TSan report. It runs under ASan+UBSan and in the normal suite.
+    tests=(tests/server/optimizer_test tests/server/shard_test
+           tests/server/shard_stress_test tests/server/service_test
+           tests/server/metrics_test tests/server/lease_test
+           tests/worker/client_test)
   else
     tests=(tests/server/shard_stress_test tests/server/shard_test
            tests/server/lease_test tests/server/service_test)
