@@ -8,7 +8,8 @@
 #
 # The tolerance is ACC_TOLERANCE (default 1.5 points), not the 0.3 the issue
 # asks for: after 1500 steps a run's final accuracy moves by about a point
-# with any perturbation (measured: +0.1, -0.4 and +1.3 points between an
+# with any perturbation (measured after 1500 steps: +0.1 and +1.3 points;
+# after 600 steps: -0.8 points, between an
 # undisturbed and a disturbed run), so 0.3 would make the test flaky, while a
 # recovery that breaks training (a lost model, a stuck round) fails it by
 # far more.
