@@ -9,6 +9,7 @@ PSERVER_BUILD_PACKAGES=(
 PSERVER_TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist prometheus curl python3-yaml iproute2
+  openssl  # tests/server/tls_test.cc, tls_daemon_test.sh make certificates
 )
 PSERVER_RUN_PACKAGES=(dataset-fashion-mnist)
 # Only for the tests that need them (tests/e2e/deploy_config_test.sh,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
+#include "common/tls.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/shard_server.h"
@@ -73,6 +75,17 @@ ABSL_FLAG(std::string, port_file, "",
           "scripts that use --listen with port 0)");
 ABSL_FLAG(int32_t, drain_seconds, 10,
           "on SIGTERM/SIGINT, time in-flight calls get to finish");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain; with --tls_key serves TLS only (empty: "
+          "plaintext)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle; if set, clients must present a certificate that "
+          "chains to it (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding the shared token every call must carry as "
+          "'authorization: Bearer <token>' (needs TLS; empty: the "
+          "PSERVER_AUTH_TOKEN environment variable, if set)");
 
 namespace pserver {
 namespace {
@@ -80,6 +93,13 @@ namespace {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "pserver_server: %s\n", message.c_str());
   return 2;
+}
+
+// For the start-up line: what is on, never a secret.
+const char* SecurityName(const TransportSecurity& sec) {
+  if (!sec.tls(TransportSecurity::kServer)) return "plaintext";
+  if (sec.ca_pem.empty()) return sec.auth_token.empty() ? "TLS" : "TLS+token";
+  return sec.auth_token.empty() ? "mutual TLS" : "mutual TLS+token";
 }
 
 int Run() {
@@ -146,6 +166,18 @@ int Run() {
     return Fail(absl::StrCat("--drain_seconds is ", drain, "; expected >= 0"));
   }
 
+  TransportSecurityFiles tls_files;
+  tls_files.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls_files.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls_files.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls_files.token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (const char* env = std::getenv(kAuthTokenEnv); env != nullptr) {
+    tls_files.env_token = env;
+  }
+  absl::StatusOr<TransportSecurity> security =
+      LoadTransportSecurity(tls_files, TransportSecurity::kServer);
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+
   // Block the stop signals before any thread starts, then wait for them.
   sigset_t stop;
   sigemptyset(&stop);
@@ -168,6 +200,7 @@ int Run() {
   ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.max_message_bytes = max_mb * (1 << 20);
+  options.security = *std::move(security);
   absl::StatusOr<std::unique_ptr<ShardServer>> server =
       ShardServer::Start(config, options, registry.get());
   if (!server.ok()) {
@@ -180,11 +213,12 @@ int Run() {
       exposer ? absl::StrCat(exposer->GetListeningPorts().front()) : "off";
   std::fprintf(stderr,
                "pserver_server: shard %u/%u listening on port %d (metrics "
-               "port %s), %u workers, optimizer %s, pull codec %s\n",
+               "port %s), %u workers, optimizer %s, pull codec %s, %s\n",
                config.shard_index, config.num_shards, (*server)->port(),
                metrics_port.c_str(), config.num_workers,
                OptimizerName(o.kind).c_str(),
-               CodecName(config.pull_codec).c_str());
+               CodecName(config.pull_codec).c_str(),
+               SecurityName(options.security));
   if (std::string port_file = absl::GetFlag(FLAGS_port_file);
       !port_file.empty()) {
     // Write then rename, so readers never see a partial file.

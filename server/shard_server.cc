@@ -31,14 +31,17 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       });
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &s->port_);
+                           MakeServerCredentials(options.security), &s->port_);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen_address,
+        options.security.tls(TransportSecurity::kServer)
+            ? " (or the TLS certificate and key do not load or match)"
+            : ""));
   }
   grpc::HealthCheckServiceInterface* health =
       s->server_->GetHealthCheckService();

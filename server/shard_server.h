@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "grpcpp/server.h"
 #include "prometheus/registry.h"
 #include "server/metrics.h"
@@ -23,6 +24,9 @@ struct ServerOptions {
   // element; the default fits 256M elements. Larger requests get
   // RESOURCE_EXHAUSTED from gRPC before any handler runs.
   int max_message_bytes = 1 << 30;
+  // TLS, mutual TLS and the shared token (common/tls.h); default plaintext.
+  // With a token, calls without it fail UNAUTHENTICATED before any handler.
+  TransportSecurity security;
 };
 
 // The health service reports "" (the process) SERVING once started, and

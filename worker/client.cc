@@ -127,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     ShardState s;
     s.address = address;
     s.channel = grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args);
+        address, MakeChannelCredentials(options.security), args);
     s.stub = v1::ParameterServer::NewStub(s.channel);
     client->shards_.push_back(std::move(s));
   }

@@ -38,6 +38,7 @@
 #include "common/codec.h"
 #include "common/error_feedback.h"
 #include "common/layout.h"
+#include "common/tls.h"
 #include "pserver/v1/parameter_server.grpc.pb.h"
 
 namespace pserver {
@@ -66,6 +67,9 @@ struct ClientOptions {
   // before Step() gives up; backoff doubles from 50 ms up to 2 s.
   absl::Duration retry_budget = absl::Seconds(300);
   int max_message_bytes = 1 << 30;
+  // TLS (on when security.ca_pem is set), the client certificate for mutual
+  // TLS, and the token sent on every call (common/tls.h).
+  TransportSecurity security;
 };
 
 // Bytes moved and time spent, since Connect().

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/codec.h"
+#include "common/tls.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "worker/client.h"
@@ -79,6 +81,15 @@ ABSL_FLAG(std::string, save_weights, "",
           "if set, write the final weights here as raw little-endian fp32");
 ABSL_FLAG(std::string, summary_json, "",
           "if set, write the final summary (accuracy, bytes, time) here");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle the shards' certificates must chain to; turns on TLS "
+          "(empty: plaintext)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate chain for mutual TLS (needs --tls_ca)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding the shared token sent on every call (needs --tls_ca; "
+          "empty: the PSERVER_AUTH_TOKEN environment variable, if set)");
 
 namespace pserver {
 namespace {
@@ -189,6 +200,18 @@ int Run() {
   c.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout));
   c.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout));
   c.retry_budget = absl::Seconds(absl::GetFlag(FLAGS_retry_budget));
+  TransportSecurityFiles tls_files;
+  tls_files.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls_files.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls_files.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls_files.token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (const char* env = std::getenv(kAuthTokenEnv); env != nullptr) {
+    tls_files.env_token = env;
+  }
+  absl::StatusOr<TransportSecurity> security =
+      LoadTransportSecurity(tls_files, TransportSecurity::kClient);
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+  c.security = *std::move(security);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c);
   if (!client.ok()) return Fail(std::string(client.status().message()));
 
