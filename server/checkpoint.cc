@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checksum.h"
 #include "common/layout.h"
+#include "server/optimizer.h"
 
 namespace pserver {
 namespace {
@@ -243,6 +244,18 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint arrays hold ", s.x.size(), "/", s.m.size(), "/",
         s.v.size(), "/", s.x_hat.size(), " elements; the layout gives ", n));
+  }
+  // Adam variants keep v; SGD has none (its v is empty). Anything else would
+  // leave the optimizer reading past an empty array.
+  const bool wants_v = s.optimizer_kind != static_cast<uint32_t>(OptimizerKind::kSgd);
+  if (s.optimizer_kind > static_cast<uint32_t>(OptimizerKind::kSgd)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint optimizer kind is ", s.optimizer_kind, "; expected 0..2"));
+  }
+  if (wants_v != !s.v.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint v holds ", s.v.size(), " elements; expected ",
+        wants_v ? n : 0, " for optimizer kind ", s.optimizer_kind));
   }
   if (s.last_pushed.size() != s.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat(

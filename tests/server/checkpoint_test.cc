@@ -103,6 +103,28 @@ TEST(Checkpoint, SerializeParseRoundTrip) {
   EXPECT_EQ(SerializeShardState(*back), bytes);
 }
 
+// Regression (issue 6, found by the checkpoint fuzzer): an Adam checkpoint
+// with a valid checksum but no v was loaded and crashed the first round.
+TEST(Checkpoint, Issue6AdamStateWithoutVarianceIsRefused) {
+  ShardState s;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
+  s.x.assign(256, 1.0f);
+  s.m.assign(256, 0.0f);
+  s.x_hat.assign(256, 1.0f);
+  s.last_pushed = {0};
+  for (OptimizerKind kind : {OptimizerKind::kOneBitAdam, OptimizerKind::kAdam}) {
+    s.optimizer_kind = static_cast<uint32_t>(kind);
+    s.v.clear();
+    auto r = ParseShardState(SerializeShardState(s));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("checkpoint v"), std::string::npos);
+  }
+  s.optimizer_kind = static_cast<uint32_t>(OptimizerKind::kSgd);
+  EXPECT_TRUE(ParseShardState(SerializeShardState(s)).ok());
+  s.v.assign(256, 1.0f);
+  EXPECT_FALSE(ParseShardState(SerializeShardState(s)).ok());
+}
+
 TEST(Checkpoint, EveryTruncationAndBitFlipIsRefusedWithoutCrashing) {
   ShardState s;
   *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
