@@ -42,7 +42,7 @@ print(*picked)
 PY
 )
 BASE_PORT=$base METRICS_PORT=$mbase WORKER_METRICS_PORT=$wbase PROMETHEUS_PORT=$pport \
-  "$ROOT/deploy/local.sh" --monitor --shards 2 --workers 2 --steps 1500 --epochs 1 \
+  "$ROOT/deploy/local.sh" --monitor --shards 2 --workers 2 --steps 5000 --epochs 1 \
   --run-dir "$DIR/run" </dev/null >"$DIR/out.log" 2>&1 &
 PID=$!
 

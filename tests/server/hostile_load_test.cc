@@ -190,7 +190,7 @@ TEST(HostileLoad, TenThousandMalformedRequestsAreRejectedAndChangeNothing) {
   std::atomic<int> next{0};
   std::atomic<int> wrong{0};
   std::vector<std::atomic<int>> per_kind(kKindCount);
-  long rss_early = 0;
+  std::atomic<long> rss_early{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -210,7 +210,7 @@ TEST(HostileLoad, TenThousandMalformedRequestsAreRejectedAndChangeNothing) {
         } else {
           ++per_kind[i % kKindCount];
         }
-        if (i == 2000 && t == 0) rss_early = RssKb();
+        if (i == 2000) rss_early = RssKb();  // whichever thread sends it
       }
     });
   }
@@ -234,8 +234,9 @@ TEST(HostileLoad, TenThousandMalformedRequestsAreRejectedAndChangeNothing) {
   // Memory: the last 8,800 requests did not grow the process by more than a
   // few MB (the shard keeps nothing from a rejected request).
   long rss_late = RssKb();
-  EXPECT_LT(rss_late - rss_early, 32 * 1024)
-      << "RSS grew from " << rss_early << " kB to " << rss_late << " kB";
+  ASSERT_GT(rss_early.load(), 0);
+  EXPECT_LT(rss_late - rss_early.load(), 32 * 1024)
+      << "RSS grew from " << rss_early.load() << " kB to " << rss_late << " kB";
   // Still healthy and still training: the open round completes.
   ASSERT_TRUE(shard.Push(PushRequestFor(1, 1, Fp32Tensor(Gradient(kSmallElements, 1, 1)))).ok());
   EXPECT_EQ(shard.Status().current_step(), 2u);
