@@ -62,6 +62,13 @@ class Codec {
 
   // out = decode(t) (overwrites). Validates first: on error out is unchanged.
   absl::Status Decode(const v1::EncodedTensor& t, absl::Span<float> out) const;
+
+ protected:
+  // acc += alpha * decode(t), without checks. REQUIRES: Validate(t,
+  // acc.size()) is OK. Lets Decode and the default EncodeWithFeedback
+  // validate once (or not at all, for the encoder's own output).
+  virtual void AccumulateValid(const v1::EncodedTensor& t, float alpha,
+                               absl::Span<float> acc) const = 0;
 };
 
 // Builds the codec `codec` with `params`; unset fields get their defaults

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 
 namespace pserver {
@@ -18,26 +19,17 @@ namespace {
 // The whole file, or an error prefixed with `flag`; never the contents.
 absl::StatusOr<std::string> ReadFile(const std::string& flag,
                                      const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    const int err = errno;
-    std::string msg =
-        absl::StrCat(flag, ": cannot read ", path, ": ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    if (err == EACCES) return absl::PermissionDeniedError(msg);
-    return absl::InvalidArgumentError(msg);
+  absl::StatusOr<std::string> data = ReadFileToString(path);
+  if (data.ok()) return data;
+  // Unreadable credentials are a configuration error unless the file is
+  // missing or forbidden.
+  absl::StatusCode code = data.status().code();
+  if (code != absl::StatusCode::kNotFound &&
+      code != absl::StatusCode::kPermissionDenied) {
+    code = absl::StatusCode::kInvalidArgument;
   }
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": cannot read ", path));
-  }
-  return out;
+  return absl::Status(code, absl::StrCat(flag, ": cannot read ",
+                                         data.status().message()));
 }
 
 absl::Status CheckToken(const std::string& source, absl::string_view token) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checksum.h"
+#include "common/file_io.h"
 #include "common/layout.h"
 #include "server/optimizer.h"
 
@@ -92,25 +93,6 @@ std::string FileName(uint64_t step) {
   return absl::StrFormat("%s%020d%s", kPrefix, step, kSuffix);
 }
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-absl::Status WriteAll(int fd, const std::string& data,
-                      const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write", path);
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 // Checkpoint file names in `dir`, newest first.
 std::vector<std::string> ListCheckpoints(const std::string& dir) {
   std::vector<std::string> names;
@@ -126,25 +108,6 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   closedir(d);
   std::sort(names.rbegin(), names.rend());
   return names;
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path);
-  std::string data;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      return ErrnoError("read", path);
-    }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return data;
 }
 
 }  // namespace
@@ -268,28 +231,13 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
 absl::Status WriteCheckpoint(const std::string& dir, const ShardState& s,
                              int keep) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return ErrnoError("mkdir", dir);
+    return absl::UnavailableError(
+        absl::StrCat("mkdir ", dir, ": ", std::strerror(errno)));
   }
-  const std::string data = SerializeShardState(s);
-  const std::string final_path = dir + "/" + FileName(s.step);
-  const std::string tmp_path = final_path + ".tmp";
-  int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                  0644);
-  if (fd < 0) return ErrnoError("create", tmp_path);
-  absl::Status st = WriteAll(fd, data, tmp_path);
-  if (st.ok() && ::fsync(fd) != 0) st = ErrnoError("fsync", tmp_path);
-  if (::close(fd) != 0 && st.ok()) st = ErrnoError("close", tmp_path);
-  if (st.ok() && ::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
-    st = ErrnoError("rename", tmp_path);
-  }
-  if (!st.ok()) {
-    ::unlink(tmp_path.c_str());
+  if (absl::Status st =
+          WriteFileAtomically(dir + "/" + FileName(s.step), SerializeShardState(s));
+      !st.ok()) {
     return st;
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
   }
   // Retention: the newest `keep` complete files; stray temporaries go too.
   std::vector<std::string> names = ListCheckpoints(dir);
@@ -300,8 +248,7 @@ absl::Status WriteCheckpoint(const std::string& dir, const ShardState& s,
   if (DIR* d = opendir(dir.c_str())) {
     while (dirent* e = readdir(d)) {
       std::string name = e->d_name;
-      if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, ".tmp") &&
-          name + "" != FileName(s.step) + ".tmp") {
+      if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, ".tmp")) {
         ::unlink((dir + "/" + name).c_str());
       }
     }
@@ -315,7 +262,7 @@ absl::StatusOr<ShardState> LoadNewestCheckpoint(
     std::vector<std::string>* refused) {
   for (const std::string& name : ListCheckpoints(dir)) {
     const std::string path = dir + "/" + name;
-    absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+    absl::StatusOr<std::string> bytes = ReadFileToString(path);
     absl::StatusOr<ShardState> s =
         bytes.ok() ? ParseShardState(*bytes) : bytes.status();
     std::string why;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
+#include "common/file_io.h"
 #include "common/tls.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -221,12 +222,11 @@ int Run() {
                SecurityName(options.security));
   if (std::string port_file = absl::GetFlag(FLAGS_port_file);
       !port_file.empty()) {
-    // Write then rename, so readers never see a partial file.
-    std::string tmp = port_file + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f == nullptr || std::fprintf(f, "%d\n", (*server)->port()) < 0 ||
-        std::fclose(f) != 0 || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      return Fail(absl::StrCat("--port_file ", port_file, ": cannot write"));
+    // Atomic, so readers never see a partial file.
+    if (absl::Status s = WriteFileAtomically(
+            port_file, absl::StrCat((*server)->port(), "\n"));
+        !s.ok()) {
+      return Fail(absl::StrCat("--port_file: ", s.message()));
     }
   }
   int sig = 0;

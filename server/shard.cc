@@ -402,6 +402,7 @@ std::vector<Shard::Ready> Shard::Drain() {
     }
     next_ += pair ? 2 : 1;
     contributors_ += pair ? 2 : 1;
+    if (pair) ++paired_sums_;
   }
   draining_ = false;
   if (next_ == w_count) {
@@ -498,9 +499,12 @@ std::vector<Shard::Ready> Shard::WakeWaiters() {
     if (it->request.step() <= step_) {
       absl::StatusOr<v1::PullResponse> answer = AnswerPull(it->request);
       PullDone done = std::move(it->done);
-      ready.push_back([done = std::move(done), answer = std::move(answer)]() {
+      // mutable: the response (a whole snapshot, possibly) is moved, not
+      // copied, into the callback.
+      ready.push_back([done = std::move(done),
+                       answer = std::move(answer)]() mutable {
         if (answer.ok()) {
-          done(absl::OkStatus(), *answer);
+          done(absl::OkStatus(), *std::move(answer));
         } else {
           done(answer.status(), v1::PullResponse());
         }
@@ -661,8 +665,9 @@ absl::StatusOr<v1::GetFrozenVarianceResponse> Shard::GetFrozenVariance(
 }
 
 v1::GetStatusResponse Shard::Status() {
-  uint64_t checksum = StateChecksum();
   absl::MutexLock lock(&mu_);
+  // Under the same lock as the other fields: all from one round.
+  const uint64_t checksum = StateChecksumLocked();
   v1::GetStatusResponse r;
   r.set_shard_index(config_.shard_index);
   r.set_num_shards(config_.num_shards);
@@ -694,6 +699,10 @@ bool Shard::registered() {
 
 uint64_t Shard::StateChecksum() {
   absl::MutexLock lock(&mu_);
+  return StateChecksumLocked();
+}
+
+uint64_t Shard::StateChecksumLocked() {
   Checksum64 h;
   h.Update(&step_, sizeof(step_));
   h.Update(x_.data(), x_.size() * sizeof(float));

@@ -121,6 +121,12 @@ class Shard {
 
   const ShardConfig& config() const { return config_; }
 
+  // Times two pushes were decoded at once on two cores (large shards).
+  uint64_t paired_sums() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return paired_sums_;
+  }
+
  private:
   struct Waiter {
     uint64_t id;
@@ -146,6 +152,7 @@ class Shard {
   void ReaperLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Touch(uint32_t worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t StateChecksumLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckWorker(uint32_t worker_id, absl::string_view field) const;
   // Builds the answer to a pull whose step is available.
@@ -179,6 +186,7 @@ class Shard {
   std::vector<bool> rejoin_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   uint32_t contributors_ ABSL_GUARDED_BY(mu_) = 0;  // summed this round
+  uint64_t paired_sums_ ABSL_GUARDED_BY(mu_) = 0;
   bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<std::thread> reaper_;
 

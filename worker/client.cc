@@ -426,15 +426,14 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     std::vector<v1::PullRequest> reqs(n);
     std::vector<v1::PullResponse> resps(n);
     for (size_t s : todo) {
-      const ShardRange& r = shards_[s].range;
       v1::PullRequest& q = reqs[s];
       q.set_worker_id(options_.worker_id);
       q.set_step(step);
       q.set_want_snapshot(snapshot[s]);
       if (!snapshot[s]) {
         q.set_replica_step(static_cast<int64_t>(step_));
-        q.set_replica_checksum(ChecksumOf(
-            absl::MakeConstSpan(replica_).subspan(r.begin, r.size())));
+        // Verified against the shard when the replica was last updated.
+        q.set_replica_checksum(shards_[s].replica_checksum);
       } else {
         q.set_replica_step(-1);
       }
@@ -517,6 +516,7 @@ absl::Status Client::ApplyPull(size_t s, uint64_t step, bool registering,
     return absl::DataLossError(absl::StrCat(
         "replica of shard ", s, " does not match the shard's checksum"));
   }
+  sh.replica_checksum = resp.replica_checksum();
   // An ahead shard may already be past the freeze; the next push follows the
   // lagging shards. Entering the compression stage fetches the frozen
   // preconditioner, once.

@@ -155,6 +155,9 @@ class Client {
     // The shard's optimizer stage as last seen (shards change stage at the
     // same step, except a shard that restarted without a checkpoint).
     v1::OptimizerStage stage = v1::OPTIMIZER_STAGE_WARMUP;
+    // Checksum64 of this shard's replica slice, as the shard confirmed it
+    // on the last pull (sent back with the next pull, not recomputed).
+    uint64_t replica_checksum = 0;
   };
 
   explicit Client(const ClientOptions& options);

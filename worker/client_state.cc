@@ -3,16 +3,11 @@
 // | u32 num_shards | u64 step | u64 num_params | per shard: u64 begin |
 // u64 end | u32 stage | u64 n + n floats (warmup residual) | u64 n + n
 // floats (compression residual) | u64 Checksum64 of everything before.
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/file_io.h"
 #include "worker/client.h"
 
 namespace pserver {
@@ -79,41 +74,16 @@ absl::Status Client::SaveState(const std::string& path) const {
   Checksum64 h;
   h.Update(out.data(), out.size());
   Put<uint64_t>(&out, h.Finish());
-  // Temporary file, fsync, rename: a crash leaves the old file or the new.
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("create ", tmp, ": ", std::strerror(errno)));
-  }
-  size_t done = 0;
-  while (done < out.size()) {
-    ssize_t n = ::write(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      return absl::UnavailableError(
-          absl::StrCat("write ", tmp, ": ", std::strerror(errno)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 ||
-      ::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("save ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, out);
 }
 
 absl::Status Client::LoadState(const std::string& path) {
   if (!registered_) {
     return absl::FailedPreconditionError("LoadState() before Register()");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("no worker state at ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string bytes = ss.str();
+  absl::StatusOr<std::string> read = ReadFileToString(path);
+  if (!read.ok()) return read.status();
+  const std::string& bytes = *read;
   if (bytes.size() < sizeof(kMagic) + 8 ||
       std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return absl::DataLossError(absl::StrCat(path, " is not a worker state file"));

@@ -274,7 +274,6 @@ int Run() {
       t, client->get(), &metrics, stdout, c.worker_id, c.num_workers);
   if (!r.ok()) return Fail(std::string(r.status().message()));
   const ClientStats& s = r->stats;
-  double sent = static_cast<double>(s.push_payload_bytes + s.pull_payload_bytes);
   std::printf(
       "worker %u done: %d steps in %.1f s, test accuracy %.4f, pushed %.0f "
       "bytes (%.1fx less than fp32), pulled %.0f bytes (%.1fx less)\n",
@@ -285,7 +284,6 @@ int Run() {
       static_cast<double>(s.pull_payload_bytes),
       s.pull_payload_bytes ? double(s.pull_fp32_bytes) / s.pull_payload_bytes
                            : 0.0);
-  (void)sent;
   if (std::string path = absl::GetFlag(FLAGS_save_weights); !path.empty()) {
     std::ofstream out(path, std::ios::binary);
     out.write(reinterpret_cast<const char*>(r->final_weights.data()),

@@ -33,10 +33,6 @@ class CodecBase : public Codec {
                                 absl::Span<float> acc) const final;
 
  protected:
-  // acc += alpha * decode(t). REQUIRES: Validate(t, acc.size()) is OK.
-  virtual void AccumulateValid(const v1::EncodedTensor& t, float alpha,
-                               absl::Span<float> acc) const = 0;
-
   // Codec id and element count of t against this codec and `n`.
   absl::Status CheckHeader(const v1::EncodedTensor& t, uint64_t n) const;
 

@@ -49,7 +49,9 @@ TEST(Layout, ShardRangesTileAlignedAndBalanced) {
         ShardRange r = ShardRangeFor(total, count, i);
         EXPECT_EQ(r.begin, expect_begin);
         EXPECT_LE(r.begin, r.end);
-        if (r.end != total) EXPECT_EQ(r.end % kShardAlignment, 0u);
+        if (r.end != total) {
+          EXPECT_EQ(r.end % kShardAlignment, 0u);
+        }
         // Balanced to within one alignment block.
         EXPECT_LE(r.size(), (total + count - 1) / count + kShardAlignment);
         expect_begin = r.end;

@@ -18,7 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STEPS="${STEPS:-1500}"
 DASHBOARD="$ROOT/deploy/grafana/dashboards/pserver.json"
 
-skip() { echo "SKIP: $*"; exit 0; }
+skip() { echo "SKIP: $*"; exit 77; }
 [[ $(id -u) -eq 0 ]] || skip "needs root for ip netns"
 command -v ip >/dev/null || skip "ip (iproute2) is not installed"
 command -v prometheus >/dev/null || skip "prometheus is not installed (apt-get install prometheus)"

@@ -26,7 +26,9 @@ v1::RegisterRequest BigRegister(uint32_t w) {
   return r;
 }
 
-uint64_t RunRounds(v1::Codec codec, const std::vector<uint32_t>& order) {
+// Returns the state checksum; *paired counts the pairwise sums taken.
+uint64_t RunRounds(v1::Codec codec, const std::vector<uint32_t>& order,
+                   uint64_t* paired) {
   ShardConfig c;
   c.num_workers = 4;
   c.optimizer.kind = OptimizerKind::kAdam;
@@ -46,17 +48,22 @@ uint64_t RunRounds(v1::Codec codec, const std::vector<uint32_t>& order) {
     }
   }
   EXPECT_EQ((*shard)->Status().current_step(), 3u);
+  *paired = (*shard)->paired_sums();
   return (*shard)->Status().state_checksum();
 }
 
 TEST(Aggregation, PairedDecodeEqualsOneAtATimeInWorkerOrder) {
   for (v1::Codec codec : {v1::CODEC_FP32, v1::CODEC_ONEBIT, v1::CODEC_TOPK,
                           v1::CODEC_BF16}) {
+    uint64_t pairs_seq = 0, pairs_rev = 0, pairs_mixed = 0;
     // In order: each push is summed as it arrives, one at a time.
-    uint64_t sequential = RunRounds(codec, {0, 1, 2, 3});
+    uint64_t sequential = RunRounds(codec, {0, 1, 2, 3}, &pairs_seq);
     // Reversed: all four are queued when worker 0 arrives, summed in pairs.
-    uint64_t paired = RunRounds(codec, {3, 2, 1, 0});
-    uint64_t mixed = RunRounds(codec, {1, 0, 3, 2});
+    uint64_t paired = RunRounds(codec, {3, 2, 1, 0}, &pairs_rev);
+    uint64_t mixed = RunRounds(codec, {1, 0, 3, 2}, &pairs_mixed);
+    EXPECT_EQ(pairs_seq, 0u);
+    EXPECT_EQ(pairs_rev, 2u * 3);  // (0,1) and (2,3) in each of 3 rounds
+    EXPECT_GT(pairs_mixed, 0u);
     EXPECT_EQ(paired, sequential) << CodecName(codec);
     EXPECT_EQ(mixed, sequential) << CodecName(codec);
   }

@@ -30,6 +30,18 @@ inline v1::ModelLayout SmallLayout() {
 }
 inline constexpr uint64_t kSmallElements = 1024;
 
+// 1-bit Adam at lr 1e-2 freezing at `freeze_step`, onebit pulls by default.
+inline ShardConfig OneBitAdamConfig(uint32_t workers, uint64_t freeze_step,
+                                    v1::Codec pull = v1::CODEC_ONEBIT) {
+  ShardConfig c;
+  c.num_workers = workers;
+  c.optimizer.kind = OptimizerKind::kOneBitAdam;
+  c.optimizer.lr = 1e-2f;
+  c.optimizer.freeze_step = freeze_step;
+  c.pull_codec = pull;
+  return c;
+}
+
 inline std::vector<float> InitialWeights(uint64_t n) {
   std::vector<float> x(n);
   for (uint64_t i = 0; i < n; ++i) {

@@ -31,6 +31,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing_util::DecodeAll;
 using testing_util::Fp32Tensor;
+using testing_util::OneBitAdamConfig;
 using testing_util::Gradient;
 using testing_util::InitialWeights;
 using testing_util::kSmallElements;
@@ -40,16 +41,6 @@ using testing_util::RegisterRequestFor;
 using testing_util::Replica;
 
 constexpr uint64_t kN = kSmallElements;
-
-ShardConfig OneBitAdamConfig(uint32_t workers, uint64_t freeze_step) {
-  ShardConfig c;
-  c.num_workers = workers;
-  c.optimizer.kind = OptimizerKind::kOneBitAdam;
-  c.optimizer.lr = 1e-2f;
-  c.optimizer.freeze_step = freeze_step;
-  c.pull_codec = v1::CODEC_ONEBIT;
-  return c;
-}
 
 v1::EncodedTensor OneBit(absl::Span<const float> g, uint64_t seed = 1) {
   auto codec = MakeCodec(v1::CODEC_ONEBIT, v1::CodecParams());

@@ -24,6 +24,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing_util::DecodeAll;
 using testing_util::Fp32Tensor;
+using testing_util::OneBitAdamConfig;
 using testing_util::Gradient;
 using testing_util::InitialWeights;
 using testing_util::kSmallElements;
@@ -41,17 +42,6 @@ ShardConfig SgdConfig(uint32_t workers, v1::Codec pull = v1::CODEC_FP32) {
   c.optimizer.kind = OptimizerKind::kSgd;
   c.optimizer.lr = 1.0f;
   c.optimizer.momentum = 0.0f;
-  c.pull_codec = pull;
-  return c;
-}
-
-ShardConfig OneBitAdamConfig(uint32_t workers, uint64_t freeze_step,
-                             v1::Codec pull = v1::CODEC_ONEBIT) {
-  ShardConfig c;
-  c.num_workers = workers;
-  c.optimizer.kind = OptimizerKind::kOneBitAdam;
-  c.optimizer.lr = 1e-2f;
-  c.optimizer.freeze_step = freeze_step;
   c.pull_codec = pull;
   return c;
 }
