@@ -1,7 +1,7 @@
 #include "common/codec.h"
 
 #include <algorithm>
-#include <cmath>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -46,9 +46,8 @@ absl::Status EnumIn(const char* field, int value, std::initializer_list<E> ok,
       "params.", field, " is ", value, "; expected ", expected));
 }
 
-// Fills defaults and checks ranges. Every field is checked whatever the
-// codec, so a typo in an unused field is still reported.
-absl::Status Complete(v1::CodecParams* p) {
+// Unset fields take their defaults (codec.proto). REQUIRES: CheckParams OK.
+void FillDefaults(v1::CodecParams* p) {
   if (p->block_size() == 0) p->set_block_size(256);
   if (p->k_fraction() == 0.0) p->set_k_fraction(0.01);
   if (p->bits() == 0) p->set_bits(8);
@@ -68,65 +67,80 @@ absl::Status Complete(v1::CodecParams* p) {
   if (p->selection() == v1::TOPK_SELECTION_UNSPECIFIED) {
     p->set_selection(v1::TOPK_SELECTION_SAMPLED);
   }
-  if (!(p->k_fraction() > 0.0 && p->k_fraction() <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "params.k_fraction is ", p->k_fraction(), "; expected (0, 1]"));
-  }
-  if (p->bits() < 2 || p->bits() > 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("params.bits is ", p->bits(), "; expected 2..8"));
-  }
-  if (!(p->percentile() > 0.0f && p->percentile() <= 100.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "params.percentile is ", p->percentile(), "; expected (0, 100]"));
-  }
-  absl::Status s = impl::CheckValueFormat(*p);
-  if (!s.ok()) return s;
-  s = EnumIn<v1::ScaleMode>("scale_mode", p->scale_mode(),
-                            {v1::SCALE_MODE_MEAN_ABS, v1::SCALE_MODE_L2},
-                            "SCALE_MODE_MEAN_ABS or SCALE_MODE_L2");
-  if (!s.ok()) return s;
-  s = EnumIn<v1::Rounding>("rounding", p->rounding(),
-                           {v1::ROUNDING_NEAREST, v1::ROUNDING_STOCHASTIC},
-                           "ROUNDING_NEAREST or ROUNDING_STOCHASTIC");
-  if (!s.ok()) return s;
-  s = EnumIn<v1::QuantizeRange>(
-      "range", p->range(),
-      {v1::QUANTIZE_RANGE_LINEAR, v1::QUANTIZE_RANGE_ADAPTIVE},
-      "QUANTIZE_RANGE_LINEAR or QUANTIZE_RANGE_ADAPTIVE");
-  if (!s.ok()) return s;
-  return EnumIn<v1::TopKSelection>(
-      "selection", p->selection(),
-      {v1::TOPK_SELECTION_SAMPLED, v1::TOPK_SELECTION_EXACT},
-      "TOPK_SELECTION_SAMPLED or TOPK_SELECTION_EXACT");
 }
+
+// One decoder per known codec id, built once. Immutable after construction
+// and never destroyed, so pointers to it stay valid even during static
+// destruction; DecoderFor hands them out without locks or allocation.
+class DecoderRegistry {
+ public:
+  DecoderRegistry() {
+    for (const NamedCodec& c : kCodecs) {
+      absl::StatusOr<std::unique_ptr<Codec>> codec =
+          MakeCodec(c.codec, v1::CodecParams());
+      // Default params always pass CheckParams.
+      if (codec.ok()) decoders_[c.codec] = std::move(*codec);
+    }
+  }
+
+  const Codec* Get(v1::Codec codec) const {
+    const int i = static_cast<int>(codec);
+    if (i < 0 || i >= kSize) return nullptr;
+    return decoders_[i].get();
+  }
+
+ private:
+  static constexpr int kSize = v1::Codec_ARRAYSIZE;
+  std::unique_ptr<Codec> decoders_[kSize];
+};
 
 }  // namespace
 
-absl::Status Codec::EncodeWithFeedback(absl::Span<const float> g,
-                                       absl::Span<const float> e_in,
-                                       float decay, uint64_t seed,
-                                       v1::EncodedTensor* out,
-                                       absl::Span<float> e_out) const {
-  if (e_in.size() != g.size() || e_out.size() != g.size()) {
+namespace impl {
+
+absl::Status CheckParams(const v1::CodecParams& p) {
+  // 0 stands for the default of each numeric field; written as "unset or in
+  // range" so the message names the value the sender wrote.
+  if (!(p.k_fraction() == 0.0 ||
+        (p.k_fraction() > 0.0 && p.k_fraction() <= 1.0))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "error feedback buffers hold ", e_in.size(), " and ", e_out.size(),
-        " elements; expected ", g.size()));
+        "params.k_fraction is ", p.k_fraction(), "; expected (0, 1]"));
   }
-  if (!std::isfinite(decay)) {
+  if (p.bits() != 0 && (p.bits() < 2 || p.bits() > 8)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("decay is ", decay, "; expected a finite value"));
+        absl::StrCat("params.bits is ", p.bits(), "; expected 2..8"));
   }
-  // e_out holds u first, then u - decode(encode(u)).
-  for (size_t i = 0; i < g.size(); ++i) {
-    float d = decay * e_in[i];
-    e_out[i] = g[i] + d;
+  if (!(p.percentile() == 0.0f ||
+        (p.percentile() > 0.0f && p.percentile() <= 100.0f))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.percentile is ", p.percentile(), "; expected (0, 100]"));
   }
-  absl::Status s = Encode(e_out, seed, out);
+  absl::Status s = CheckValueFormat(p);
   if (!s.ok()) return s;
-  AccumulateValid(*out, -1.0f, e_out);  // our own output: no need to validate
-  return absl::OkStatus();
+  s = EnumIn<v1::ScaleMode>(
+      "scale_mode", p.scale_mode(),
+      {v1::SCALE_MODE_UNSPECIFIED, v1::SCALE_MODE_MEAN_ABS, v1::SCALE_MODE_L2},
+      "SCALE_MODE_MEAN_ABS or SCALE_MODE_L2");
+  if (!s.ok()) return s;
+  s = EnumIn<v1::Rounding>("rounding", p.rounding(),
+                           {v1::ROUNDING_UNSPECIFIED, v1::ROUNDING_NEAREST,
+                            v1::ROUNDING_STOCHASTIC},
+                           "ROUNDING_NEAREST or ROUNDING_STOCHASTIC");
+  if (!s.ok()) return s;
+  s = EnumIn<v1::QuantizeRange>(
+      "range", p.range(),
+      {v1::QUANTIZE_RANGE_UNSPECIFIED, v1::QUANTIZE_RANGE_LINEAR,
+       v1::QUANTIZE_RANGE_ADAPTIVE},
+      "QUANTIZE_RANGE_LINEAR or QUANTIZE_RANGE_ADAPTIVE");
+  if (!s.ok()) return s;
+  return EnumIn<v1::TopKSelection>(
+      "selection", p.selection(),
+      {v1::TOPK_SELECTION_UNSPECIFIED, v1::TOPK_SELECTION_SAMPLED,
+       v1::TOPK_SELECTION_EXACT},
+      "TOPK_SELECTION_SAMPLED or TOPK_SELECTION_EXACT");
 }
+
+}  // namespace impl
 
 absl::Status Codec::Decode(const v1::EncodedTensor& t,
                            absl::Span<float> out) const {
@@ -142,9 +156,10 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
   bool known = false;
   for (const NamedCodec& c : kCodecs) known = known || c.codec == codec;
   if (!known) return UnknownCodec(codec);
-  v1::CodecParams p = params;
-  absl::Status s = Complete(&p);
+  absl::Status s = impl::CheckParams(params);
   if (!s.ok()) return s;
+  v1::CodecParams p = params;
+  FillDefaults(&p);
   std::unique_ptr<Codec> c;
   switch (codec) {
     case v1::CODEC_FP32:
@@ -171,6 +186,17 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
       return UnknownCodec(codec);
   }
   return c;
+}
+
+const Codec* DecoderFor(v1::Codec codec) {
+  static const DecoderRegistry* const registry = new DecoderRegistry();
+  return registry->Get(codec);
+}
+
+absl::StatusOr<const Codec*> FindDecoder(v1::Codec codec) {
+  const Codec* decoder = DecoderFor(codec);
+  if (decoder == nullptr) return UnknownCodec(codec);
+  return decoder;
 }
 
 absl::StatusOr<std::unique_ptr<Codec>> MakeDecoderFor(

@@ -1,5 +1,8 @@
 // The codec interface: a span of fp32 values to a pserver.v1.EncodedTensor and
-// back. One algorithm per file under common/impl/; MakeCodec picks one.
+// back. One algorithm per file under common/impl/; MakeCodec builds an
+// encoder, DecoderFor looks up the shared decoder of a codec id. Untrusted
+// tensors go through ValidateTensor (common/validated_tensor.h); error
+// feedback wraps any codec (common/error_feedback.h).
 //
 // Values on the wire are always finite: Encode refuses NaN/Inf input with
 // INVALID_ARGUMENT naming the first bad index, and decoders refuse payloads
@@ -20,6 +23,14 @@
 
 namespace pserver {
 
+class FusedFeedbackEncoder;  // common/fused_feedback.h
+class ValidatedTensor;       // common/validated_tensor.h
+
+// Encodes, validates and decodes one codec. Decoding reads the layout
+// (block_size, value_format, bits, k, seed, ...) from the tensor's own params,
+// never from the codec's configuration, so one decoder per codec id serves
+// every tensor of that id.
+//
 // Thread safety: a Codec is immutable after construction; all methods are
 // const and may be called concurrently.
 class Codec {
@@ -38,7 +49,8 @@ class Codec {
                               v1::EncodedTensor* out) const = 0;
 
   // Checks that t is a well-formed tensor of this codec with exactly
-  // `num_elements` elements. Does not read any output.
+  // `num_elements` elements: everything the decoder reads. Does not read any
+  // output. ValidateTensor adds the range check of every params field.
   virtual absl::Status Validate(const v1::EncodedTensor& t,
                                 uint64_t num_elements) const = 0;
 
@@ -48,27 +60,25 @@ class Codec {
                                         float alpha,
                                         absl::Span<float> acc) const = 0;
 
-  // Fused error feedback (Seide et al. 2014; Karimireddy et al. 2019):
-  // u = g + decay * e_in; *out = encode(u); e_out = u - decode(*out).
-  // e_in and e_out may not alias. On error e_out is unspecified and e_in
-  // untouched, so callers that double-buffer keep their state.
-  // The default runs Encode and DecodeAccumulate; codecs override it with a
-  // one-pass kernel.
-  virtual absl::Status EncodeWithFeedback(absl::Span<const float> g,
-                                          absl::Span<const float> e_in,
-                                          float decay, uint64_t seed,
-                                          v1::EncodedTensor* out,
-                                          absl::Span<float> e_out) const;
-
   // out = decode(t) (overwrites). Validates first: on error out is unchanged.
   absl::Status Decode(const v1::EncodedTensor& t, absl::Span<float> out) const;
 
+  // The codec's one-pass error-feedback kernel, or nullptr if it has none
+  // (ErrorFeedback then runs Encode and the decoder). Lives as long as this.
+  virtual const FusedFeedbackEncoder* fused_feedback() const {
+    return nullptr;
+  }
+
  protected:
   // acc += alpha * decode(t), without checks. REQUIRES: Validate(t,
-  // acc.size()) is OK. Lets Decode and the default EncodeWithFeedback
-  // validate once (or not at all, for the encoder's own output).
+  // acc.size()) is OK, or t is this codec's own unmodified output.
   virtual void AccumulateValid(const v1::EncodedTensor& t, float alpha,
                                absl::Span<float> acc) const = 0;
+
+ private:
+  // Runs AccumulateValid on tensors it has validated (or that the encoder
+  // itself produced), so that validation happens once.
+  friend class ValidatedTensor;
 };
 
 // Builds the codec `codec` with `params`; unset fields get their defaults
@@ -77,8 +87,20 @@ class Codec {
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(v1::Codec codec,
                                                  const v1::CodecParams& params);
 
-// Builds the codec a received tensor says it was encoded with, for decoding
-// untrusted input. INVALID_ARGUMENT for an unknown codec or bad parameters.
+// The decoder of codec id `codec`: one immutable instance per id, built on
+// first use and alive until the process exits (never destroyed), so it can be
+// kept as a plain pointer and shared by threads. nullptr for an id that is not
+// a known codec (CODEC_UNSPECIFIED included). The instance carries default
+// params; it is meant for decoding (Validate, DecodeAccumulate, Decode).
+// Untrusted tensors: prefer ValidateTensor, which also range-checks params.
+const Codec* DecoderFor(v1::Codec codec);
+// As DecoderFor, but INVALID_ARGUMENT "codec is N; expected one of fp32, ..."
+// for an unknown id.
+absl::StatusOr<const Codec*> FindDecoder(v1::Codec codec);
+
+// DEPRECATED: allocates a codec per call; use ValidateTensor (untrusted
+// input) or DecoderFor / FindDecoder. Builds the codec a received tensor says
+// it was encoded with. INVALID_ARGUMENT for an unknown codec or bad params.
 absl::StatusOr<std::unique_ptr<Codec>> MakeDecoderFor(
     const v1::EncodedTensor& t);
 

@@ -1,11 +1,42 @@
 #include "common/error_feedback.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fused_feedback.h"
+#include "common/validated_tensor.h"
 
 namespace pserver {
+
+absl::Status EncodeWithFeedback(const Codec& codec, absl::Span<const float> g,
+                                absl::Span<const float> e_in, float decay,
+                                uint64_t seed, v1::EncodedTensor* out,
+                                absl::Span<float> e_out) {
+  if (e_in.size() != g.size() || e_out.size() != g.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "error feedback buffers hold ", e_in.size(), " and ", e_out.size(),
+        " elements; expected ", g.size()));
+  }
+  if (!std::isfinite(decay)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decay is ", decay, "; expected a finite value"));
+  }
+  if (const FusedFeedbackEncoder* fused = codec.fused_feedback()) {
+    return fused->EncodeWithFeedback(g, e_in, decay, seed, out, e_out);
+  }
+  // e_out holds u first, then u - decode(encode(u)).
+  for (size_t i = 0; i < g.size(); ++i) {
+    float d = decay * e_in[i];
+    e_out[i] = g[i] + d;
+  }
+  absl::Status s = codec.Encode(e_out, seed, out);
+  if (!s.ok()) return s;
+  // The encoder's own output: decoding it needs no validation.
+  ValidatedTensor(&codec, out).AccumulateInto(-1.0f, e_out);
+  return absl::OkStatus();
+}
 
 ErrorFeedback::ErrorFeedback(const Codec* codec, size_t n, float decay)
     : codec_(codec), decay_(decay), residual_(n, 0.0f), scratch_(n, 0.0f) {}
@@ -24,8 +55,8 @@ absl::Status ErrorFeedback::Encode(absl::Span<const float> g, uint64_t seed,
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient has ", g.size(), " elements; expected ", residual_.size()));
   }
-  absl::Status s = codec_->EncodeWithFeedback(g, residual_, decay_, seed, out,
-                                              absl::MakeSpan(scratch_));
+  absl::Status s = EncodeWithFeedback(*codec_, g, residual_, decay_, seed,
+                                      out, absl::MakeSpan(scratch_));
   if (!s.ok()) return s;
   residual_.swap(scratch_);
   return absl::OkStatus();

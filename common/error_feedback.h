@@ -3,12 +3,14 @@
 // decay 1 the sum of everything decoded plus the current residual equals the
 // sum of every input, so compression error is delayed, never lost.
 //
+// A wrapper, not part of the codec: any Codec works through its Encode and
+// its decoder; a codec with a one-pass kernel (Codec::fused_feedback, e.g.
+// onebit) gets it used here, with bit-identical results.
+//
 // Usage:
 //   ErrorFeedback ef(codec.get(), n);
 //   v1::EncodedTensor t;
 //   absl::Status s = ef.Encode(gradient, seed, &t);  // residual updated
-//
-// Thread-compatible: one instance per stream; no concurrent calls.
 #ifndef PSERVER_COMMON_ERROR_FEEDBACK_H_
 #define PSERVER_COMMON_ERROR_FEEDBACK_H_
 
@@ -23,6 +25,19 @@
 
 namespace pserver {
 
+// One error-feedback step for callers that keep the residual themselves
+// (double-buffered): u = g + decay * e_in (decay * e_in rounded to fp32
+// first); *out = encode(u); e_out = u - decode(*out). Uses the codec's fused
+// kernel if it has one. INVALID_ARGUMENT if e_in or e_out is not g.size()
+// long, decay is not finite, or some u_i is not finite (naming i); then *out
+// and e_out are unspecified and e_in is untouched, so a double-buffering
+// caller keeps its state. REQUIRES: e_in and e_out do not overlap.
+absl::Status EncodeWithFeedback(const Codec& codec, absl::Span<const float> g,
+                                absl::Span<const float> e_in, float decay,
+                                uint64_t seed, v1::EncodedTensor* out,
+                                absl::Span<float> e_out);
+
+// Thread-compatible: one instance per stream; no concurrent calls.
 class ErrorFeedback {
  public:
   // References `codec`, which must outlive this object. The residual starts

@@ -6,6 +6,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/rejection.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
 
 namespace pserver {
@@ -20,6 +23,32 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       s.error_message());
+}
+
+// Server side: the status to answer with; a reason attached to `s` (see
+// common/rejection.h) is added to `ctx` as the "pserver-reason" trailer.
+inline grpc::Status ToGrpcStatus(const absl::Status& s,
+                                 grpc::ServerContextBase* ctx) {
+  v1::RejectReason reason = ReasonOf(s);
+  if (reason != v1::REJECT_REASON_UNSPECIFIED) {
+    ctx->AddTrailingMetadata(kReasonTrailer, ReasonName(reason));
+  }
+  return ToGrpcStatus(s);
+}
+
+// Client side, after the call finished: the status with the server's
+// "pserver-reason" trailer (if any) attached as a reason.
+inline absl::Status FromGrpcStatus(const grpc::Status& s,
+                                   const grpc::ClientContext& ctx) {
+  absl::Status out = FromGrpcStatus(s);
+  if (out.ok()) return out;
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find(kReasonTrailer);
+  if (it == trailers.end()) return out;
+  v1::RejectReason reason = ParseReasonName(
+      absl::string_view(it->second.data(), it->second.size()));
+  if (reason == v1::REJECT_REASON_UNSPECIFIED) return out;
+  return Reject(reason, std::move(out));
 }
 
 // "OK", "INVALID_ARGUMENT", ... as gRPC spells them (metric labels).

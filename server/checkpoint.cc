@@ -1,13 +1,6 @@
 #include "server/checkpoint.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,106 +8,82 @@
 #include "common/checksum.h"
 #include "common/file_io.h"
 #include "common/layout.h"
+#include "common/record_io.h"
 #include "server/optimizer.h"
 
 namespace pserver {
 namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
+absl::string_view Magic() { return absl::string_view(kMagic, sizeof(kMagic)); }
 constexpr uint32_t kVersion = 1;
 constexpr char kPrefix[] = "ckpt-";
 constexpr char kSuffix[] = ".pserver";
-
-class Writer {
- public:
-  void Bytes(const void* p, size_t n) {
-    out_.append(static_cast<const char*>(p), n);
-  }
-  template <typename T>
-  void Num(T v) {
-    Bytes(&v, sizeof(v));  // little-endian hosts only
-  }
-  void Blob(const std::string& s) {
-    Num<uint64_t>(s.size());
-    out_ += s;
-  }
-  template <typename T>
-  void Array(const std::vector<T>& v) {
-    Num<uint64_t>(v.size());
-    if (!v.empty()) Bytes(v.data(), v.size() * sizeof(T));
-  }
-  std::string Finish() {
-    Checksum64 h;
-    h.Update(out_.data(), out_.size());
-    Num<uint64_t>(h.Finish());
-    return std::move(out_);
-  }
-
- private:
-  std::string out_;
-};
-
-// Bounds-checked reading of untrusted bytes.
-class Reader {
- public:
-  explicit Reader(absl::string_view in) : in_(in) {}
-  bool Bytes(void* p, size_t n) {
-    if (n > in_.size() - pos_) return false;
-    std::memcpy(p, in_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  template <typename T>
-  bool Num(T* v) {
-    return Bytes(v, sizeof(T));
-  }
-  bool Blob(std::string* s) {
-    uint64_t n;
-    if (!Num(&n) || n > in_.size() - pos_) return false;
-    s->assign(in_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  template <typename T>
-  bool Array(std::vector<T>* v) {
-    uint64_t n;
-    if (!Num(&n) || n > (in_.size() - pos_) / sizeof(T)) return false;
-    v->resize(n);
-    return n == 0 || Bytes(v->data(), n * sizeof(T));
-  }
-  size_t remaining() const { return in_.size() - pos_; }
-
- private:
-  absl::string_view in_;
-  size_t pos_ = 0;
-};
 
 std::string FileName(uint64_t step) {
   return absl::StrFormat("%s%020d%s", kPrefix, step, kSuffix);
 }
 
-// Checkpoint file names in `dir`, newest first.
-std::vector<std::string> ListCheckpoints(const std::string& dir) {
+bool IsCheckpointName(const std::string& name) {
+  return absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kSuffix) &&
+         name.size() == FileName(0).size();
+}
+
+// Checkpoint file names in `dir`, newest first; none if it cannot be listed.
+std::vector<std::string> ListCheckpoints(FileSystem& fs, const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> all = fs.ListDir(dir);
   std::vector<std::string> names;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (dirent* e = readdir(d)) {
-    std::string name = e->d_name;
-    if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kSuffix) &&
-        name.size() == FileName(0).size()) {
-      names.push_back(name);
-    }
+  if (!all.ok()) return names;
+  for (std::string& name : *all) {
+    if (IsCheckpointName(name)) names.push_back(std::move(name));
   }
-  closedir(d);
   std::sort(names.rbegin(), names.rend());
   return names;
+}
+
+// Why `s` may not be loaded by a shard that expects `expect`; empty if it
+// may.
+std::string Mismatch(const ShardState& s, const CheckpointExpectation& expect) {
+  if (s.shard_index != expect.shard_index ||
+      s.num_shards != expect.num_shards) {
+    return absl::StrCat("it is shard ", s.shard_index, "/", s.num_shards,
+                        "; this shard is ", expect.shard_index, "/",
+                        expect.num_shards);
+  }
+  if (s.num_workers != expect.num_workers) {
+    return absl::StrCat("it has ", s.num_workers, " workers; expected ",
+                        expect.num_workers);
+  }
+  if (s.optimizer_kind != expect.optimizer_kind) {
+    return "it was written by another optimizer";
+  }
+  if (s.optimizer_kind == static_cast<uint32_t>(OptimizerKind::kOneBitAdam)) {
+    if (expect.preconditioned && s.preconditioned != *expect.preconditioned) {
+      return absl::StrCat("it was written with preconditioned=",
+                          s.preconditioned ? 1 : 0, "; this shard has ",
+                          *expect.preconditioned ? 1 : 0, " (--onebit_mode)");
+    }
+    if (expect.freeze_step && !s.frozen &&
+        s.freeze_step != *expect.freeze_step) {
+      return absl::StrCat("it is in warmup with freeze_step=", s.freeze_step,
+                          "; this shard has ", *expect.freeze_step,
+                          " (--freeze_step)");
+    }
+  }
+  // Last: the only check that reads every element.
+  const uint64_t replica = ChecksumOf(s.x_hat);
+  if (replica != s.replica_checksum) {
+    return absl::StrFormat(
+        "its replica x_hat has checksum %016x; the checkpoint records %016x",
+        replica, s.replica_checksum);
+  }
+  return "";
 }
 
 }  // namespace
 
 std::string SerializeShardState(const ShardState& s) {
-  Writer w;
-  w.Bytes(kMagic, sizeof(kMagic));
+  RecordWriter w(Magic());
   w.Num<uint32_t>(kVersion);
   w.Num<uint32_t>(s.shard_index);
   w.Num<uint32_t>(s.num_shards);
@@ -130,31 +99,19 @@ std::string SerializeShardState(const ShardState& s) {
   w.Num<uint64_t>(s.replica_checksum);
   w.Blob(s.layout.SerializeAsString());
   w.Blob(s.delta.has_value() ? s.delta->SerializeAsString() : std::string());
-  w.Array(s.x);
-  w.Array(s.m);
-  w.Array(s.v);
-  w.Array(s.x_hat);
-  w.Array(s.last_pushed);
-  return w.Finish();
+  w.Floats(s.x);
+  w.Floats(s.m);
+  w.Floats(s.v);
+  w.Floats(s.x_hat);
+  w.Int64s(s.last_pushed);
+  return std::move(w).Finish();
 }
 
 absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
-  if (bytes.size() < sizeof(kMagic) + 4 + 8 ||
-      std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    return absl::DataLossError(
-        "not a pserver checkpoint (magic \"PSCKPT\\0\\1\" missing)");
-  }
-  uint64_t stored;
-  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-  Checksum64 h;
-  h.Update(bytes.data(), bytes.size() - 8);
-  if (h.Finish() != stored) {
-    return absl::DataLossError(
-        "checksum mismatch: the checkpoint is truncated or corrupt");
-  }
-  Reader r(bytes.substr(0, bytes.size() - 8));
-  char magic[8];
-  r.Bytes(magic, 8);
+  absl::StatusOr<RecordReader> opened =
+      RecordReader::Open(bytes, Magic(), "pserver checkpoint");
+  if (!opened.ok()) return opened.status();
+  RecordReader& r = *opened;
   uint32_t version = 0;
   ShardState s;
   uint8_t frozen = 0, preconditioned = 0, has_delta = 0, pad = 0;
@@ -169,9 +126,9 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
             r.Num(&frozen) && r.Num(&preconditioned) && r.Num(&has_delta) &&
             r.Num(&pad) && r.Num(&s.step) && r.Num(&s.freeze_step) &&
             r.Num(&s.prev_replica_checksum) && r.Num(&s.replica_checksum) &&
-            r.Blob(&layout) && r.Blob(&delta) && r.Array(&s.x) &&
-            r.Array(&s.m) && r.Array(&s.v) && r.Array(&s.x_hat) &&
-            r.Array(&s.last_pushed);
+            r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
+            r.Floats(&s.m) && r.Floats(&s.v) && r.Floats(&s.x_hat) &&
+            r.Int64s(&s.last_pushed);
   if (!ok) return absl::DataLossError("checkpoint is truncated");
   if (r.remaining() != 0) {
     return absl::InvalidArgumentError(
@@ -229,56 +186,42 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
 }
 
 absl::Status WriteCheckpoint(const std::string& dir, const ShardState& s,
-                             int keep) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::UnavailableError(
-        absl::StrCat("mkdir ", dir, ": ", std::strerror(errno)));
-  }
-  if (absl::Status st =
-          WriteFileAtomically(dir + "/" + FileName(s.step), SerializeShardState(s));
+                             int keep, FileSystem* fs) {
+  if (fs == nullptr) fs = PosixFileSystem();
+  if (absl::Status st = fs->MakeDir(dir); !st.ok()) return st;
+  if (absl::Status st = WriteFileAtomically(*fs, dir + "/" + FileName(s.step),
+                                            SerializeShardState(s));
       !st.ok()) {
     return st;
   }
   // Retention: the newest `keep` complete files; stray temporaries go too.
-  std::vector<std::string> names = ListCheckpoints(dir);
+  // Best effort: a file that cannot be removed now is removed next time.
+  std::vector<std::string> names = ListCheckpoints(*fs, dir);
   for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < names.size();
        ++i) {
-    ::unlink((dir + "/" + names[i]).c_str());
+    (void)fs->Remove(dir + "/" + names[i]);
   }
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      std::string name = e->d_name;
+  if (absl::StatusOr<std::vector<std::string>> all = fs->ListDir(dir); all.ok()) {
+    for (const std::string& name : *all) {
       if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, ".tmp")) {
-        ::unlink((dir + "/" + name).c_str());
+        (void)fs->Remove(dir + "/" + name);
       }
     }
-    closedir(d);
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<ShardState> LoadNewestCheckpoint(
     const std::string& dir, const CheckpointExpectation& expect,
-    std::vector<std::string>* refused) {
-  for (const std::string& name : ListCheckpoints(dir)) {
+    std::vector<std::string>* refused, FileSystem* fs) {
+  if (fs == nullptr) fs = PosixFileSystem();
+  for (const std::string& name : ListCheckpoints(*fs, dir)) {
     const std::string path = dir + "/" + name;
-    absl::StatusOr<std::string> bytes = ReadFileToString(path);
+    absl::StatusOr<std::string> bytes = fs->ReadFile(path);
     absl::StatusOr<ShardState> s =
         bytes.ok() ? ParseShardState(*bytes) : bytes.status();
-    std::string why;
-    if (!s.ok()) {
-      why = std::string(s.status().message());
-    } else if (s->shard_index != expect.shard_index ||
-               s->num_shards != expect.num_shards) {
-      why = absl::StrCat("it is shard ", s->shard_index, "/", s->num_shards,
-                         "; this shard is ", expect.shard_index, "/",
-                         expect.num_shards);
-    } else if (s->num_workers != expect.num_workers) {
-      why = absl::StrCat("it has ", s->num_workers, " workers; expected ",
-                         expect.num_workers);
-    } else if (s->optimizer_kind != expect.optimizer_kind) {
-      why = "it was written by another optimizer";
-    }
+    std::string why =
+        s.ok() ? Mismatch(*s, expect) : std::string(s.status().message());
     if (why.empty()) return s;
     if (refused) refused->push_back(absl::StrCat(path, ": ", why));
   }

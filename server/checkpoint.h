@@ -10,7 +10,9 @@
 //   blob layout (pserver.v1.ModelLayout) | blob delta (pserver.v1.EncodedTensor)
 //   | floats x | floats m | floats v | floats x_hat | i64s last_pushed |
 //   u64 Checksum64 of every byte before it
-// where blob = u64 length + bytes, floats/i64s = u64 count + values.
+// where blob = u64 length + bytes, floats/i64s = u64 count + values (the
+// record format of common/record_io.h). freeze_step is the step at which v
+// freezes (onebit_adam; 0 for the other optimizers).
 // Files are named ckpt-<20-digit step>.pserver and written atomically: a
 // temporary file, fsync, rename, fsync of the folder.
 #ifndef PSERVER_SERVER_CHECKPOINT_H_
@@ -23,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/file_system.h"
 #include "pserver/v1/parameter_server.pb.h"
 
 namespace pserver {
@@ -51,9 +54,11 @@ std::string SerializeShardState(const ShardState& s);
 absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes);
 
 // Writes `s` into `dir` atomically and keeps the newest `keep` checkpoints
-// there (older ones and stray temporary files are removed).
+// there (older ones and stray temporary files are removed). On failure the
+// files already in `dir` are untouched and the error names the path. `fs`
+// defaults to PosixFileSystem().
 absl::Status WriteCheckpoint(const std::string& dir, const ShardState& s,
-                             int keep = 2);
+                             int keep = 2, FileSystem* fs = nullptr);
 
 // What a checkpoint must match to be loaded by this shard.
 struct CheckpointExpectation {
@@ -61,14 +66,26 @@ struct CheckpointExpectation {
   uint32_t num_shards = 1;
   uint32_t num_workers = 1;
   uint32_t optimizer_kind = 0;
+  // onebit_adam only (ignored for the other optimizers, whose m and v do
+  // not depend on them); nullopt skips the check. The space of the momentum
+  // after the freeze (--onebit_mode): compared in every stage, since after
+  // the freeze m is stored in that space and reading m_D as m (or the
+  // reverse) is silently wrong.
+  std::optional<bool> preconditioned;
+  // The step at which this shard would freeze v (--freeze_step): compared
+  // while the checkpoint is still in warmup, where it decides when v
+  // freezes; a frozen checkpoint's freeze is history.
+  std::optional<uint64_t> freeze_step;
 };
 
-// Loads the newest checkpoint in `dir` that is complete, uncorrupted and
+// Loads the newest checkpoint in `dir` that is complete, uncorrupted,
+// internally consistent (x_hat matches its recorded replica checksum) and
 // matches `expect`, falling back to older ones; each refused file is
-// described in *refused (one line each). NOT_FOUND when none is usable.
+// described in *refused (one line each: path, then why). NOT_FOUND when none
+// is usable. `fs` defaults to PosixFileSystem().
 absl::StatusOr<ShardState> LoadNewestCheckpoint(
     const std::string& dir, const CheckpointExpectation& expect,
-    std::vector<std::string>* refused);
+    std::vector<std::string>* refused, FileSystem* fs = nullptr);
 
 }  // namespace pserver
 

@@ -1,6 +1,9 @@
 #include "server/metrics.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/codec.h"
+#include "common/grpc_status.h"
+#include "common/rejection.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
@@ -14,6 +17,17 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 using prometheus::Histogram;
+
+const char* MethodName(RpcMethod m) {
+  switch (m) {
+    case RpcMethod::kRegister: return "Register";
+    case RpcMethod::kPush: return "Push";
+    case RpcMethod::kPull: return "Pull";
+    case RpcMethod::kGetFrozenVariance: return "GetFrozenVariance";
+    case RpcMethod::kGetStatus: return "GetStatus";
+  }
+  return "unknown";
+}
 
 Histogram::BucketBoundaries SecondsBuckets() {
   // 50 us .. ~100 s, factor 2.5.
@@ -146,57 +160,90 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
               .Help("Unix time of the last checkpoint written (0: none); "
                     "checkpoint age = time() - this.")
               .Register(registry)
-              .Add({{"shard", shard_}})) {
+              .Add({{"shard", shard_}})),
+      push_ratio_(compression_ratio_.Add({{"shard", shard_}, {"direction", "push"}})),
+      pull_ratio_(compression_ratio_.Add({{"shard", shard_}, {"direction", "pull"}})) {
   BuildGauge()
       .Name("pserver_build_info")
       .Help("Always 1; labels name the build.")
       .Register(registry)
       .Add({{"version", "0.1.0"}, {"component", "server"}})
       .Set(1);
-  compression_ratio_.Add({{"shard", shard_}, {"direction", "push"}});
-  compression_ratio_.Add({{"shard", shard_}, {"direction", "pull"}});
+  for (v1::RejectReason r : AllRejectReasons()) {
+    if (static_cast<size_t>(r) >= rejected_children_.size()) {
+      rejected_children_.resize(static_cast<size_t>(r) + 1, nullptr);
+    }
+    rejected_children_[r] =
+        &rejected_.Add({{"shard", shard_}, {"reason", ReasonLabel(r)}});
+  }
 }
 
-prometheus::Counter& ServerMetrics::Child(
+std::unique_ptr<ServerMetrics> ServerMetrics::Unexported(uint32_t shard_index) {
+  auto registry = std::make_unique<prometheus::Registry>();
+  auto m = std::make_unique<ServerMetrics>(*registry, shard_index);
+  m->own_registry_ = std::move(registry);
+  return m;
+}
+
+void ServerMetrics::CountRequest(RpcMethod method, const absl::Status& status) {
+  const int code = static_cast<int>(status.code());
+  if (code >= 0 && code < kCodes) {
+    std::atomic<prometheus::Counter*>& slot =
+        request_children_[static_cast<int>(method)][code];
+    prometheus::Counter* c = slot.load(std::memory_order_acquire);
+    if (c == nullptr) {
+      c = &requests_.Add({{"shard", shard_},
+                          {"method", MethodName(method)},
+                          {"code", GrpcCodeName(status.code())}});
+      slot.store(c, std::memory_order_release);
+    }
+    c->Increment();
+  }
+  const v1::RejectReason reason = ReasonOf(status);
+  if (reason != v1::REJECT_REASON_UNSPECIFIED &&
+      static_cast<size_t>(reason) < rejected_children_.size() &&
+      rejected_children_[reason] != nullptr) {
+    rejected_children_[reason]->Increment();
+  }
+}
+
+prometheus::Counter& ServerMetrics::CodecChild(
     prometheus::Family<prometheus::Counter>& f,
-    const std::map<std::string, std::string>& labels) {
-  // Family::Add returns the existing child for known labels.
-  return f.Add(labels);
+    std::array<std::atomic<prometheus::Counter*>, kCodecs>& cache,
+    v1::Codec codec) {
+  const int i = static_cast<int>(codec);
+  if (i < 0 || i >= kCodecs) {
+    return f.Add({{"shard", shard_}, {"codec", CodecName(codec)}});
+  }
+  prometheus::Counter* c = cache[i].load(std::memory_order_acquire);
+  if (c == nullptr) {
+    c = &f.Add({{"shard", shard_}, {"codec", CodecName(codec)}});
+    cache[i].store(c, std::memory_order_release);
+  }
+  return *c;
 }
 
-void ServerMetrics::CountRequest(const std::string& method,
-                                 const std::string& code) {
-  Child(requests_, {{"shard", shard_}, {"method", method}, {"code", code}})
-      .Increment();
-}
-
-void ServerMetrics::CountRejected(const std::string& reason) {
-  Child(rejected_, {{"shard", shard_}, {"reason", reason}}).Increment();
-}
-
-void ServerMetrics::AddReceived(const std::string& codec, uint64_t bytes,
+void ServerMetrics::AddReceived(v1::Codec codec, uint64_t bytes,
                                 uint64_t fp32_bytes) {
-  Child(bytes_received_, {{"shard", shard_}, {"codec", codec}})
+  CodecChild(bytes_received_, received_children_, codec)
       .Increment(static_cast<double>(bytes));
   absl::MutexLock l(&mu_);
   received_bytes_ += bytes;
   received_fp32_ += fp32_bytes;
   if (received_bytes_ > 0) {
-    compression_ratio_.Add({{"shard", shard_}, {"direction", "push"}})
-        .Set(static_cast<double>(received_fp32_) / received_bytes_);
+    push_ratio_.Set(static_cast<double>(received_fp32_) / received_bytes_);
   }
 }
 
-void ServerMetrics::AddSent(const std::string& codec, uint64_t bytes,
+void ServerMetrics::AddSent(v1::Codec codec, uint64_t bytes,
                             uint64_t fp32_bytes) {
-  Child(bytes_sent_, {{"shard", shard_}, {"codec", codec}})
+  CodecChild(bytes_sent_, sent_children_, codec)
       .Increment(static_cast<double>(bytes));
   absl::MutexLock l(&mu_);
   sent_bytes_ += bytes;
   sent_fp32_ += fp32_bytes;
   if (sent_bytes_ > 0) {
-    compression_ratio_.Add({{"shard", shard_}, {"direction", "pull"}})
-        .Set(static_cast<double>(sent_fp32_) / sent_bytes_);
+    pull_ratio_.Set(static_cast<double>(sent_fp32_) / sent_bytes_);
   }
 }
 

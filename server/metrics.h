@@ -1,17 +1,27 @@
 // Prometheus metrics of one shard daemon. Families are built once on the
-// injected registry; label children are cached. Every series carries the
+// injected registry; label children are built once and cached in arrays
+// indexed by method, code, codec and reason, so an update is an atomic
+// load plus the increment (no map, no lock). Every series carries the
 // `shard` label. Names follow the Prometheus guide: pserver_ prefix, base
 // units, counters end in _total.
+//
+// Code that reports metrics always has a ServerMetrics: without an exporter
+// it gets Unexported(), a sink on a private registry nobody scrapes.
 #ifndef PSERVER_SERVER_METRICS_H_
 #define PSERVER_SERVER_METRICS_H_
 
+#include <array>
+#include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "pserver/v1/codec.pb.h"
+#include "pserver/v1/parameter_server.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -20,18 +30,27 @@
 
 namespace pserver {
 
+// The RPC methods, for the `method` label.
+enum class RpcMethod { kRegister, kPush, kPull, kGetFrozenVariance, kGetStatus };
+inline constexpr int kRpcMethods = 5;
+
 // Thread-safe.
 class ServerMetrics {
  public:
   ServerMetrics(prometheus::Registry& registry, uint32_t shard_index);
+  // Metrics that go nowhere (a private registry), for shards without an
+  // exporter: callers never test for a null sink.
+  static std::unique_ptr<ServerMetrics> Unexported(uint32_t shard_index);
 
-  // One finished RPC; `code` is the gRPC code name, e.g. "OK".
-  void CountRequest(const std::string& method, const std::string& code);
-  // A rejected request, by reason (a short snake_case word).
-  void CountRejected(const std::string& reason);
+  // One finished RPC with its final status. A refused request (one with a
+  // reason, common/rejection.h) is also counted in
+  // pserver_server_rejected_requests_total{reason}: the one place where
+  // rejections are counted. Its label values are the fixed set of
+  // RejectReason names, all exported from the start at 0.
+  void CountRequest(RpcMethod method, const absl::Status& status);
   // Payload bytes of encoded tensors and the fp32 bytes they stand for.
-  void AddReceived(const std::string& codec, uint64_t bytes, uint64_t fp32_bytes);
-  void AddSent(const std::string& codec, uint64_t bytes, uint64_t fp32_bytes);
+  void AddReceived(v1::Codec codec, uint64_t bytes, uint64_t fp32_bytes);
+  void AddSent(v1::Codec codec, uint64_t bytes, uint64_t fp32_bytes);
   void AddDecodedElements(uint64_t n);
   void ObserveRound(double seconds);
   void ObserveAggregation(double seconds);
@@ -49,9 +68,15 @@ class ServerMetrics {
   void ObserveCheckpoint(bool ok, double seconds);
 
  private:
-  prometheus::Counter& Child(prometheus::Family<prometheus::Counter>& f,
-                             const std::map<std::string, std::string>& labels);
+  static constexpr int kCodes = 17;   // absl/gRPC status codes 0..16
+  static constexpr int kCodecs = 16;  // v1::Codec values cached (others: slow path)
 
+  prometheus::Counter& CodecChild(prometheus::Family<prometheus::Counter>& f,
+                                  std::array<std::atomic<prometheus::Counter*>,
+                                             kCodecs>& cache,
+                                  v1::Codec codec);
+
+  std::unique_ptr<prometheus::Registry> own_registry_;  // Unexported() only
   const std::string shard_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& rejected_;
@@ -76,6 +101,18 @@ class ServerMetrics {
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_failures_;
   prometheus::Gauge& checkpoint_timestamp_;
+  prometheus::Gauge& push_ratio_;
+  prometheus::Gauge& pull_ratio_;
+
+  // Children built on first use and cached: Family::Add is idempotent, so
+  // a race between two first uses stores the same pointer twice.
+  std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>,
+             kRpcMethods>
+      request_children_{};
+  std::array<std::atomic<prometheus::Counter*>, kCodecs> received_children_{};
+  std::array<std::atomic<prometheus::Counter*>, kCodecs> sent_children_{};
+  // Built in the constructor for every RejectReason, indexed by its number.
+  std::vector<prometheus::Counter*> rejected_children_;
 
   absl::Mutex mu_;
   // Totals behind the compression-ratio gauges.

@@ -60,72 +60,56 @@ struct LocalSegment {
   uint64_t end = 0;
 };
 
-// Thread-compatible: the caller serialises calls. Step() may use a second
-// thread internally for large shards.
+// What the shard needs of an optimizer: one step on the mean gradient, the
+// stage it is in, and its state for checkpoints and the preconditioner.
+// Adam, 1-bit Adam and SGD are one class (server/moment_optimizer.h);
+// another optimizer (e.g. an outer optimizer for local steps) is a new
+// implementation, not a branch in the shard.
+//
+// Thread-compatible: the caller serialises calls.
 class Optimizer {
  public:
-  // `segments` tile [0, n) in order.
-  Optimizer(const OptimizerConfig& config, uint64_t n,
-            std::vector<LocalSegment> segments);
-
-  const OptimizerConfig& config() const { return config_; }
-  void set_lr(float lr) { config_.lr = lr; }
+  virtual ~Optimizer() = default;
 
   // One round: x is updated in place from the mean gradient (in the space
   // expected_space() names). Advances step() by one. Returns the L2 norm of
   // the change to x.
-  double Step(absl::Span<const float> mean_grad, absl::Span<float> x);
+  virtual double Step(absl::Span<const float> mean_grad,
+                      absl::Span<float> x) = 0;
 
-  uint64_t step() const { return step_; }
+  virtual uint64_t step() const = 0;
   // The stage the *next* Step() runs in.
-  v1::OptimizerStage stage() const;
-  bool frozen() const { return frozen_; }
+  virtual v1::OptimizerStage stage() const = 0;
+  virtual bool frozen() const = 0;
   // What pushes for the next Step() must carry.
-  v1::GradientSpace expected_space() const;
-
-  // The frozen (floored) v; empty before the freeze.
-  absl::Span<const float> frozen_variance() const {
-    return frozen_ ? absl::MakeConstSpan(v_) : absl::Span<const float>();
-  }
-  absl::Span<const float> m() const { return m_; }
-  absl::Span<const float> v() const { return v_; }
-
-  // Restores state (checkpoints, tests). REQUIRES sizes equal n or empty v.
-  // The restored moments count as data for the freeze.
-  void RestoreState(uint64_t step, bool frozen, std::vector<float> m,
-                    std::vector<float> v);
-
-  // Moves the step counter forward to `step` without updating anything
-  // (a shard that lost rounds in a crash catches up with its workers). If
-  // that crosses the freeze and this state has seen at least one round, v is
-  // frozen now; a state that has seen none (fresh weights) starts its warmup
-  // over: it freezes freeze_step rounds later.
-  void FastForward(uint64_t step);
-  // The step at which v freezes (onebit_adam), or 0.
-  uint64_t freeze_at() const {
-    return config_.kind == OptimizerKind::kOneBitAdam ? freeze_at_ : 0;
-  }
-
- private:
-  void Freeze();
-  // Returns the squared L2 norm of the change to x[begin, end).
-  double StepRange(uint64_t begin, uint64_t end, absl::Span<const float> g,
-                   absl::Span<float> x);
-
-  OptimizerConfig config_;
-  uint64_t n_;
-  std::vector<LocalSegment> segments_;
-  std::vector<float> m_;
-  std::vector<float> v_;  // empty for sgd
-  uint64_t step_ = 0;
-  uint64_t rounds_run_ = 0;  // Step() calls on this state, incl. restored
-  uint64_t freeze_at_ = 0;
-  bool frozen_ = false;
+  virtual v1::GradientSpace expected_space() const = 0;
+  // The frozen (floored) v; empty before the freeze or without one.
+  virtual absl::Span<const float> frozen_variance() const = 0;
+  // The moments, for checkpoints (v is empty for optimizers without one).
+  virtual absl::Span<const float> m() const = 0;
+  virtual absl::Span<const float> v() const = 0;
+  // Restores state (checkpoints, tests). REQUIRES sizes equal n, or an
+  // empty v for optimizers without one.
+  virtual void RestoreState(uint64_t step, bool frozen, std::vector<float> m,
+                            std::vector<float> v) = 0;
+  // Moves the step counter forward to `step` without updating anything (a
+  // shard that lost rounds in a crash catches up with its workers).
+  virtual void FastForward(uint64_t step) = 0;
+  // The step at which v freezes, or 0 for optimizers that never freeze.
+  virtual uint64_t freeze_at() const = 0;
 };
 
-// Runs fn(begin, end) over [0, n) split across up to two threads when n is
-// large enough to pay for the second thread.
-void ParallelChunks(uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn);
+class ThreadPool;
+
+// The optimizer `config` names over n parameters; `segments` tile [0, n)
+// by tensor. Large shards run its loops on `pool` (null: the default pool).
+std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
+                                         uint64_t n,
+                                         std::vector<LocalSegment> segments,
+                                         ThreadPool* pool = nullptr);
+
+// Chunk size below which a second core costs more than it saves.
+inline constexpr uint64_t kMinParallelChunk = uint64_t{1} << 16;
 
 }  // namespace pserver
 

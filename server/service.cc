@@ -12,14 +12,15 @@ namespace {
 // Finish() called; OnDone() (after Finish) frees the reactor.
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
-  PullReactor(Shard* shard, ServerMetrics* metrics, const v1::PullRequest* req,
+  PullReactor(grpc::CallbackServerContext* ctx, Shard* shard,
+              ServerMetrics* metrics, const v1::PullRequest* req,
               v1::PullResponse* resp)
-      : shard_(shard), metrics_(metrics) {
+      : ctx_(ctx), shard_(shard), metrics_(metrics) {
     uint64_t id = shard_->Pull(*req, [this, resp](absl::Status s,
-                                                  v1::PullResponse r) {
-      if (s.ok()) *resp = std::move(r);
-      if (metrics_) metrics_->CountRequest("Pull", GrpcCodeName(s.code()));
-      Finish(ToGrpcStatus(s));
+                                                  PullAnswer answer) {
+      if (s.ok()) *resp = *answer;
+      metrics_->CountRequest(RpcMethod::kPull, s);
+      Finish(ToGrpcStatus(s, ctx_));
     });
     id_.store(id);
   }
@@ -34,6 +35,7 @@ class PullReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
+  grpc::CallbackServerContext* const ctx_;
   Shard* const shard_;
   ServerMetrics* const metrics_;
   std::atomic<uint64_t> id_{0};
@@ -48,11 +50,11 @@ ParameterServerService::ParameterServerService(
       on_registered_(std::move(on_registered)) {}
 
 grpc::ServerUnaryReactor* ParameterServerService::Answer(
-    grpc::CallbackServerContext* ctx, const char* method,
+    grpc::CallbackServerContext* ctx, RpcMethod method,
     const absl::Status& status) {
-  if (metrics_) metrics_->CountRequest(method, GrpcCodeName(status.code()));
+  metrics_->CountRequest(method, status);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  reactor->Finish(ToGrpcStatus(status, ctx));
   return reactor;
 }
 
@@ -64,7 +66,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
     *resp = *std::move(r);
     if (on_registered_) on_registered_();
   }
-  return Answer(ctx, "Register", r.status());
+  return Answer(ctx, RpcMethod::kRegister, r.status());
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(
@@ -72,13 +74,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
     v1::PushResponse* resp) {
   absl::StatusOr<v1::PushResponse> r = shard_->Push(*req);
   if (r.ok()) *resp = *std::move(r);
-  return Answer(ctx, "Push", r.status());
+  return Answer(ctx, RpcMethod::kPush, r.status());
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
     grpc::CallbackServerContext* ctx, const v1::PullRequest* req,
     v1::PullResponse* resp) {
-  return new PullReactor(shard_, metrics_, req, resp);
+  return new PullReactor(ctx, shard_, metrics_, req, resp);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::GetFrozenVariance(
@@ -87,14 +89,14 @@ grpc::ServerUnaryReactor* ParameterServerService::GetFrozenVariance(
   absl::StatusOr<v1::GetFrozenVarianceResponse> r =
       shard_->GetFrozenVariance(*req);
   if (r.ok()) *resp = *std::move(r);
-  return Answer(ctx, "GetFrozenVariance", r.status());
+  return Answer(ctx, RpcMethod::kGetFrozenVariance, r.status());
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
     grpc::CallbackServerContext* ctx, const v1::GetStatusRequest* req,
     v1::GetStatusResponse* resp) {
   *resp = shard_->Status();
-  return Answer(ctx, "GetStatus", absl::OkStatus());
+  return Answer(ctx, RpcMethod::kGetStatus, absl::OkStatus());
 }
 
 }  // namespace pserver

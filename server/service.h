@@ -41,7 +41,7 @@ class ParameterServerService final
 
  private:
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx,
-                                   const char* method,
+                                   RpcMethod method,
                                    const absl::Status& status);
 
   Shard* const shard_;

@@ -1,25 +1,28 @@
-// One shard of the parameter server: the model slice it owns, the optimizer,
-// the pushes of the current round and the replica that workers hold. The
-// gRPC service (server/service.h) is a thin layer over this class, so tests
-// can drive it directly.
+// One shard of the parameter server: a thin coordinator over the parts that
+// each live in a file of their own:
+//   server/round.h            the pushes of a round, summed in worker order
+//   server/round_policy.h     what a round waits for (synchronous today)
+//   server/optimizer.h        the optimizer (1-bit Adam, Adam, SGD)
+//   server/replica_tracker.h  x_hat, pull deltas and snapshots, checksums
+//   server/pull_waiters.h     pulls parked until their round completes
+//   server/lease_table.h      which workers the rounds wait for
+//   server/checkpoint_writer.h  checkpoints written off the round's path
+// The gRPC service (server/service.h) is a thin layer over this class, so
+// tests drive it directly.
 //
-// A round (synchronous, BSP): pushes for step t are validated when they
-// arrive, then decoded and summed in worker-id order, never arrival order, so
-// a run is bit-reproducible. When all expected workers' pushes for t are in,
-// the optimizer runs once on mean = sum * (1 / W); the pull delta
-// d = encode(x - x_hat) is made with the pull codec and x_hat += decode(d);
-// step t + 1 becomes pullable and waiting pulls are answered.
+// One round: pushes for step t are validated when they arrive (no lock),
+// queued, and summed in worker-id order; the round's last push runs the
+// optimizer once on mean = sum / contributors, advances the replica through
+// the pull codec, and answers the pulls waiting for step t + 1.
 //
 // Rejected requests never change state: every check runs before anything is
-// written.
+// written, and each refusal carries a reason (common/rejection.h).
 #ifndef PSERVER_SERVER_SHARD_H_
 #define PSERVER_SERVER_SHARD_H_
 
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,15 +32,29 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/codec.h"
+#include "common/clock.h"
 #include "common/layout.h"
+#include "common/thread_pool.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/checkpoint.h"
+#include "server/checkpoint_writer.h"
+#include "server/lease_table.h"
+#include "server/metrics.h"
 #include "server/optimizer.h"
+#include "server/pull_waiters.h"
+#include "server/replica_tracker.h"
+#include "server/round.h"
+#include "server/round_policy.h"
 
 namespace pserver {
 
-class ServerMetrics;
+// The largest model a shard accepts by default: the layout's own cap.
+inline constexpr uint64_t kDefaultMaxModelElements = uint64_t{1} << 29;
+// Bytes a PullResponse needs beyond its weights' payload (fields, tags).
+inline constexpr uint64_t kPullResponseOverheadBytes = 4096;
+// The largest resume_step accepted: far beyond any run, and small enough
+// that no step arithmetic can wrap.
+inline constexpr uint64_t kMaxResumeStep = uint64_t{1} << 62;
 
 struct ShardConfig {
   uint32_t shard_index = 0;
@@ -57,37 +74,56 @@ struct ShardConfig {
   // is dropped from the rounds, so the others go on (0: never). Waiting in
   // a Pull, or having pushed the current round, counts as alive.
   absl::Duration lease_timeout = absl::ZeroDuration();
+  // The largest model (all shards) a Register may install; checked before
+  // anything is allocated.
+  uint64_t max_model_elements = kDefaultMaxModelElements;
+  // The largest response the transport will send (0: no limit). A model
+  // whose slice's fp32 snapshot would not fit is refused at Register, so
+  // the limits can never disagree at run time.
+  uint64_t max_response_bytes = 0;
 };
 
 absl::Status ValidateShardConfig(const ShardConfig& c);
 
+// What a shard runs on; every field may be null for the defaults.
+struct ShardEnv {
+  ServerMetrics* metrics = nullptr;  // null: an unexported sink
+  const Clock* clock = nullptr;      // null: the real clock
+  ThreadPool* pool = nullptr;        // null: ThreadPool::Default()
+};
+
 // Thread-safe: every public method may be called concurrently.
 class Shard {
  public:
-  // `metrics` may be null; if not, it must outlive the shard.
+  // Loads the newest usable checkpoint when config.checkpoint_dir is set.
+  // The env's objects must outlive the shard.
+  static absl::StatusOr<std::unique_ptr<Shard>> Create(const ShardConfig& config,
+                                                       ShardEnv env);
   static absl::StatusOr<std::unique_ptr<Shard>> Create(
-      const ShardConfig& config, ServerMetrics* metrics);
+      const ShardConfig& config, ServerMetrics* metrics) {
+    ShardEnv env;
+    env.metrics = metrics;
+    return Create(config, env);
+  }
 
   // Joins a worker; the first call sets layout and initial weights.
   // INVALID_ARGUMENT for malformed fields, FAILED_PRECONDITION for a layout,
-  // shard or worker count that disagrees with the shard's.
+  // shard or worker count that disagrees with the shard's,
+  // RESOURCE_EXHAUSTED for a model above the configured limits.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Applies one worker's push for the current step. Blocks while the push
   // is decoded and, for the round's last push, while the optimizer runs.
   // Returns duplicate=true for a (worker, step) already received.
-  // FAILED_PRECONDITION before registration, for a step ahead of the shard or
-  // a gradient space the stage does not expect; ABORTED for a stale step the
-  // worker had not pushed; INVALID_ARGUMENT for a bad payload.
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  using PullDone = std::function<void(absl::Status, v1::PullResponse)>;
   // Answers a pull through `done`, exactly once: at once when the step is
   // available, or when its round completes, or with an error. A waiting pull
-  // is registered under the returned id; CancelPull(id) answers it with
-  // `why` if it is still waiting. `done` runs without the shard's lock held.
+  // is registered under the returned id (0: answered already);
+  // CancelPull(id) answers it with `why` if it is still waiting. `done` runs
+  // without the shard's lock held.
   uint64_t Pull(const v1::PullRequest& req, PullDone done)
       ABSL_LOCKS_EXCLUDED(mu_);
   void CancelPull(uint64_t id, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
@@ -97,11 +133,18 @@ class Shard {
 
   absl::StatusOr<v1::GetFrozenVarianceResponse> GetFrozenVariance(
       const v1::GetFrozenVarianceRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // What the shard holds now. The checksum of the big arrays is computed at
+  // most once per change of them, however often this is called.
   v1::GetStatusResponse Status() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool registered() ABSL_LOCKS_EXCLUDED(mu_);
-  // Checksum64 of step, weights, optimizer moments and replica.
+  // Checksum64 of step, weights, optimizer moments, replica and the round's
+  // bookkeeping.
   uint64_t StateChecksum() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops workers whose lease expired now (the background reaper calls it
+  // every min(1 s, timeout / 4)); tests with a FakeClock call it directly.
+  void CheckLeases() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Answers every waiting pull with UNAVAILABLE and refuses new calls; for
   // graceful shutdown.
@@ -118,107 +161,79 @@ class Shard {
   // Where the state came from at start: "fresh" or the checkpoint's path
   // and step, plus any checkpoints refused on the way.
   const std::vector<std::string>& startup_log() const { return startup_log_; }
-
   const ShardConfig& config() const { return config_; }
 
-  // Times two pushes were decoded at once on two cores (large shards).
-  uint64_t paired_sums() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return paired_sums_;
-  }
+  // For tests: times two pushes were decoded at once on two cores, and
+  // times Status() hashed the big arrays.
+  uint64_t paired_sums() ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t status_hashes() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Waiter {
-    uint64_t id;
-    v1::PullRequest request;
-    PullDone done;
-  };
   using Ready = std::function<void()>;
 
-  Shard(const ShardConfig& config, ServerMetrics* metrics,
-        std::unique_ptr<Codec> pull_codec);
+  Shard(const ShardConfig& config, ShardEnv env,
+        std::unique_ptr<ReplicaTracker> replica);
 
-  // Installs a model (first registration or a checkpoint).
+  absl::Status CheckWorker(uint32_t worker_id) const;
+  // Register's checks that need no state; on success *slots is the layout.
+  absl::Status CheckRegisterRequest(const v1::RegisterRequest& req,
+                                    std::vector<TensorSlot>* slots) const;
   void InstallModel(const v1::ModelLayout& layout,
                     const std::vector<TensorSlot>& slots, std::vector<float> x)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RestoreFrom(ShardState state) ABSL_LOCKS_EXCLUDED(mu_);
   ShardState CaptureState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FastForward(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WriterLoop() ABSL_LOCKS_EXCLUDED(writer_mu_);
-  // Drops live workers whose lease expired; returns what to run unlocked.
-  std::vector<Ready> ReapLeases(absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReaperLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  void Touch(uint32_t worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t StateChecksumLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  absl::Status CheckWorker(uint32_t worker_id, absl::string_view field) const;
-  // Builds the answer to a pull whose step is available.
-  absl::StatusOr<v1::PullResponse> AnswerPull(const v1::PullRequest& req)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Decodes queued pushes in worker-id order while this thread owns acc_;
+  // Sums queued pushes in worker-id order, releasing mu_ while decoding;
   // completes the round when the last is in. Returns the pulls to answer.
   std::vector<Ready> Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Ready> CompleteRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Ready> WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PullAnswer AnswerPull(const v1::PullRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Ready> ReapLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReaperLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void PublishLiveness() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t StateChecksumLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t RegisteredCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShardConfig config_;
+  std::unique_ptr<ServerMetrics> own_metrics_;  // when env.metrics is null
   ServerMetrics* const metrics_;
-  const std::unique_ptr<Codec> pull_codec_;
+  const Clock* const clock_;
+  ThreadPool* const pool_;
+  const SynchronousPolicy policy_;
 
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  // Since this incarnation started, no round has completed: the shard may
+  // be behind its workers (restart), so a Register may fast-forward it.
+  bool catching_up_ ABSL_GUARDED_BY(mu_) = true;
   v1::ModelLayout layout_ ABSL_GUARDED_BY(mu_);
   ShardRange range_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> worker_registered_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> x_ ABSL_GUARDED_BY(mu_);      // weights
-  std::vector<float> x_hat_ ABSL_GUARDED_BY(mu_);  // replica workers hold
-  uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;         // completed rounds
+  std::vector<float> x_ ABSL_GUARDED_BY(mu_);  // weights
+  uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;     // completed rounds
   // Last step each worker's push was received for (-1: none).
   std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);
-  // Leases. live_[w]: the rounds wait for w. A worker that registers again
-  // after being dropped is live from the next round (rejoin_[w]).
-  std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> rejoin_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
-  uint32_t contributors_ ABSL_GUARDED_BY(mu_) = 0;  // summed this round
-  uint64_t paired_sums_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
+  Round round_ ABSL_GUARDED_BY(mu_);
+  absl::Time round_start_ ABSL_GUARDED_BY(mu_);
+  PullWaiters waiters_ ABSL_GUARDED_BY(mu_);
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
+  // Status(): the checksum of x, x_hat, m and v, valid while
+  // arrays_version_ == hashed_version_.
+  uint64_t arrays_version_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t hashed_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t arrays_hash_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t status_hashes_ ABSL_GUARDED_BY(mu_) = 0;
+
   bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<std::thread> reaper_;
-
-  // The current round: validated pushes waiting to be summed, by worker id;
-  // next_ is the first worker not yet summed. acc_ is written only by the
-  // thread that set draining_, and may be written without mu_ while it is.
-  std::vector<std::unique_ptr<v1::EncodedTensor>> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Codec>> pending_codec_ ABSL_GUARDED_BY(mu_);
-  uint32_t received_ ABSL_GUARDED_BY(mu_) = 0;
-  uint32_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<float> acc_;
-  std::vector<float> scratch_;  // second decode of a pair; like acc_
-  absl::Time round_start_ ABSL_GUARDED_BY(mu_);
-
-  // The delta that takes x_hat(step_ - 1) to x_hat(step_), if there is one.
-  std::optional<v1::EncodedTensor> delta_ ABSL_GUARDED_BY(mu_);
-  uint64_t prev_replica_checksum_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t replica_checksum_ ABSL_GUARDED_BY(mu_) = 0;
-
-  uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-
+  std::unique_ptr<CheckpointWriter> writer_;  // set in Create, then const
   std::vector<std::string> startup_log_;
-
-  // Background checkpoint writer: CompleteRound hands it a captured state;
-  // it writes without holding mu_. disk_mu_ serialises all writers.
-  absl::Mutex disk_mu_;
-  absl::Mutex writer_mu_;
-  std::optional<ShardState> to_write_ ABSL_GUARDED_BY(writer_mu_);
-  bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
-  std::unique_ptr<std::thread> writer_;
 };
 
 }  // namespace pserver

@@ -12,11 +12,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardConfig& config, const ServerOptions& options,
     prometheus::Registry* registry) {
   std::unique_ptr<ShardServer> s(new ShardServer());
-  if (registry != nullptr) {
-    s->metrics_ = std::make_unique<ServerMetrics>(*registry, config.shard_index);
-  }
+  s->metrics_ = registry != nullptr
+                    ? std::make_unique<ServerMetrics>(*registry, config.shard_index)
+                    : ServerMetrics::Unexported(config.shard_index);
+  // The transport's message limit bounds the model a Register may install,
+  // so a snapshot can always be sent.
+  ShardConfig shard_config = config;
+  shard_config.max_response_bytes = static_cast<uint64_t>(options.max_message_bytes);
   absl::StatusOr<std::unique_ptr<Shard>> shard =
-      Shard::Create(config, s->metrics_.get());
+      Shard::Create(shard_config, s->metrics_.get());
   if (!shard.ok()) return shard.status();
   s->shard_ = std::move(shard).value();
 

@@ -67,10 +67,14 @@ std::vector<absl::Status> CallEach(
       } else if (Retriable(result[i]) && absl::Now() < give_up) {
         again.push_back(pending[i]);
       } else {
-        absl::Status st = FromGrpcStatus(result[i]);
-        out[pending[i]] = absl::Status(
+        absl::Status st = FromGrpcStatus(result[i], *ctx[i]);
+        absl::Status prefixed(
             st.code(), absl::StrCat(method, " to shard ", shard, " (",
                                     addresses[shard], "): ", st.message()));
+        v1::RejectReason reason = ReasonOf(st);
+        out[pending[i]] = reason == v1::REJECT_REASON_UNSPECIFIED
+                              ? prefixed
+                              : Reject(reason, std::move(prefixed));
       }
     }
     if (again.empty()) break;

@@ -1,9 +1,9 @@
 // Plumbing shared by all codecs: header checks, finiteness, value formats.
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
+#include "common/impl/wire_scalar.h"
 #include "common/internal/float16.h"
 
 namespace pserver {
@@ -74,53 +74,32 @@ uint64_t ResolveK(const v1::CodecParams& p, uint64_t n) {
 }
 
 size_t ValueBytes(v1::ValueFormat f) {
-  return f == v1::VALUE_FORMAT_FP16 ? 2 : 4;
+  return f == v1::VALUE_FORMAT_FP16 ? kScalarBytes<Scalar::kFp16>
+                                    : kScalarBytes<Scalar::kFp32>;
 }
 
 void AppendValues(absl::Span<const float> v, v1::ValueFormat f,
                   std::string* out) {
-  size_t old = out->size();
-  out->resize(old + v.size() * ValueBytes(f));
-  char* p = &(*out)[old];
   if (f == v1::VALUE_FORMAT_FP16) {
-    for (size_t i = 0; i < v.size(); ++i) {
-      uint16_t h = internal::FloatToHalf(v[i]);
-      std::memcpy(p + 2 * i, &h, 2);
-    }
-  } else if (!v.empty()) {
-    std::memcpy(p, v.data(), v.size() * 4);
+    AppendScalars<Scalar::kFp16>(v, out);
+  } else {
+    AppendScalars<Scalar::kFp32>(v, out);
   }
 }
 
 float LoadValue(const uint8_t* p, v1::ValueFormat f) {
-  if (f == v1::VALUE_FORMAT_FP16) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return internal::HalfToFloat(h);
-  }
-  float v;
-  std::memcpy(&v, p, 4);
-  return v;
+  return f == v1::VALUE_FORMAT_FP16 ? LoadScalar<Scalar::kFp16>(p)
+                                    : LoadScalar<Scalar::kFp32>(p);
 }
 
 absl::Status CheckValues(const uint8_t* p, uint64_t count, v1::ValueFormat f,
                          absl::string_view what) {
-  size_t w = ValueBytes(f);
-  for (uint64_t i = 0; i < count; ++i) {
-    bool ok;
-    if (f == v1::VALUE_FORMAT_FP16) {
-      uint16_t h;
-      std::memcpy(&h, p + i * w, 2);
-      ok = internal::HalfIsFinite(h);
-    } else {
-      uint32_t b;
-      std::memcpy(&b, p + i * w, 4);
-      ok = (b & 0x7f800000) != 0x7f800000;
-    }
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " value ", i, " is not finite; expected finite values"));
-    }
+  const uint64_t bad = f == v1::VALUE_FORMAT_FP16
+                           ? FirstNonFiniteScalar<Scalar::kFp16>(p, count)
+                           : FirstNonFiniteScalar<Scalar::kFp32>(p, count);
+  if (bad < count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " value ", bad, " is not finite; expected finite values"));
   }
   return absl::OkStatus();
 }

@@ -1,9 +1,10 @@
-// Private to common/: the concrete codecs behind MakeCodec, and the pieces
-// that topk_quantize shares with topk and quantize.
+// Private to common/: the concrete codecs behind MakeCodec and DecoderFor,
+// and the pieces that topk_quantize shares with topk and quantize.
 //
 // Decoders read the layout (block_size, value_format, bits, range, k, seed)
 // from the tensor's own params, as codec.proto says, never from the codec
-// object's configuration; the codec object only fixes the codec id.
+// object's configuration; the codec object only fixes the codec id. That is
+// why DecoderFor can share one instance per id for every tensor.
 #ifndef PSERVER_COMMON_IMPL_CODECS_H_
 #define PSERVER_COMMON_IMPL_CODECS_H_
 
@@ -16,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/codec.h"
+#include "common/internal/varint.h"
 
 namespace pserver {
 namespace impl {
@@ -43,6 +45,12 @@ class CodecBase : public Codec {
   v1::Codec id_;
   v1::CodecParams params_;
 };
+
+// Checks every params field whatever the codec (unset fields stand for their
+// defaults), so a typo in an unused field is still reported: INVALID_ARGUMENT
+// "params.<field> is <value>; expected <range>". MakeCodec and ValidateTensor
+// run it.
+absl::Status CheckParams(const v1::CodecParams& p);
 
 // INVALID_ARGUMENT naming the first non-finite element of u, or OK.
 absl::Status CheckFinite(absl::Span<const float> u);
@@ -72,20 +80,57 @@ absl::Status CheckValues(const uint8_t* p, uint64_t count, v1::ValueFormat f,
 float LoadValue(const uint8_t* p, v1::ValueFormat f);  // REQUIRES: checked
 absl::Status CheckValueFormat(const v1::CodecParams& p);
 
-// ---- TopK selection (topk.cc) ----
+// ---- TopK selection (topk_select.cc) ----
 // The selected positions (increasing) and their values u[idx]. EXACT: the k
 // largest |u|, ties to the lower index. SAMPLED: see codec.proto.
 // INVALID_ARGUMENT names the first non-finite element of u.
 absl::Status SelectTopK(absl::Span<const float> u, uint64_t k,
                         v1::TopKSelection selection,
                         std::vector<uint64_t>* idx, std::vector<float>* val);
+
+// ---- TopK indices (topk_indices.cc) ----
 // Appends varint count and gaps.
 void AppendIndices(absl::Span<const uint64_t> idx, std::string* out);
-// Parses varint count and gaps of a payload for n elements; on success
-// *count, the indices (if idx != nullptr) and *values_offset are set.
+// Checks the varint count and gaps of a payload for n elements (count <= n,
+// indices increasing and below n); on success sets *count and the offset of
+// the first byte after the gaps.
 absl::Status ParseIndices(absl::string_view payload, uint64_t n,
-                          uint64_t* count, std::vector<uint64_t>* idx,
-                          size_t* values_offset);
+                          uint64_t* count, size_t* values_offset);
+
+// Reads back the indices of a payload that ParseIndices accepted, without
+// checks: validation happened once, before decoding.
+class IndexWalker {
+ public:
+  // Reads the count. REQUIRES: ParseIndices accepted [p, end).
+  IndexWalker(const uint8_t* p, const uint8_t* end) : p_(p), end_(end) {
+    internal::GetVarint(&p_, end_, &count_);
+  }
+  uint64_t count() const { return count_; }
+  // The first byte after the gaps. REQUIRES: Next() not called yet.
+  const uint8_t* ValuesBegin() const {
+    const uint8_t* q = p_;
+    for (uint64_t j = 0; j < count_; ++j) {
+      while (*q & 0x80) ++q;
+      ++q;
+    }
+    return q;
+  }
+  // The next index. REQUIRES: called at most count() times.
+  uint64_t Next() {
+    uint64_t gap = 0;
+    internal::GetVarint(&p_, end_, &gap);
+    index_ = first_ ? gap : index_ + gap + 1;
+    first_ = false;
+    return index_;
+  }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+  uint64_t count_ = 0;
+  uint64_t index_ = 0;
+  bool first_ = true;
+};
 
 // ---- Quantize core (quantize.cc), shared with topk_quantize ----
 struct QuantizeSpec {
@@ -104,12 +149,13 @@ void QuantizeAppend(absl::Span<const float> u, const QuantizeSpec& spec,
 // Checks that `payload` is exactly a quantize payload for n values.
 absl::Status QuantizeCheck(absl::string_view payload, uint64_t n,
                            const QuantizeSpec& spec, absl::string_view what);
-// out[i] = decode(value i). REQUIRES: QuantizeCheck passed.
-void QuantizeDecodeTo(absl::string_view payload, uint64_t n,
-                      const QuantizeSpec& spec, float* out);
 // acc[i] += alpha * decode(value i). REQUIRES: QuantizeCheck passed.
 void QuantizeAccumulate(absl::string_view payload, uint64_t n,
                         const QuantizeSpec& spec, float alpha, float* acc);
+// acc[at->Next()] += alpha * decode(value j) for the at->count() values in
+// order (topk_quantize). REQUIRES: QuantizeCheck passed for at->count().
+void QuantizeAccumulateAt(absl::string_view payload, const QuantizeSpec& spec,
+                          float alpha, IndexWalker* at, float* acc);
 
 // ---- Constructors; params are complete and valid (MakeCodec checked) ----
 std::unique_ptr<Codec> NewFloatCodec(v1::Codec id,

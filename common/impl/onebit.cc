@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/fused_feedback.h"
 #include "common/impl/codecs.h"
 #include "common/internal/cpu.h"
 
@@ -48,6 +49,17 @@ inline float InputAt(const EncodeArgs& a, uint64_t i) {
   if (!a.e_in) return a.g[i];
   float d = a.decay * a.e_in[i];
   return a.g[i] + d;
+}
+
+// Block scales sit at an arbitrary offset in the payload: read and write
+// them through memcpy rather than through an aligned copy.
+inline float LoadScale(const uint8_t* scales, uint64_t b) {
+  float s;
+  std::memcpy(&s, scales + 4 * b, 4);
+  return s;
+}
+inline void StoreScale(uint8_t* scales, uint64_t b, float s) {
+  std::memcpy(scales + 4 * b, &s, 4);
 }
 
 // Fixed reduction tree over the 8 lanes, mirrored by the AVX2 kernel.
@@ -93,7 +105,7 @@ inline void SignsScalar(const float* src, float* e_out, uint8_t* signs,
 }
 
 absl::Status EncodeScalar(const EncodeArgs& a, uint64_t n, const Layout& l,
-                          float* scales, uint8_t* signs) {
+                          uint8_t* scales, uint8_t* signs) {
   const float* src = a.e_out ? a.e_out : a.g;
   for (uint64_t b = 0; b < l.blocks; ++b) {
     uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
@@ -108,17 +120,17 @@ absl::Status EncodeScalar(const EncodeArgs& a, uint64_t n, const Layout& l,
     }
     if (bad) return FirstBadInBlock(a, b0, b1);
     float s = FinishScale(ReduceLanes(lanes), src + b0, b1 - b0, a.l2);
-    scales[b] = s;
+    StoreScale(scales, b, s);
     SignsScalar(src, a.e_out, signs, s, b0, b1);
   }
   return absl::OkStatus();
 }
 
-void AccumulateScalar(const float* scales, const uint8_t* signs, uint64_t n,
+void AccumulateScalar(const uint8_t* scales, const uint8_t* signs, uint64_t n,
                       const Layout& l, float alpha, float* acc) {
   for (uint64_t b = 0; b < l.blocks; ++b) {
     uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
-    float pos = alpha * scales[b];
+    float pos = alpha * LoadScale(scales, b);
     float neg = -pos;
     for (uint64_t i = b0; i < b1; ++i) {
       acc[i] += ((signs[i >> 3] >> (i & 7)) & 1) ? pos : neg;
@@ -133,7 +145,7 @@ void AccumulateScalar(const float* scales, const uint8_t* signs, uint64_t n,
 // inner loops carry no mode branches and keep the pointers in registers.
 template <bool kEf, bool kL2>
 PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
-                                     const Layout& l, float* scales,
+                                     const Layout& l, uint8_t* scales,
                                      uint8_t* signs) {
   const float* const g = a.g;
   const float* const e_in = a.e_in;
@@ -180,7 +192,7 @@ PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
     float total = _mm_cvtss_f32(
         _mm_add_ss(w, _mm_shuffle_ps(w, w, _MM_SHUFFLE(1, 1, 1, 1))));
     const float s = FinishScale(total, src + b0, b1 - b0, kL2);
-    scales[b] = s;
+    StoreScale(scales, b, s);
     const __m256 vpos = _mm256_set1_ps(s), vneg = _mm256_set1_ps(-s);
     i = b0;
     for (; i + 8 <= b1; i += 8) {
@@ -198,7 +210,7 @@ PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
 }
 
 absl::Status EncodeAvx2Dispatch(const EncodeArgs& a, uint64_t n,
-                                const Layout& l, float* scales,
+                                const Layout& l, uint8_t* scales,
                                 uint8_t* signs) {
   if (a.e_in) {
     return a.l2 ? EncodeAvx2<true, true>(a, n, l, scales, signs)
@@ -209,13 +221,13 @@ absl::Status EncodeAvx2Dispatch(const EncodeArgs& a, uint64_t n,
 }
 
 // REQUIRES: every block starts at a multiple of 8.
-PSERVER_AVX2 void AccumulateAvx2(const float* scales, const uint8_t* signs,
+PSERVER_AVX2 void AccumulateAvx2(const uint8_t* scales, const uint8_t* signs,
                                  uint64_t n, const Layout& l, float alpha,
                                  float* acc) {
   const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   for (uint64_t b = 0; b < l.blocks; ++b) {
     const uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
-    const float pos = alpha * scales[b];
+    const float pos = alpha * LoadScale(scales, b);
     const __m256 vpos = _mm256_set1_ps(pos), vneg = _mm256_set1_ps(-pos);
     uint64_t i = b0;
     for (; i + 16 <= b1; i += 16) {
@@ -250,10 +262,14 @@ bool AvxUsable(const Layout& l) {
 #endif
 }
 
-class OneBitCodec final : public CodecBase {
+// Also its own fused error-feedback kernel: the sum pass forms u, the sign
+// pass writes the residual.
+class OneBitCodec final : public CodecBase, public FusedFeedbackEncoder {
  public:
   explicit OneBitCodec(const v1::CodecParams& params)
       : CodecBase(v1::CODEC_ONEBIT, params) {}
+
+  const FusedFeedbackEncoder* fused_feedback() const override { return this; }
 
   absl::Status Encode(absl::Span<const float> u, uint64_t seed,
                       v1::EncodedTensor* out) const override {
@@ -265,15 +281,7 @@ class OneBitCodec final : public CodecBase {
                                   absl::Span<const float> e_in, float decay,
                                   uint64_t seed, v1::EncodedTensor* out,
                                   absl::Span<float> e_out) const override {
-    if (e_in.size() != g.size() || e_out.size() != g.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "error feedback buffers hold ", e_in.size(), " and ", e_out.size(),
-          " elements; expected ", g.size()));
-    }
-    if (!std::isfinite(decay)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decay is ", decay, "; expected a finite value"));
-    }
+    // ErrorFeedback checked the sizes and decay (FusedFeedbackEncoder).
     EncodeArgs a{g.data(), e_in.data(), decay, e_out.data(), IsL2()};
     return Run(a, g.size(), out);
   }
@@ -315,18 +323,16 @@ class OneBitCodec final : public CodecBase {
                        absl::Span<float> acc) const override {
     const uint64_t n = acc.size();
     Layout l = MakeLayout(n, t.params().block_size());
-    // Scales may be unaligned in the payload: copy them out.
-    std::vector<float> scales(l.blocks);
-    if (l.blocks) std::memcpy(scales.data(), t.payload().data(), 4 * l.blocks);
-    const uint8_t* signs =
-        reinterpret_cast<const uint8_t*>(t.payload().data()) + 4 * l.blocks;
+    const uint8_t* scales =
+        reinterpret_cast<const uint8_t*>(t.payload().data());
+    const uint8_t* signs = scales + 4 * l.blocks;
 #if defined(__x86_64__)
     if (AvxUsable(l)) {
-      AccumulateAvx2(scales.data(), signs, n, l, alpha, acc.data());
+      AccumulateAvx2(scales, signs, n, l, alpha, acc.data());
       return;
     }
 #endif
-    AccumulateScalar(scales.data(), signs, n, l, alpha, acc.data());
+    AccumulateScalar(scales, signs, n, l, alpha, acc.data());
   }
 
  private:
@@ -348,22 +354,12 @@ class OneBitCodec final : public CodecBase {
     Layout l = MakeLayout(n, params().block_size());
     std::string* payload = out->mutable_payload();
     payload->assign(l.blocks * 4 + l.sign_bytes, '\0');
-    // Scales go through an aligned buffer: the payload offset is arbitrary.
-    std::vector<float> scales(l.blocks);
-    uint8_t* signs = reinterpret_cast<uint8_t*>(payload->data()) + 4 * l.blocks;
-    absl::Status s;
+    uint8_t* scales = reinterpret_cast<uint8_t*>(payload->data());
+    uint8_t* signs = scales + 4 * l.blocks;
 #if defined(__x86_64__)
-    if (AvxUsable(l)) {
-      s = EncodeAvx2Dispatch(a, n, l, scales.data(), signs);
-    } else {
-      s = EncodeScalar(a, n, l, scales.data(), signs);
-    }
-#else
-    s = EncodeScalar(a, n, l, scales.data(), signs);
+    if (AvxUsable(l)) return EncodeAvx2Dispatch(a, n, l, scales, signs);
 #endif
-    if (!s.ok()) return s;
-    if (l.blocks) std::memcpy(payload->data(), scales.data(), 4 * l.blocks);
-    return absl::OkStatus();
+    return EncodeScalar(a, n, l, scales, signs);
   }
 };
 

@@ -277,15 +277,18 @@ absl::Status QuantizeCheck(absl::string_view payload, uint64_t n,
   return absl::OkStatus();
 }
 
-void QuantizeDecodeTo(absl::string_view payload, uint64_t n,
-                      const QuantizeSpec& spec, float* out) {
-  DecodeEach(payload, n, spec, [out](uint64_t i, float v) { out[i] = v; });
-}
-
 void QuantizeAccumulate(absl::string_view payload, uint64_t n,
                         const QuantizeSpec& spec, float alpha, float* acc) {
   DecodeEach(payload, n, spec,
              [acc, alpha](uint64_t i, float v) { acc[i] += alpha * v; });
+}
+
+void QuantizeAccumulateAt(absl::string_view payload, const QuantizeSpec& spec,
+                          float alpha, IndexWalker* at, float* acc) {
+  // DecodeEach visits the values in order, as the walker yields indices.
+  DecodeEach(payload, at->count(), spec, [acc, alpha, at](uint64_t, float v) {
+    acc[at->Next()] += alpha * v;
+  });
 }
 
 std::unique_ptr<Codec> NewQuantizeCodec(const v1::CodecParams& params) {

@@ -41,7 +41,7 @@ class TopKQuantizeCodec final : public CodecBase {
     if (!s.ok()) return s;
     uint64_t count;
     size_t offset;
-    s = ParseIndices(t.payload(), n, &count, nullptr, &offset);
+    s = ParseIndices(t.payload(), n, &count, &offset);
     if (!s.ok()) return s;
     return QuantizeCheck(absl::string_view(t.payload()).substr(offset), count,
                          spec, "topk_quantize values");
@@ -52,14 +52,14 @@ class TopKQuantizeCodec final : public CodecBase {
                        absl::Span<float> acc) const override {
     QuantizeSpec spec;
     QuantizeSpecFrom(t.params(), &spec).IgnoreError();  // validated
-    std::vector<uint64_t> idx;
-    uint64_t count;
-    size_t offset;
-    ParseIndices(t.payload(), acc.size(), &count, &idx, &offset).IgnoreError();
-    std::vector<float> values(count);
-    QuantizeDecodeTo(absl::string_view(t.payload()).substr(offset), count,
-                     spec, values.data());
-    for (uint64_t j = 0; j < count; ++j) acc[idx[j]] += alpha * values[j];
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(t.payload().data());
+    const uint8_t* end = p + t.payload().size();
+    IndexWalker at(p, end);
+    const uint8_t* values = at.ValuesBegin();
+    QuantizeAccumulateAt(
+        absl::string_view(reinterpret_cast<const char*>(values),
+                          static_cast<size_t>(end - values)),
+        spec, alpha, &at, acc.data());
   }
 
  private:

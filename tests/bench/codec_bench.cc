@@ -13,6 +13,7 @@
 
 #include "benchmark/benchmark.h"
 #include "common/codec.h"
+#include "common/error_feedback.h"
 
 namespace pserver {
 namespace {
@@ -83,7 +84,7 @@ void EncodeEf(benchmark::State& state, v1::Codec c, v1::CodecParams p) {
   v1::EncodedTensor t;
   uint64_t seed = 0;
   for (auto _ : state) {
-    if (!codec->EncodeWithFeedback(g, e_in, 1.0f, seed++, &t, absl::MakeSpan(e_out)).ok()) {
+    if (!EncodeWithFeedback(*codec, g, e_in, 1.0f, seed++, &t, absl::MakeSpan(e_out)).ok()) {
       state.SkipWithError("encode failed");
       break;
     }

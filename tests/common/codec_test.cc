@@ -1,5 +1,6 @@
 // Properties every codec must have, run over every codec configuration, plus
-// MakeCodec / names and the fp16 / bf16 conversions against references.
+// MakeCodec / DecoderFor / names and the fp16 / bf16 conversions against
+// references.
 #include "common/codec.h"
 
 #include <algorithm>
@@ -10,7 +11,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/error_feedback.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "tests/common/codec_test_util.h"
 
@@ -49,11 +53,11 @@ TEST_P(AllCodecs, RoundTripAndAccumulateAllSizes) {
     for (size_t i = 0; i < n; ++i) want[i] = acc[i] + 0.5f * d[i];
     ASSERT_TRUE(codec_->DecodeAccumulate(t, 0.5f, absl::MakeSpan(acc)).ok());
     EXPECT_EQ(acc, want);
-    // A decoder built from the tensor alone agrees.
-    auto dec = MakeDecoderFor(t);
-    ASSERT_TRUE(dec.ok()) << dec.status();
+    // The shared decoder of the id, which knows only the tensor, agrees.
+    const Codec* dec = DecoderFor(t.codec());
+    ASSERT_NE(dec, nullptr);
     std::vector<float> d2(n);
-    ASSERT_TRUE((*dec)->Decode(t, absl::MakeSpan(d2)).ok());
+    ASSERT_TRUE(dec->Decode(t, absl::MakeSpan(d2)).ok());
     EXPECT_EQ(d, d2);
   }
 }
@@ -72,8 +76,8 @@ TEST_P(AllCodecs, FusedFeedbackEqualsEncodeThenDecode) {
     std::vector<float> g = RandomVector(n, 11), e = RandomVector(n, 12, 0.3f);
     std::vector<float> e_out(n, -7.0f);
     v1::EncodedTensor t;
-    ASSERT_TRUE(codec_->EncodeWithFeedback(g, e, 0.75f, 4, &t,
-                                           absl::MakeSpan(e_out))
+    ASSERT_TRUE(EncodeWithFeedback(*codec_, g, e, 0.75f, 4, &t,
+                                   absl::MakeSpan(e_out))
                     .ok());
     std::vector<float> u(n);
     for (size_t i = 0; i < n; ++i) {
@@ -116,7 +120,7 @@ TEST_P(AllCodecs, NonFiniteInputRejectedNamingIndex) {
       // Through feedback: g finite, but g + decay * e overflows.
       std::vector<float> g(n, 3e38f), e(n, 0.0f), e_out(n);
       e[5] = 3e38f;
-      s = codec_->EncodeWithFeedback(g, e, 1.0f, 1, &t, absl::MakeSpan(e_out));
+      s = EncodeWithFeedback(*codec_, g, e, 1.0f, 1, &t, absl::MakeSpan(e_out));
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
       EXPECT_THAT(std::string(s.message()), HasSubstr("element 5 "));
     }
@@ -195,10 +199,56 @@ TEST(MakeCodec, UnknownCodec) {
   }
   v1::EncodedTensor t;
   t.set_codec(static_cast<v1::Codec>(42));
-  auto d = MakeDecoderFor(t);
+  auto d = MakeDecoderFor(t);  // deprecated, still answers the same
   ASSERT_FALSE(d.ok());
   EXPECT_THAT(std::string(d.status().message()),
               HasSubstr("codec is 42; expected one of"));
+}
+
+TEST(DecoderFor, ReturnsTheSameInstanceEveryTime) {
+  for (v1::Codec c : {v1::CODEC_FP32, v1::CODEC_ONEBIT, v1::CODEC_TOPK_QUANTIZE}) {
+    const Codec* a = DecoderFor(c);
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(DecoderFor(c), a);
+    auto found = FindDecoder(c);
+    ASSERT_TRUE(found.ok());
+    EXPECT_EQ(*found, a);
+  }
+}
+
+TEST(DecoderFor, EveryCodecInTheEnumHasADecoder) {
+  const google::protobuf::EnumDescriptor* e = v1::Codec_descriptor();
+  ASSERT_GT(e->value_count(), 1);
+  for (int i = 0; i < e->value_count(); ++i) {
+    const auto id = static_cast<v1::Codec>(e->value(i)->number());
+    if (id == v1::CODEC_UNSPECIFIED) continue;
+    SCOPED_TRACE(e->value(i)->name());
+    const Codec* dec = DecoderFor(id);
+    ASSERT_NE(dec, nullptr);
+    EXPECT_EQ(dec->id(), id);
+    // It decodes what a configured encoder of that id produced.
+    auto enc = MustMake(id);
+    std::vector<float> u = RandomVector(300, 1);
+    v1::EncodedTensor t;
+    ASSERT_TRUE(enc->Encode(u, 2, &t).ok());
+    std::vector<float> a(300), b(300);
+    ASSERT_TRUE(enc->Decode(t, absl::MakeSpan(a)).ok());
+    ASSERT_TRUE(dec->Decode(t, absl::MakeSpan(b)).ok());
+    EXPECT_EQ(a, b);
+  }
+}
+
+TEST(DecoderFor, RefusesUnknownIds) {
+  for (int id : {0, 9, 42, -1, 1 << 30}) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(DecoderFor(static_cast<v1::Codec>(id)), nullptr);
+    auto found = FindDecoder(static_cast<v1::Codec>(id));
+    ASSERT_FALSE(found.ok());
+    EXPECT_EQ(found.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(found.status().message()),
+                HasSubstr(absl::StrCat("codec is ", id,
+                                       "; expected one of fp32, fp16, bf16")));
+  }
 }
 
 TEST(CodecName, ParsesEveryNameCaseInsensitively) {

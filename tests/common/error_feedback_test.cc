@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -65,6 +66,30 @@ TEST_P(ErrorFeedbackAllCodecs, RejectedInputLeavesResidualUnchanged) {
   ASSERT_EQ(0, std::memcmp(before.data(), ef.residual().data(), 300 * 4));
 }
 
+// The stateless step refuses bad buffers or decay before touching anything.
+TEST_P(ErrorFeedbackAllCodecs, StatelessStepRefusesBadBuffersAndDecay) {
+  auto codec = MustMake(GetParam().codec, GetParam().params);
+  std::vector<float> g = RandomVector(64, 1), e_in = RandomVector(64, 2);
+  std::vector<float> e_out(64, 7.0f), short_out(63, 7.0f);
+  v1::EncodedTensor t;
+  absl::Status s = EncodeWithFeedback(*codec, g, e_in, 1.0f, 0, &t,
+                                      absl::MakeSpan(short_out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "error feedback buffers hold 64 and 63 elements; expected 64");
+  s = EncodeWithFeedback(*codec, g, absl::MakeSpan(e_in).subspan(1), 1.0f, 0,
+                         &t, absl::MakeSpan(e_out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  for (float decay : {NAN, INFINITY}) {
+    s = EncodeWithFeedback(*codec, g, e_in, decay, 0, &t,
+                           absl::MakeSpan(e_out));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("; expected a finite value"),
+              std::string::npos) << s;
+  }
+  for (float x : e_out) ASSERT_EQ(x, 7.0f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, ErrorFeedbackAllCodecs,
                          ::testing::ValuesIn(AllCodecCases()), CaseName);
 
@@ -86,6 +111,19 @@ TEST(ErrorFeedback, ResidualIsInputMinusDecoded) {
     norm += static_cast<double>(ef.residual()[i]) * ef.residual()[i];
   }
   EXPECT_DOUBLE_EQ(ef.ResidualNorm(), std::sqrt(norm));
+}
+
+// onebit offers a one-pass kernel; the wrapper runs the generic algorithm for
+// the others. Both must give what encode-then-decode gives (codec_test's
+// FusedFeedbackEqualsEncodeThenDecode checks every codec bit for bit).
+TEST(ErrorFeedback, FusedKernelIsAnOptionalCapability) {
+  EXPECT_NE(MustMake(v1::CODEC_ONEBIT)->fused_feedback(), nullptr);
+  EXPECT_NE(DecoderFor(v1::CODEC_ONEBIT)->fused_feedback(), nullptr);
+  for (v1::Codec c : {v1::CODEC_FP32, v1::CODEC_FP16, v1::CODEC_BF16,
+                      v1::CODEC_TOPK, v1::CODEC_RANDOMK, v1::CODEC_QUANTIZE,
+                      v1::CODEC_TOPK_QUANTIZE}) {
+    EXPECT_EQ(MustMake(c)->fused_feedback(), nullptr) << CodecName(c);
+  }
 }
 
 TEST(ErrorFeedback, SetResidualResetAndOwnership) {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/codec.h"
+#include "common/error_feedback.h"
 #include "common/internal/cpu.h"
 #include "gtest/gtest.h"
 #include "tests/common/codec_test_util.h"
@@ -145,12 +146,12 @@ TEST(OneBitCodec, Avx2AndScalarKernelsAreBitIdentical) {
         }
         std::vector<float> e1(n), e2(n), acc1 = RandomVector(n, 3), acc2 = acc1;
         v1::EncodedTensor t1, t2, p1, p2;
-        ASSERT_TRUE(codec->EncodeWithFeedback(g, e, 0.9f, 0, &t1, absl::MakeSpan(e1)).ok());
+        ASSERT_TRUE(EncodeWithFeedback(*codec, g, e, 0.9f, 0, &t1, absl::MakeSpan(e1)).ok());
         ASSERT_TRUE(codec->Encode(g, 0, &p1).ok());
         ASSERT_TRUE(codec->DecodeAccumulate(t1, -0.3f, absl::MakeSpan(acc1)).ok());
         {
           ScalarPath scalar;
-          ASSERT_TRUE(codec->EncodeWithFeedback(g, e, 0.9f, 0, &t2, absl::MakeSpan(e2)).ok());
+          ASSERT_TRUE(EncodeWithFeedback(*codec, g, e, 0.9f, 0, &t2, absl::MakeSpan(e2)).ok());
           ASSERT_TRUE(codec->Encode(g, 0, &p2).ok());
           ASSERT_TRUE(codec->DecodeAccumulate(t2, -0.3f, absl::MakeSpan(acc2)).ok());
         }

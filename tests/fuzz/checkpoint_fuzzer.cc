@@ -65,6 +65,9 @@ void LoadAndRun(const std::string& bytes, const ShardState& s, bool onebit) {
   c.num_workers = s.num_workers;
   c.optimizer.kind = static_cast<OptimizerKind>(s.optimizer_kind);
   c.optimizer.preconditioned = s.preconditioned;
+  // The loader refuses a warmup checkpoint whose freeze step differs from
+  // the shard's; match it so the restore path is what gets fuzzed.
+  if (s.freeze_step >= 1) c.optimizer.freeze_step = s.freeze_step;
   c.pull_codec = onebit ? v1::CODEC_ONEBIT : v1::CODEC_FP32;
   c.checkpoint_dir = Folder();
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(c, nullptr);
@@ -78,10 +81,11 @@ void LoadAndRun(const std::string& bytes, const ShardState& s, bool onebit) {
   pull.set_replica_checksum(s.prev_replica_checksum);
   bool answered = false;
   uint64_t id = (*shard)->Pull(pull, [&answered](absl::Status,
-                                                 v1::PullResponse r) {
+                                                 PullAnswer answer) {
     answered = true;
     // What a worker does with it.
-    if (r.has_weights()) {
+    if (answer != nullptr && answer->has_weights()) {
+      const v1::PullResponse& r = *answer;
       auto dec = MakeDecoderFor(r.weights());
       if (dec.ok() && r.weights().num_elements() <= kMaxDecodeElements) {
         std::vector<float> x(r.weights().num_elements());

@@ -5,7 +5,9 @@
 //   - Validate answers for any claimed element count without allocating it;
 //   - DecodeAccumulate accepts exactly what Validate accepts, and a rejected
 //     tensor leaves the accumulator byte-for-byte unchanged (codec.h);
-//   - a tensor is rejected for any accumulator length but its own.
+//   - a tensor is rejected for any accumulator length but its own;
+//   - ValidateTensor accepts exactly what MakeCodec (params) and Validate
+//     accept, and its token decodes bit for bit as Codec::Decode.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +15,7 @@
 
 #include "absl/types/span.h"
 #include "common/codec.h"
+#include "common/validated_tensor.h"
 #include "pserver/v1/codec.pb.h"
 #include "tests/fuzz/fuzz_inputs.h"
 
@@ -75,23 +78,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 1 + kRawTensorHeaderBytes) return 0;
     t = FromRaw(data + 1, size - 1);
   }
-  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeDecoderFor(t);
-  if (!codec.ok()) return 0;
+  const Codec* codec = DecoderFor(t.codec());
+  if (codec == nullptr) {
+    Check(!ValidateTensor(t, t.num_elements()).ok());
+    return 0;
+  }
   const uint64_t n = t.num_elements();
   // Sizes alone: none of these may allocate n floats or overflow.
-  absl::Status valid = (*codec)->Validate(t, n);
-  (void)(*codec)->Validate(t, n + 1);
-  (void)(*codec)->Validate(t, n - 1);
-  (void)(*codec)->Validate(t, ~uint64_t{0});
+  absl::Status valid = codec->Validate(t, n);
+  (void)codec->Validate(t, n + 1);
+  (void)codec->Validate(t, n - 1);
+  (void)codec->Validate(t, ~uint64_t{0});
+  (void)ValidateTensor(t, ~uint64_t{0});
+  absl::StatusOr<ValidatedTensor> token = ValidateTensor(t, n);
+  // MakeCodec accepts exactly the params ValidateTensor accepts.
+  Check(token.ok() == (MakeCodec(t.codec(), t.params()).ok() && valid.ok()));
   if (n > kMaxDecodeElements) return 0;
 
-  absl::Status decoded = DecodeInto(**codec, t, n);
+  absl::Status decoded = DecodeInto(*codec, t, n);
   Check(decoded.ok() == valid.ok());
-  if (n + 1 <= kMaxDecodeElements) Check(!DecodeInto(**codec, t, n + 1).ok());
-  if (n > 0) Check(!DecodeInto(**codec, t, n - 1).ok());
+  if (n + 1 <= kMaxDecodeElements) Check(!DecodeInto(*codec, t, n + 1).ok());
+  if (n > 0) Check(!DecodeInto(*codec, t, n - 1).ok());
   if (valid.ok()) {
     std::vector<float> out(n, 1.0f);
-    Check((*codec)->Decode(t, absl::MakeSpan(out)).ok());
+    Check(codec->Decode(t, absl::MakeSpan(out)).ok());
+    if (token.ok()) {
+      std::vector<float> again(n, 2.0f);
+      token->DecodeInto(absl::MakeSpan(again));
+      Check(n == 0 || std::memcmp(out.data(), again.data(), n * 4) == 0);
+    }
   }
   return 0;
 }

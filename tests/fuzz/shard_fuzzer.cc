@@ -197,7 +197,7 @@ class Harness {
   // waiters do not pile up.
   void Pull(const v1::PullRequest& r) {
     bool answered = false;
-    uint64_t id = shard_->Pull(r, [&answered](absl::Status, v1::PullResponse) {
+    uint64_t id = shard_->Pull(r, [&answered](absl::Status, PullAnswer) {
       answered = true;
     });
     if (id != 0) {

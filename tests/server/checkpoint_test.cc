@@ -13,9 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/checksum.h"
+#include "common/file_io.h"
 #include "gtest/gtest.h"
 #include "server/shard.h"
 #include "tests/server/server_test_util.h"
+#include "tests/test_util/temp_dir.h"
 
 namespace pserver {
 namespace {
@@ -29,10 +31,7 @@ using testing_util::PushRequestFor;
 using testing_util::RegisterRequestFor;
 
 std::string NewDir(const std::string& name) {
-  std::string tmpl = absl::StrCat(::testing::TempDir(), "/", name, ".XXXXXX");
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  return mkdtemp(buf.data());
+  return testing_util::MakeTempDir(name);
 }
 
 ShardConfig Config(const std::string& dir, uint64_t freeze_step = 5) {
@@ -80,68 +79,6 @@ std::unique_ptr<Shard> NewRegisteredShard(const ShardConfig& c) {
     EXPECT_TRUE(r.ok()) << r.status();
   }
   return std::move(shard).value();
-}
-
-TEST(Checkpoint, SerializeParseRoundTrip) {
-  ShardState s;
-  s.shard_index = 1;
-  s.num_shards = 3;
-  s.num_workers = 2;
-  s.step = 42;
-  s.frozen = true;
-  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(0);
-  uint64_t n = ShardRangeFor(768, 3, 1).size();
-  s.x.assign(n, 1.5f);
-  s.m.assign(n, -2.0f);
-  s.v.assign(n, 3.0f);
-  s.x_hat.assign(n, 4.0f);
-  s.last_pushed = {41, 40};
-  s.delta = Fp32Tensor(std::vector<float>(n, 0.25f));
-  std::string bytes = SerializeShardState(s);
-  auto back = ParseShardState(bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(SerializeShardState(*back), bytes);
-}
-
-// Regression (issue 6, found by the checkpoint fuzzer): an Adam checkpoint
-// with a valid checksum but no v was loaded and crashed the first round.
-TEST(Checkpoint, Issue6AdamStateWithoutVarianceIsRefused) {
-  ShardState s;
-  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
-  s.x.assign(256, 1.0f);
-  s.m.assign(256, 0.0f);
-  s.x_hat.assign(256, 1.0f);
-  s.last_pushed = {0};
-  for (OptimizerKind kind : {OptimizerKind::kOneBitAdam, OptimizerKind::kAdam}) {
-    s.optimizer_kind = static_cast<uint32_t>(kind);
-    s.v.clear();
-    auto r = ParseShardState(SerializeShardState(s));
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find("checkpoint v"), std::string::npos);
-  }
-  s.optimizer_kind = static_cast<uint32_t>(OptimizerKind::kSgd);
-  EXPECT_TRUE(ParseShardState(SerializeShardState(s)).ok());
-  s.v.assign(256, 1.0f);
-  EXPECT_FALSE(ParseShardState(SerializeShardState(s)).ok());
-}
-
-TEST(Checkpoint, EveryTruncationAndBitFlipIsRefusedWithoutCrashing) {
-  ShardState s;
-  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
-  s.x.assign(256, 1.0f);
-  s.m.assign(256, 0.0f);
-  s.v.assign(256, 0.0f);
-  s.x_hat.assign(256, 1.0f);
-  s.last_pushed = {0};
-  std::string bytes = SerializeShardState(s);
-  for (size_t cut = 0; cut < bytes.size(); cut += 7) {
-    EXPECT_FALSE(ParseShardState(bytes.substr(0, cut)).ok()) << cut;
-  }
-  for (size_t i = 0; i < bytes.size(); i += 13) {
-    std::string b = bytes;
-    b[i] ^= 0x10;
-    EXPECT_FALSE(ParseShardState(b).ok()) << i;
-  }
 }
 
 TEST(Checkpoint, SaveRestoreGivesBitIdenticalStateAndContinuation) {
@@ -223,6 +160,93 @@ TEST(Checkpoint, CorruptNewestFallsBackAndMismatchedIsRefused) {
   EXPECT_FALSE((*d)->registered());
 }
 
+// Hole 6: a checkpoint whose x_hat does not match its recorded replica
+// checksum (a valid file written from a damaged replica) made Shard::Create
+// fail with DATA_LOSS; it is refused like any unusable file and the shard
+// starts from the previous checkpoint.
+TEST(CheckpointRestore, Hole6ReplicaMismatchFallsBack) {
+  std::string dir = NewDir("ckpt_hole6_replica");
+  ShardConfig c = Config(dir, 100);
+  auto a = NewRegisteredShard(c);
+  RunRounds(*a, 0, 2);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  uint64_t at2 = a->Status().state_checksum();
+  RunRounds(*a, 2, 4);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  const std::string newest = dir + "/ckpt-00000000000000000004.pserver";
+  auto bytes = ReadFileToString(newest);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto damaged = ParseShardState(*bytes);
+  ASSERT_TRUE(damaged.ok()) << damaged.status();
+  damaged->x_hat[3] += 1.0f;  // the file stays well-formed and sealed
+  ASSERT_TRUE(WriteFileAtomically(newest, SerializeShardState(*damaged)).ok());
+
+  auto b = Shard::Create(c, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->Status().current_step(), 2u);
+  EXPECT_EQ((*b)->Status().state_checksum(), at2);
+  bool mentioned = false;
+  for (const std::string& line : (*b)->startup_log()) {
+    mentioned |= line.find(newest) != std::string::npos &&
+                 line.find("replica") != std::string::npos;
+  }
+  EXPECT_TRUE(mentioned);
+}
+
+// Hole 6: a checkpoint written in another --onebit_mode (momentum space) or,
+// still in warmup, with another freeze step is refused, naming both values,
+// and an older one that matches is loaded instead.
+TEST(CheckpointRestore, Hole6OnebitModeMismatchRefused) {
+  std::string dir = NewDir("ckpt_hole6_mode");
+  ShardState s;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
+  s.x.assign(256, 1.0f);
+  s.m.assign(256, 0.5f);
+  s.v.assign(256, 2.0f);
+  s.x_hat.assign(256, 1.0f);
+  s.replica_checksum = ChecksumOf(s.x_hat);
+  s.last_pushed = {0};
+  s.frozen = true;
+  s.freeze_step = 5;
+  s.step = 7;
+  s.preconditioned = false;  // DeepSpeed-exact: m is raw
+  ASSERT_TRUE(WriteCheckpoint(dir, s).ok());
+  s.step = 8;
+  s.preconditioned = true;  // robust: m is D m
+  ASSERT_TRUE(WriteCheckpoint(dir, s).ok());
+
+  CheckpointExpectation deepspeed;
+  deepspeed.preconditioned = false;
+  deepspeed.freeze_step = 100;  // history for a frozen checkpoint
+  std::vector<std::string> refused;
+  auto got = LoadNewestCheckpoint(dir, deepspeed, &refused);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->step, 7u);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("00008.pserver: it was written with "
+                            "preconditioned=1; this shard has 0 (--onebit_mode)"),
+            std::string::npos)
+      << refused[0];
+
+  // In warmup the freeze step still decides when v freezes.
+  std::string warm = NewDir("ckpt_hole6_freeze");
+  s.frozen = false;
+  s.step = 3;
+  s.freeze_step = 50;
+  ASSERT_TRUE(WriteCheckpoint(warm, s).ok());
+  CheckpointExpectation later;
+  later.preconditioned = true;
+  later.freeze_step = 100;
+  refused.clear();
+  EXPECT_TRUE(absl::IsNotFound(LoadNewestCheckpoint(warm, later, &refused).status()));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("freeze_step=50; this shard has 100 (--freeze_step)"),
+            std::string::npos)
+      << refused[0];
+  later.freeze_step = 50;
+  EXPECT_TRUE(LoadNewestCheckpoint(warm, later, nullptr).ok());
+}
+
 TEST(Checkpoint, PeriodicWriterAndCloseWriteTheNewestState) {
   std::string dir = NewDir("ckpt_periodic");
   ShardConfig c = Config(dir, 100);
@@ -240,8 +264,16 @@ TEST(Checkpoint, PeriodicWriterAndCloseWriteTheNewestState) {
 
 TEST(Checkpoint, ResumeStepFastForwardsAShardThatLostRounds) {
   std::string dir = NewDir("ckpt_resume");
-  auto a = NewRegisteredShard(Config(dir, 100));
-  RunRounds(*a, 0, 3);
+  {
+    auto before = NewRegisteredShard(Config(dir, 100));
+    RunRounds(*before, 0, 3);
+    ASSERT_TRUE(before->Close().ok());  // the last checkpoint: step 3
+  }
+  // The restarted shard is at step 3; its workers went on to step 6.
+  auto restarted = Shard::Create(Config(dir, 100), nullptr);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  Shard* a = restarted->get();
+  ASSERT_EQ(a->Status().current_step(), 3u);
   v1::RegisterRequest r = RegisterRequestFor(0, 2, InitialWeights(kSmallElements));
   r.set_resume_step(6);
   auto resp = a->Register(r);

@@ -1,4 +1,5 @@
 #include "server/optimizer.h"
+#include "server/moment_optimizer.h"
 
 #include <cmath>
 #include <cstdint>
@@ -79,7 +80,7 @@ TEST(Optimizer, OneBitAdamBeforeFreezeEqualsDoubleReferenceAdam) {
   c.kind = OptimizerKind::kOneBitAdam;
   c.freeze_step = 1000;  // beyond the run
   c.weight_decay = 0.01f;
-  Optimizer opt(c, n, {{0, 1000}, {1000, n}});
+  MomentOptimizer opt(c, n, {{0, 1000}, {1000, n}});
   std::vector<float> x = Weights(n);
   RefAdam ref = MakeRef(c, x);
   for (int t = 0; t < 200; ++t) {
@@ -96,7 +97,7 @@ TEST(Optimizer, AdamWithBiasCorrectionEqualsReference) {
   OptimizerConfig c;
   c.kind = OptimizerKind::kAdam;
   c.bias_correction = true;
-  Optimizer opt(c, n, {{0, n}});
+  MomentOptimizer opt(c, n, {{0, n}});
   std::vector<float> x = Weights(n);
   RefAdam ref = MakeRef(c, x);
   for (int t = 0; t < 100; ++t) {
@@ -111,7 +112,7 @@ TEST(Optimizer, VarianceIsBitwiseConstantAfterFreeze) {
   const uint64_t n = 2000;
   OptimizerConfig c;
   c.freeze_step = 10;
-  Optimizer opt(c, n, {{0, 500}, {500, n}});
+  MomentOptimizer opt(c, n, {{0, 500}, {500, n}});
   std::vector<float> x = Weights(n);
   for (int t = 0; t < 10; ++t) opt.Step(Gradient(n, t), absl::MakeSpan(x));
   ASSERT_TRUE(opt.frozen());
@@ -131,7 +132,7 @@ TEST(Optimizer, FreezeFloorsSqrtVariancePerTensor) {
   OptimizerConfig unfloored = c;
   unfloored.variance_floor = 0.0f;
   std::vector<LocalSegment> segs = {{0, 400}, {400, n}};
-  Optimizer opt(c, n, segs), raw(unfloored, n, segs);
+  MomentOptimizer opt(c, n, segs), raw(unfloored, n, segs);
   std::vector<float> x = Weights(n), y = Weights(n);
   for (int t = 0; t < 5; ++t) {
     opt.Step(Gradient(n, t), absl::MakeSpan(x));
@@ -164,7 +165,7 @@ TEST(Optimizer, PreconditionedStageEqualsFrozenVarianceAdam) {
   robust.variance_floor = 0.0f;  // compare the spaces alone
   OptimizerConfig raw = robust;
   raw.preconditioned = false;
-  Optimizer a(robust, n, {{0, n}}), b(raw, n, {{0, n}});
+  MomentOptimizer a(robust, n, {{0, n}}), b(raw, n, {{0, n}});
   std::vector<float> xa = Weights(n), xb = Weights(n);
   for (int t = 0; t < 20; ++t) {
     std::vector<float> g = Gradient(n, t, 0.1f);
@@ -197,7 +198,7 @@ TEST(Optimizer, DecoupledWeightDecayAndLearningRateFollowTheFormula) {
   c.kind = OptimizerKind::kAdam;
   c.lr = 0.1f;
   c.weight_decay = 0.5f;
-  Optimizer opt(c, n, {{0, n}});
+  MomentOptimizer opt(c, n, {{0, n}});
   std::vector<float> x(n, 2.0f), zero(n, 0.0f);
   opt.Step(zero, absl::MakeSpan(x));
   EXPECT_FLOAT_EQ(x[0], 2.0f - 0.1f * 0.5f * 2.0f);
@@ -210,7 +211,7 @@ TEST(Optimizer, DecoupledWeightDecayAndLearningRateFollowTheFormula) {
   OptimizerConfig c2;
   c2.kind = OptimizerKind::kAdam;
   c2.lr = 0.01f;
-  Optimizer opt2(c2, 1, {{0, 1}});
+  MomentOptimizer opt2(c2, 1, {{0, 1}});
   std::vector<float> y = {1.0f}, g = {3.0f};
   double step = opt2.Step(g, absl::MakeSpan(y));
   double want = 0.01 * (0.1 * 3.0) / (std::sqrt(0.001 * 9.0) + 1e-8);
@@ -223,7 +224,7 @@ TEST(Optimizer, SgdMomentumFollowsTheFormula) {
   c.kind = OptimizerKind::kSgd;
   c.lr = 0.1f;
   c.momentum = 0.9f;
-  Optimizer opt(c, 1, {{0, 1}});
+  MomentOptimizer opt(c, 1, {{0, 1}});
   std::vector<float> x = {1.0f}, g = {1.0f};
   opt.Step(g, absl::MakeSpan(x));  // buf = 1, x = 0.9
   opt.Step(g, absl::MakeSpan(x));  // buf = 1.9, x = 0.71
@@ -232,11 +233,11 @@ TEST(Optimizer, SgdMomentumFollowsTheFormula) {
 }
 
 TEST(Optimizer, LargeShardUsesTwoChunksWithSameResult) {
-  // ParallelChunks splits large shards; results must equal a one-chunk run.
+  // The pool splits large shards; results must equal a one-chunk run.
   const uint64_t n = (1u << 18) + 77;
   OptimizerConfig c;
   c.freeze_step = 3;
-  Optimizer a(c, n, {{0, n}});
+  MomentOptimizer a(c, n, {{0, n}});
   std::vector<float> xa = Weights(n);
   std::vector<float> xs = xa;
   RefAdam ref = MakeRef(c, xs);
@@ -246,6 +247,16 @@ TEST(Optimizer, LargeShardUsesTwoChunksWithSameResult) {
     ref.Step(g);
   }
   ExpectClose(xa, ref.x, 1e-6);
+  // The same steps on one core (a pool without helpers) are bit-identical:
+  // chunking never changes a parameter's arithmetic.
+  ThreadPool none(0);
+  MomentOptimizer one(c, n, {{0, n}}, &none);
+  std::vector<float> x1 = Weights(n);
+  for (int t = 0; t < 3; ++t) {
+    std::vector<float> g = Gradient(n, t, 0.1f);
+    one.Step(g, absl::MakeSpan(x1));
+  }
+  EXPECT_EQ(std::memcmp(x1.data(), xa.data(), n * sizeof(float)), 0);
 }
 
 TEST(Optimizer, ConfigValidationNamesTheField) {

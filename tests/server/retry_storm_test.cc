@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/codec.h"
+#include "common/error_feedback.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/parameter_server.grpc.pb.h"
@@ -74,10 +75,9 @@ void Worker(uint32_t w, int port, Storm storm, std::vector<float>* final_x,
     std::vector<float> g = Gradient(kSmallElements, w, t, 0.1f);
     for (size_t i = 0; i < g.size(); ++i) g[i] += 0.05f * replica.x[i];
     v1::PushRequest push = PushRequestFor(w, t, v1::EncodedTensor());
-    ASSERT_TRUE((*codec)
-                    ->EncodeWithFeedback(g, e, 1.0f, t * 7 + w,
-                                         push.mutable_gradient(),
-                                         absl::MakeSpan(next_e))
+    ASSERT_TRUE(EncodeWithFeedback(**codec, g, e, 1.0f, t * 7 + w,
+                                   push.mutable_gradient(),
+                                   absl::MakeSpan(next_e))
                     .ok());
     std::swap(e, next_e);
     v1::PushResponse pr;

@@ -15,6 +15,9 @@
 #include "absl/time/time.h"
 #include "common/checksum.h"
 #include "common/codec.h"
+#include "common/error_feedback.h"
+#include "common/grpc_status.h"
+#include "common/rejection.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -196,8 +199,8 @@ struct FakeWorker {
       push.set_step(t);
       push.set_space(space);
       std::vector<float> next_error(kN);
-      absl::Status es = codec->EncodeWithFeedback(
-          g, error, 1.0f, id * 1000 + t, push.mutable_gradient(),
+      absl::Status es = EncodeWithFeedback(
+          *codec, g, error, 1.0f, id * 1000 + t, push.mutable_gradient(),
           absl::MakeSpan(next_error));
       ASSERT_TRUE(es.ok()) << es;
       error.swap(next_error);
@@ -552,6 +555,50 @@ TEST_F(ServiceBadInput, FrozenVarianceBeforeTheFreezeIsFailedPrecondition) {
   v1::GetFrozenVarianceResponse resp;
   ExpectRejected(stub_->GetFrozenVariance(&ctx, req, &resp),
                  grpc::StatusCode::FAILED_PRECONDITION, {"frozen from step 100", "at step 0"});
+}
+
+// Issue 9: every refusal carries its reason in the "pserver-reason" trailer,
+// which the client-side conversion turns back into the status's reason.
+TEST_F(ServiceBadInput, RejectionsCarryTheirReasonInATrailer) {
+  struct Case {
+    v1::PushRequest req;
+    v1::RejectReason reason;
+  };
+  v1::EncodedTensor garbage = OneBit(Gradient(kN, 1, 0));
+  garbage.set_payload("not a payload");
+  const Case cases[] = {
+      {PushRequestFor(1, 5, OneBit(Gradient(kN, 1, 5))),
+       v1::REJECT_REASON_FUTURE_STEP},
+      {PushRequestFor(1, 0, OneBit(Gradient(kN, 1, 0)),
+                      v1::GRADIENT_SPACE_PRECONDITIONED),
+       v1::REJECT_REASON_WRONG_SPACE},
+      {PushRequestFor(1, 0, garbage), v1::REJECT_REASON_INVALID_PAYLOAD},
+      {PushRequestFor(2, 0, OneBit(Gradient(kN, 2, 0))),
+       v1::REJECT_REASON_NOT_REGISTERED},
+      {PushRequestFor(7, 0, OneBit(Gradient(kN, 2, 0))),
+       v1::REJECT_REASON_UNKNOWN_WORKER},
+  };
+  for (const Case& c : cases) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    v1::PushResponse resp;
+    grpc::Status g = stub_->Push(&ctx, c.req, &resp);
+    ASSERT_FALSE(g.ok());
+    auto it = ctx.GetServerTrailingMetadata().find(kReasonTrailer);
+    ASSERT_NE(it, ctx.GetServerTrailingMetadata().end());
+    EXPECT_EQ(std::string(it->second.data(), it->second.size()),
+              ReasonName(c.reason));
+    absl::Status s = FromGrpcStatus(g, ctx);
+    EXPECT_EQ(ReasonOf(s), c.reason) << s;
+    EXPECT_EQ(s.message(), g.error_message());
+  }
+  // A successful call carries no reason.
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(10));
+  v1::PushResponse resp;
+  ASSERT_TRUE(stub_->Push(&ctx, PushRequestFor(1, 0, OneBit(Gradient(kN, 1, 0))),
+                          &resp).ok());
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count(kReasonTrailer), 0u);
 }
 
 TEST_F(ServiceTest, PushAndPullBeforeRegistrationAreFailedPrecondition) {

@@ -254,9 +254,9 @@ TEST(Shard, PullOfTheNextStepWaitsForTheRound) {
   absl::Notification answered;
   absl::Status status;
   v1::PullResponse response;
-  shard->Pull(PullRequestFor(0, 1, -1, 0), [&](absl::Status s, v1::PullResponse r) {
+  shard->Pull(PullRequestFor(0, 1, -1, 0), [&](absl::Status s, PullAnswer r) {
     status = s;
-    response = std::move(r);
+    if (r != nullptr) response = *r;
     answered.Notify();
   });
   EXPECT_FALSE(answered.HasBeenNotified());

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/moment_optimizer.h"
 #include "server/optimizer.h"
 #include "tests/worker/process_util.h"
 #include "worker/batcher.h"
@@ -42,7 +43,7 @@ std::vector<float> LocalRun() {
   OptimizerConfig c;
   c.kind = OptimizerKind::kAdam;
   c.lr = 1e-3f;
-  Optimizer opt(c, n, {{0, n}});
+  MomentOptimizer opt(c, n, {{0, n}});
   std::vector<float> bx(kBatch * 784), acc(n), g(n);
   std::vector<uint8_t> by(kBatch);
   for (int step = 0; step < kSteps; ++step) {

@@ -1,0 +1,155 @@
+#include "server/moment_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pserver {
+
+MomentOptimizer::MomentOptimizer(const OptimizerConfig& config, uint64_t n,
+                                 std::vector<LocalSegment> segments,
+                                 ThreadPool* pool)
+    : config_(config),
+      pool_(pool != nullptr ? pool : ThreadPool::Default()),
+      n_(n),
+      segments_(std::move(segments)),
+      m_(n, 0.0f),
+      freeze_at_(config.freeze_step) {
+  if (config_.kind != OptimizerKind::kSgd) v_.assign(n, 0.0f);
+}
+
+v1::OptimizerStage MomentOptimizer::stage() const {
+  return frozen_ ? v1::OPTIMIZER_STAGE_COMPRESSION : v1::OPTIMIZER_STAGE_WARMUP;
+}
+
+v1::GradientSpace MomentOptimizer::expected_space() const {
+  return frozen_ && config_.preconditioned ? v1::GRADIENT_SPACE_PRECONDITIONED
+                                           : v1::GRADIENT_SPACE_RAW;
+}
+
+double MomentOptimizer::Step(absl::Span<const float> g, absl::Span<float> x) {
+  // One partial sum per chunk (at most helpers + 1), added in chunk order.
+  std::vector<double> sq(static_cast<size_t>(pool_->helpers()) + 1, 0.0);
+  const uint64_t chunk = std::max<uint64_t>(1, n_ / sq.size());
+  pool_->ParallelFor(n_, kMinParallelChunk, [&](uint64_t b, uint64_t e) {
+    sq[std::min<uint64_t>(b / chunk, sq.size() - 1)] = StepRange(b, e, g, x);
+  });
+  double total = 0;
+  for (double s : sq) total += s;
+  ++step_;
+  ++rounds_run_;
+  if (config_.kind == OptimizerKind::kOneBitAdam && !frozen_ &&
+      step_ >= freeze_at_) {
+    Freeze();
+  }
+  return std::sqrt(total);
+}
+
+double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
+                            absl::Span<const float> g, absl::Span<float> x) {
+  const float lr = config_.lr, b1 = config_.beta1, b2 = config_.beta2;
+  const float eps = config_.eps, wd = config_.weight_decay;
+  float* m = m_.data();
+  double sq = 0;
+  if (config_.kind == OptimizerKind::kSgd) {
+    const float mu = config_.momentum;
+    for (uint64_t i = begin; i < end; ++i) {
+      float gi = g[i] + wd * x[i];
+      m[i] = mu * m[i] + gi;
+      float d = lr * m[i];
+      x[i] -= d;
+      sq += double{d} * d;
+    }
+    return sq;
+  }
+  float* v = v_.data();
+  if (!frozen_) {
+    float mc = 1.0f, vc = 1.0f;
+    if (config_.bias_correction) {
+      double t = static_cast<double>(step_ + 1);
+      mc = static_cast<float>(1.0 / (1.0 - std::pow(double{b1}, t)));
+      vc = static_cast<float>(1.0 / (1.0 - std::pow(double{b2}, t)));
+    }
+    for (uint64_t i = begin; i < end; ++i) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      float update = (m[i] * mc) / (std::sqrt(v[i] * vc) + eps);
+      float d = lr * (update + wd * x[i]);
+      x[i] -= d;
+      sq += double{d} * d;
+    }
+    return sq;
+  }
+  if (config_.preconditioned) {
+    for (uint64_t i = begin; i < end; ++i) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      float d = lr * (m[i] + wd * x[i]);
+      x[i] -= d;
+      sq += double{d} * d;
+    }
+  } else {
+    for (uint64_t i = begin; i < end; ++i) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      float d = lr * (m[i] / (std::sqrt(v[i]) + eps) + wd * x[i]);
+      x[i] -= d;
+      sq += double{d} * d;
+    }
+  }
+  return sq;
+}
+
+void MomentOptimizer::Freeze() {
+  frozen_ = true;
+  if (config_.bias_correction && step_ > 0) {
+    // Freeze the bias-corrected moments: the compression stage then takes
+    // the steps plain Adam (with correction) would take at this point.
+    double t = static_cast<double>(step_);
+    float mc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta1}, t)));
+    float vc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta2}, t)));
+    for (uint64_t i = 0; i < n_; ++i) {
+      m_[i] *= mc;
+      v_[i] *= vc;
+    }
+  }
+  if (!config_.preconditioned) return;  // DeepSpeed-exact: no floor, raw m
+  for (const LocalSegment& s : segments_) {
+    double sum = 0;
+    for (uint64_t i = s.begin; i < s.end; ++i) sum += std::sqrt(double{v_[i]});
+    uint64_t len = s.end - s.begin;
+    float floor = len ? static_cast<float>(config_.variance_floor * sum / len)
+                      : 0.0f;
+    for (uint64_t i = s.begin; i < s.end; ++i) {
+      float root = std::sqrt(v_[i]);
+      if (root < floor) {
+        root = floor;
+        v_[i] = floor * floor;
+      }
+      // Momentum into the preconditioned space: m_D = m / (sqrt(v) + eps).
+      m_[i] = m_[i] / (root + config_.eps);
+    }
+  }
+}
+
+void MomentOptimizer::RestoreState(uint64_t step, bool frozen, std::vector<float> m,
+                             std::vector<float> v) {
+  step_ = step;
+  rounds_run_ = step;
+  frozen_ = frozen;
+  m_ = std::move(m);
+  v_ = std::move(v);
+}
+
+void MomentOptimizer::FastForward(uint64_t step) {
+  if (step <= step_) return;
+  step_ = step;
+  if (config_.kind != OptimizerKind::kOneBitAdam || frozen_ ||
+      step_ < freeze_at_) {
+    return;
+  }
+  if (rounds_run_ > 0) {
+    Freeze();
+  } else {
+    freeze_at_ = step_ + config_.freeze_step;
+  }
+}
+
+}  // namespace pserver

@@ -1,0 +1,79 @@
+// The downlink's replica tracking: x_hat, the weights every worker holds,
+// follows the shard's weights x through the pull codec; each round the
+// shard encodes d = encode(x - x_hat), adds decode(d) to x_hat and serves d
+// as the pull delta (the residual x - x_hat is the downlink's error
+// feedback). A worker whose replica is not x_hat(step - 1), by step or by
+// checksum, gets a full fp32 snapshot instead.
+#ifndef PSERVER_SERVER_REPLICA_TRACKER_H_
+#define PSERVER_SERVER_REPLICA_TRACKER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/codec.h"
+#include "common/thread_pool.h"
+#include "pserver/v1/parameter_server.pb.h"
+#include "server/pull_waiters.h"
+
+namespace pserver {
+
+// Thread-compatible: the shard calls it under its mutex.
+class ReplicaTracker {
+ public:
+  // INVALID_ARGUMENT for a pull codec or parameters MakeCodec refuses.
+  static absl::StatusOr<std::unique_ptr<ReplicaTracker>> Create(
+      uint32_t shard_index, v1::Codec pull_codec,
+      const v1::CodecParams& pull_params, ThreadPool* pool);
+
+  // Starts from the weights themselves: x_hat = x, no delta.
+  void Reset(absl::Span<const float> x);
+  // From a checkpoint. REQUIRES: the checksum was verified by the loader.
+  void Restore(std::vector<float> x_hat, std::optional<v1::EncodedTensor> delta,
+               uint64_t checksum, uint64_t prev_checksum);
+  // After the optimizer's step to `step`: x_hat follows x through the pull
+  // codec. `scratch` (x's length) is overwritten. Returns ||x - x_hat||.
+  double Advance(absl::Span<const float> x, uint64_t step,
+                 absl::Span<float> scratch);
+  // The workers' replicas are not x_hat any more (the shard skipped rounds):
+  // pulls get snapshots until the next Advance.
+  void Invalidate();
+
+  // The answer to a pull of the current step `step` in stage `stage`: the
+  // delta when the request proves the worker holds x_hat(step - 1), else a
+  // snapshot. Answers are built once per step and shared.
+  PullAnswer Answer(const v1::PullRequest& req, uint64_t step,
+                    v1::OptimizerStage stage);
+
+  absl::Span<const float> x_hat() const { return x_hat_; }
+  const std::optional<v1::EncodedTensor>& delta() const { return delta_; }
+  uint64_t checksum() const { return checksum_; }
+  uint64_t prev_checksum() const { return prev_checksum_; }
+
+ private:
+  ReplicaTracker(uint32_t shard_index, v1::Codec pull_codec,
+                 std::unique_ptr<Codec> codec, ThreadPool* pool);
+  void DropAnswers();
+
+  const uint32_t shard_index_;
+  const v1::Codec pull_codec_id_;
+  const std::unique_ptr<Codec> codec_;
+  ThreadPool* const pool_;
+  std::vector<float> x_hat_;
+  // The delta that takes x_hat(step - 1) to x_hat(step), if there is one.
+  std::optional<v1::EncodedTensor> delta_;
+  uint64_t prev_checksum_ = 0;
+  uint64_t checksum_ = 0;
+  // Answers of the current step, shared by every pull that gets them.
+  PullAnswer delta_answer_;
+  PullAnswer snapshot_answer_;
+  uint64_t answers_step_ = 0;
+  v1::OptimizerStage answers_stage_ = v1::OPTIMIZER_STAGE_UNSPECIFIED;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_SERVER_REPLICA_TRACKER_H_

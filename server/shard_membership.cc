@@ -1,0 +1,283 @@
+// Shard: who takes part. Register (first registration installs the model;
+// a re-registration may fast-forward a shard that lost rounds) and the
+// lease reaper that drops silent workers.
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+#include "common/rejection.h"
+#include "server/internal/shard_common.h"
+#include "server/shard.h"
+
+namespace pserver {
+
+using internal::ShuttingDown;
+
+uint32_t Shard::RegisteredCount() const {
+  uint32_t count = 0;
+  for (bool b : worker_registered_) count += b ? 1 : 0;
+  return count;
+}
+
+absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
+                                         std::vector<TensorSlot>* slots) const {
+  if (absl::Status s = CheckWorker(req.worker_id()); !s.ok()) return s;
+  if (req.num_workers() != config_.num_workers) {
+    return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "num_workers is ", req.num_workers(),
+                      "; the shard expects ", config_.num_workers)));
+  }
+  if (req.num_shards() != config_.num_shards ||
+      req.shard_index() != config_.shard_index) {
+    return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "shard_index/num_shards is ", req.shard_index(), "/",
+                      req.num_shards(), "; this shard is ", config_.shard_index,
+                      "/", config_.num_shards)));
+  }
+  absl::StatusOr<std::vector<TensorSlot>> s = ValidateLayout(req.layout());
+  if (!s.ok()) return Reject(v1::REJECT_REASON_BAD_LAYOUT, s.status());
+  *slots = *std::move(s);
+  if (req.resume_step() >= kMaxResumeStep) {
+    return Reject(v1::REJECT_REASON_BAD_RESUME_STEP,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "resume_step is ", req.resume_step(), "; expected < 2^62")));
+  }
+  // Limits on the model, before anything is allocated for it.
+  const uint64_t total = TotalElements(req.layout());
+  if (total > config_.max_model_elements) {
+    return Reject(v1::REJECT_REASON_MODEL_TOO_LARGE,
+                  absl::ResourceExhaustedError(absl::StrCat(
+                      "layout holds ", total, " elements; this shard accepts "
+                      "at most ", config_.max_model_elements,
+                      " (--max_model_elements)")));
+  }
+  const uint64_t slice =
+      ShardRangeFor(total, config_.num_shards, config_.shard_index).size();
+  const uint64_t snapshot_bytes =
+      Fp32Bytes(slice) + kPullResponseOverheadBytes;
+  if (config_.max_response_bytes > 0 &&
+      snapshot_bytes > config_.max_response_bytes) {
+    return Reject(v1::REJECT_REASON_MODEL_TOO_LARGE,
+                  absl::ResourceExhaustedError(absl::StrCat(
+                      "this shard's slice of ", slice, " elements needs ",
+                      snapshot_bytes, "-byte snapshots; the message limit is ",
+                      config_.max_response_bytes,
+                      " bytes (--max_message_mb); use more shards")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterResponse> Shard::Register(
+    const v1::RegisterRequest& req) {
+  std::vector<TensorSlot> slots;
+  if (absl::Status s = CheckRegisterRequest(req, &slots); !s.ok()) return s;
+
+  // Pulls that a fast-forward makes answerable are answered after unlocking.
+  std::vector<Ready> ready;
+  absl::StatusOr<v1::RegisterResponse> result =
+      [&]() -> absl::StatusOr<v1::RegisterResponse> {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return ShuttingDown();
+    const uint32_t w = req.worker_id();
+    if (req.resume_step() > step_ + 1 && !catching_up_) {
+      // A shard that completed a round in this incarnation lost none: its
+      // workers are at most one step ahead (a push that reached only some
+      // shards).
+      return Reject(v1::REJECT_REASON_BAD_RESUME_STEP,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "resume_step is ", req.resume_step(),
+                        "; this shard is at step ", step_,
+                        " and has lost no rounds, so expected at most ",
+                        step_ + 1)));
+    }
+    if (req.resume_step() > step_ && round_.summing()) {
+      return Reject(v1::REJECT_REASON_BUSY,
+                    absl::UnavailableError(absl::StrCat(
+                        "resume_step is ", req.resume_step(), " while step ",
+                        step_, " is being summed; retry")));
+    }
+    v1::RegisterResponse resp;
+    if (registered_) {
+      std::string diff = FirstLayoutDifference(req.layout(), layout_);
+      if (!diff.empty()) {
+        return Reject(v1::REJECT_REASON_LAYOUT_MISMATCH,
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "model layout differs from the registered one: ",
+                          diff)));
+      }
+    } else {
+      const uint64_t n = ShardRangeFor(TotalElements(req.layout()),
+                                       config_.num_shards, config_.shard_index)
+                             .size();
+      // The contract's dense codec, exactly the slice's size: nothing is
+      // allocated for a model the request does not actually carry.
+      const v1::EncodedTensor& init = req.initial_weights();
+      if (init.codec() != v1::CODEC_FP32) {
+        return Reject(v1::REJECT_REASON_INVALID_PAYLOAD,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "initial_weights.codec is ", CodecName(init.codec()),
+                          "; expected fp32 (CODEC_FP32)")));
+      }
+      if (init.num_elements() != n || init.payload().size() != Fp32Bytes(n)) {
+        return Reject(v1::REJECT_REASON_WRONG_SIZE,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "initial_weights holds ", init.num_elements(),
+                          " elements in ", init.payload().size(),
+                          " bytes; expected ", n, " elements in ",
+                          Fp32Bytes(n), " bytes (this shard's slice)")));
+      }
+      absl::StatusOr<std::unique_ptr<Codec>> codec = MakeDecoderFor(init);
+      if (!codec.ok()) {
+        return Reject(v1::REJECT_REASON_INVALID_PAYLOAD,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "initial_weights: ", codec.status().message())));
+      }
+      if (absl::Status s = (*codec)->Validate(init, n); !s.ok()) {
+        return Reject(v1::REJECT_REASON_INVALID_PAYLOAD,
+                      absl::InvalidArgumentError(
+                          absl::StrCat("initial_weights: ", s.message())));
+      }
+      std::vector<float> x(n);
+      if (absl::Status s = (*codec)->Decode(init, absl::MakeSpan(x)); !s.ok()) {
+        return Reject(v1::REJECT_REASON_INVALID_PAYLOAD, s);
+      }
+      InstallModel(req.layout(), slots, std::move(x));
+      resp.set_initialized_model(true);
+    }
+    if (req.resume_step() > step_) {
+      if (round_.started()) {
+        // A worker at resume_step proves round step_ completed before this
+        // shard lost it: the pushes queued for it are dropped with it.
+        std::fprintf(stderr,
+                     "pserver: shard %u drops %u pushes queued for step %lu\n",
+                     config_.shard_index, round_.received(),
+                     static_cast<unsigned long>(step_));
+        round_.Clear();
+      }
+      FastForward(req.resume_step());
+      ready = WakeWaiters();
+    }
+    worker_registered_[w] = true;
+    leases_.Touch(w);
+    if (!leases_.live(w)) {
+      const bool now = leases_.Rejoin(w, round_.started());
+      std::fprintf(stderr, "pserver: shard %u: worker %u rejoins at step %lu\n",
+                   config_.shard_index, w,
+                   static_cast<unsigned long>(step_ + (now ? 0 : 1)));
+      PublishLiveness();
+    }
+    metrics_->SetWorkersRegistered(RegisteredCount());
+    resp.set_shard_begin(range_.begin);
+    resp.set_shard_end(range_.end);
+    resp.set_current_step(step_);
+    resp.set_stage(optimizer_->stage());
+    resp.set_freeze_step(optimizer_->freeze_at());
+    resp.set_compression_space(config_.optimizer.preconditioned
+                                   ? v1::GRADIENT_SPACE_PRECONDITIONED
+                                   : v1::GRADIENT_SPACE_RAW);
+    return resp;
+  }();
+  for (Ready& r : ready) r();
+  return result;
+}
+
+void Shard::InstallModel(const v1::ModelLayout& layout,
+                         const std::vector<TensorSlot>& slots,
+                         std::vector<float> x) {
+  ShardRange range = ShardRangeFor(TotalElements(layout), config_.num_shards,
+                                   config_.shard_index);
+  // Tensor pieces inside this shard, for per-tensor optimizer rules.
+  std::vector<LocalSegment> segments;
+  for (const TensorSlot& t : slots) {
+    uint64_t b = std::max(t.offset, range.begin);
+    uint64_t e = std::min(t.offset + t.size, range.end);
+    if (b < e) segments.push_back({b - range.begin, e - range.begin});
+  }
+  layout_ = layout;
+  range_ = range;
+  x_ = std::move(x);
+  replica_->Reset(x_);
+  round_.Resize(range.size());
+  optimizer_ = MakeOptimizer(config_.optimizer, range.size(),
+                             std::move(segments), pool_);
+  registered_ = true;
+  ++arrays_version_;
+  // Every worker's lease starts now: the first rounds wait for all of them.
+  leases_.RenewAll();
+  PublishLiveness();
+  metrics_->SetModelElements(range.size());
+  metrics_->SetStage(optimizer_->stage());
+}
+
+void Shard::FastForward(uint64_t step) {
+  const uint64_t skipped = step - step_;
+  std::fprintf(stderr,
+               "pserver: shard %u skips from step %lu to %lu (a worker "
+               "resumed there; %lu rounds of this shard are lost)\n",
+               config_.shard_index, static_cast<unsigned long>(step_),
+               static_cast<unsigned long>(step),
+               static_cast<unsigned long>(skipped));
+  step_ = step;
+  optimizer_->FastForward(step);
+  // Workers' replicas of this shard are not x_hat any more: snapshots only.
+  replica_->Invalidate();
+  ++arrays_version_;
+  metrics_->AddSkippedRounds(skipped);
+  metrics_->SetStep(step_);
+  metrics_->SetStage(optimizer_->stage());
+}
+
+void Shard::PublishLiveness() { metrics_->SetWorkersLive(leases_.live_count()); }
+
+std::vector<Shard::Ready> Shard::ReapLeases() {
+  if (!registered_ || !leases_.enabled()) return {};
+  auto busy = [this](uint32_t w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    // Called by leases_ inside Expire, i.e. with mu_ held.
+    return round_.pushed(w) || waiters_.IsWaiting(w);
+  };
+  auto dropped = leases_.Expire(busy);
+  if (dropped.empty()) return {};
+  for (const auto& [w, silent] : dropped) {
+    std::fprintf(stderr,
+                 "pserver: shard %u: worker %u dropped at step %lu (no call "
+                 "for %s); the rounds go on without it\n",
+                 config_.shard_index, w, static_cast<unsigned long>(step_),
+                 absl::FormatDuration(silent).c_str());
+    metrics_->AddDroppedWorker();
+  }
+  PublishLiveness();
+  return Drain();
+}
+
+void Shard::CheckLeases() {
+  std::vector<Ready> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    ready = ReapLeases();
+  }
+  for (Ready& r : ready) r();
+}
+
+void Shard::ReaperLoop() {
+  const absl::Duration period =
+      std::min(absl::Seconds(1), config_.lease_timeout / 4);
+  while (true) {
+    std::vector<Ready> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return reaper_stop_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), period);
+      if (reaper_stop_) return;
+      ready = ReapLeases();
+    }
+    for (Ready& r : ready) r();
+  }
+}
+
+}  // namespace pserver

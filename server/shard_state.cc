@@ -1,0 +1,176 @@
+// Shard: what it holds. Status and state checksums, checkpoint capture and
+// restore, shutdown.
+#include <utility>
+
+#include "common/checksum.h"
+#include "server/internal/shard_common.h"
+#include "server/shard.h"
+
+namespace pserver {
+
+using internal::ShuttingDown;
+
+v1::GetStatusResponse Shard::Status() {
+  absl::MutexLock lock(&mu_);
+  // Under the same lock as the other fields: all from one round.
+  const uint64_t checksum = StateChecksumLocked();
+  v1::GetStatusResponse r;
+  r.set_shard_index(config_.shard_index);
+  r.set_num_shards(config_.num_shards);
+  r.set_expected_workers(config_.num_workers);
+  r.set_model_registered(registered_);
+  r.set_current_step(step_);
+  r.set_optimizer(OptimizerName(config_.optimizer.kind));
+  r.set_workers_registered(RegisteredCount());
+  r.set_pushes_pending(round_.received());
+  r.set_workers_live(leases_.live_count());
+  if (registered_) {
+    r.set_stage(optimizer_->stage());
+    r.set_shard_begin(range_.begin);
+    r.set_shard_end(range_.end);
+    r.set_replica_checksum(replica_->checksum());
+  }
+  r.set_state_checksum(checksum);
+  return r;
+}
+
+bool Shard::registered() {
+  absl::MutexLock lock(&mu_);
+  return registered_;
+}
+
+uint64_t Shard::StateChecksum() {
+  absl::MutexLock lock(&mu_);
+  return StateChecksumLocked();
+}
+
+uint64_t Shard::paired_sums() {
+  absl::MutexLock lock(&mu_);
+  return round_.paired_sums();
+}
+
+uint64_t Shard::status_hashes() {
+  absl::MutexLock lock(&mu_);
+  return status_hashes_;
+}
+
+uint64_t Shard::StateChecksumLocked() {
+  // The big arrays change only when a round completes or a model is
+  // installed, restored or fast-forwarded: hash them once per change, so a
+  // caller polling Status() costs the rounds one hash per round at most.
+  if (hashed_version_ != arrays_version_) {
+    Checksum64 h;
+    h.Update(x_.data(), x_.size() * sizeof(float));
+    absl::Span<const float> x_hat = replica_->x_hat();
+    h.Update(x_hat.data(), x_hat.size() * sizeof(float));
+    if (optimizer_) {
+      h.Update(optimizer_->m().data(), optimizer_->m().size() * sizeof(float));
+      h.Update(optimizer_->v().data(), optimizer_->v().size() * sizeof(float));
+    }
+    arrays_hash_ = h.Finish();
+    hashed_version_ = arrays_version_;
+    ++status_hashes_;
+  }
+  Checksum64 h;
+  h.Update(&step_, sizeof(step_));
+  h.Update(&arrays_hash_, sizeof(arrays_hash_));
+  h.Update(last_pushed_.data(), last_pushed_.size() * sizeof(int64_t));
+  for (uint32_t w = 0; w < config_.num_workers; ++w) {
+    const bool p = round_.queued(w);
+    h.Update(&p, 1);
+  }
+  return h.Finish();
+}
+
+void Shard::Shutdown() {
+  std::vector<PullWaiters::Waiter> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    reaper_stop_ = true;
+    waiters = waiters_.TakeAll();
+  }
+  if (reaper_) {
+    reaper_->join();
+    reaper_.reset();
+  }
+  for (PullWaiters::Waiter& w : waiters) w.done(ShuttingDown(), nullptr);
+}
+
+ShardState Shard::CaptureState() {
+  ShardState st;
+  st.shard_index = config_.shard_index;
+  st.num_shards = config_.num_shards;
+  st.num_workers = config_.num_workers;
+  st.optimizer_kind = static_cast<uint32_t>(config_.optimizer.kind);
+  st.frozen = optimizer_->frozen();
+  st.preconditioned = config_.optimizer.preconditioned;
+  st.step = step_;
+  st.freeze_step = optimizer_->freeze_at();
+  st.prev_replica_checksum = replica_->prev_checksum();
+  st.replica_checksum = replica_->checksum();
+  st.layout = layout_;
+  st.delta = replica_->delta();
+  st.x = x_;
+  st.m.assign(optimizer_->m().begin(), optimizer_->m().end());
+  st.v.assign(optimizer_->v().begin(), optimizer_->v().end());
+  st.x_hat.assign(replica_->x_hat().begin(), replica_->x_hat().end());
+  st.last_pushed = last_pushed_;
+  return st;
+}
+
+absl::Status Shard::RestoreFrom(ShardState st) {
+  absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(st.layout);
+  if (!slots.ok()) return slots.status();
+  // The loader refused a file whose x_hat does not match its checksum
+  // (server/checkpoint.cc), falling back to an older one.
+  absl::MutexLock lock(&mu_);
+  InstallModel(st.layout, *slots, std::move(st.x));
+  replica_->Restore(std::move(st.x_hat), std::move(st.delta),
+                    st.replica_checksum, st.prev_replica_checksum);
+  optimizer_->RestoreState(st.step, st.frozen, std::move(st.m),
+                           std::move(st.v));
+  step_ = st.step;
+  last_pushed_ = std::move(st.last_pushed);
+  ++arrays_version_;
+  // Workers registered before the restart may push straight away.
+  worker_registered_.assign(config_.num_workers, true);
+  metrics_->SetStep(step_);
+  metrics_->SetStage(optimizer_->stage());
+  metrics_->SetWorkersRegistered(config_.num_workers);
+  return absl::OkStatus();
+}
+
+absl::Status Shard::SaveCheckpoint() {
+  if (writer_ == nullptr) {
+    return absl::FailedPreconditionError("no checkpoint_dir is configured");
+  }
+  ShardState state;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!registered_) {
+      return absl::FailedPreconditionError(
+          "no model is registered; nothing to checkpoint");
+    }
+    state = CaptureState();
+  }
+  return writer_->WriteNow(state);
+}
+
+absl::Status Shard::Close() {
+  if (writer_ == nullptr) return absl::OkStatus();
+  writer_->Stop();
+  if (!registered()) return absl::OkStatus();
+  return SaveCheckpoint();
+}
+
+Shard::~Shard() {
+  {
+    absl::MutexLock lock(&mu_);
+    reaper_stop_ = true;
+  }
+  if (reaper_) reaper_->join();
+  if (writer_) writer_->Stop();
+}
+
+}  // namespace pserver

@@ -1,0 +1,198 @@
+// Checkpoint files on their own: the format (round trip, byte identity with
+// version 1, refusal of damaged or inconsistent files) and writes that fail
+// half-way, injected through a FileSystem wrapper.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/checksum.h"
+#include "common/file_io.h"
+#include "common/layout.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint.h"
+#include "server/optimizer.h"
+#include "tests/common/fault_file_system.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_util/temp_dir.h"
+
+namespace pserver {
+namespace {
+
+using testing_util::FaultFileSystem;
+using testing_util::Fp32Tensor;
+
+TEST(Checkpoint, SerializeParseRoundTrip) {
+  ShardState s;
+  s.shard_index = 1;
+  s.num_shards = 3;
+  s.num_workers = 2;
+  s.step = 42;
+  s.frozen = true;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(0);
+  uint64_t n = ShardRangeFor(768, 3, 1).size();
+  s.x.assign(n, 1.5f);
+  s.m.assign(n, -2.0f);
+  s.v.assign(n, 3.0f);
+  s.x_hat.assign(n, 4.0f);
+  s.last_pushed = {41, 40};
+  s.delta = Fp32Tensor(std::vector<float>(n, 0.25f));
+  std::string bytes = SerializeShardState(s);
+  auto back = ParseShardState(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(SerializeShardState(*back), bytes);
+}
+
+// The on-disk format is unchanged since version 1 (files written before the
+// shared record format must still load): size and Checksum64 of this state's
+// bytes as the original writer produced them.
+TEST(Checkpoint, FormatVersion1IsByteIdentical) {
+  ShardState s;
+  s.shard_index = 1;
+  s.num_shards = 3;
+  s.num_workers = 2;
+  s.step = 42;
+  s.freeze_step = 7;
+  s.frozen = true;
+  s.preconditioned = false;
+  s.prev_replica_checksum = 0x1122334455667788ull;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(0);
+  uint64_t n = ShardRangeFor(768, 3, 1).size();
+  for (uint64_t i = 0; i < n; ++i) {
+    s.x.push_back(0.5f * i);
+    s.m.push_back(-0.25f * i);
+    s.v.push_back(1.0f + i);
+    s.x_hat.push_back(0.5f * i + 1);
+  }
+  s.replica_checksum = ChecksumOf(s.x_hat);
+  s.last_pushed = {41, -1};
+  s.delta = Fp32Tensor(std::vector<float>(n, 0.25f));
+  const std::string bytes = SerializeShardState(s);
+  Checksum64 h;
+  h.Update(bytes.data(), bytes.size());
+  EXPECT_EQ(bytes.size(), 5282u);
+  EXPECT_EQ(h.Finish(), 0x83de960ae792914eull);
+}
+
+// Regression (issue 6, found by the checkpoint fuzzer): an Adam checkpoint
+// with a valid checksum but no v was loaded and crashed the first round.
+TEST(Checkpoint, Issue6AdamStateWithoutVarianceIsRefused) {
+  ShardState s;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
+  s.x.assign(256, 1.0f);
+  s.m.assign(256, 0.0f);
+  s.x_hat.assign(256, 1.0f);
+  s.last_pushed = {0};
+  for (OptimizerKind kind : {OptimizerKind::kOneBitAdam, OptimizerKind::kAdam}) {
+    s.optimizer_kind = static_cast<uint32_t>(kind);
+    s.v.clear();
+    auto r = ParseShardState(SerializeShardState(s));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("checkpoint v"), std::string::npos);
+  }
+  s.optimizer_kind = static_cast<uint32_t>(OptimizerKind::kSgd);
+  EXPECT_TRUE(ParseShardState(SerializeShardState(s)).ok());
+  s.v.assign(256, 1.0f);
+  EXPECT_FALSE(ParseShardState(SerializeShardState(s)).ok());
+}
+
+TEST(Checkpoint, EveryTruncationAndBitFlipIsRefusedWithoutCrashing) {
+  ShardState s;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
+  s.x.assign(256, 1.0f);
+  s.m.assign(256, 0.0f);
+  s.v.assign(256, 0.0f);
+  s.x_hat.assign(256, 1.0f);
+  s.last_pushed = {0};
+  std::string bytes = SerializeShardState(s);
+  for (size_t cut = 0; cut < bytes.size(); cut += 7) {
+    EXPECT_FALSE(ParseShardState(bytes.substr(0, cut)).ok()) << cut;
+  }
+  for (size_t i = 0; i < bytes.size(); i += 13) {
+    std::string b = bytes;
+    b[i] ^= 0x10;
+    EXPECT_FALSE(ParseShardState(b).ok()) << i;
+  }
+}
+
+ShardState SmallState(uint64_t step) {
+  ShardState s;
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
+  s.x.assign(256, static_cast<float>(step));
+  s.m.assign(256, 0.0f);
+  s.v.assign(256, 1.0f);
+  s.x_hat.assign(256, 1.0f);
+  s.replica_checksum = ChecksumOf(s.x_hat);
+  s.last_pushed = {0};
+  s.step = step;
+  return s;
+}
+
+std::vector<std::string> Listing(const std::string& dir) {
+  auto names = PosixFileSystem()->ListDir(dir);
+  EXPECT_TRUE(names.ok()) << names.status();
+  std::sort(names->begin(), names->end());
+  return *names;
+}
+
+// A write that fails at any step (a full disk, a failed fsync or rename)
+// returns an error naming the file, leaves no temporary behind, and the
+// previous checkpoint still loads.
+TEST(CheckpointWrite, FailedWriteKeepsThePreviousCheckpoint) {
+  struct Case {
+    const char* name;
+    void (*arm)(FaultFileSystem&);
+  };
+  const Case cases[] = {
+      {"short write", [](FaultFileSystem& f) { f.FailWriteShort(1); }},
+      {"failed fsync", [](FaultFileSystem& f) { f.FailSync(true); }},
+      {"failed rename", [](FaultFileSystem& f) { f.FailRename(true); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = testing_util::MakeTempDir("ckpt_fault");
+    FaultFileSystem fs(PosixFileSystem());
+    ASSERT_TRUE(WriteCheckpoint(dir, SmallState(1), 2, &fs).ok());
+    c.arm(fs);
+    absl::Status st = WriteCheckpoint(dir, SmallState(2), 2, &fs);
+    EXPECT_EQ(fs.faults(), 1);
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_NE(st.message().find(dir + "/ckpt-00000000000000000002.pserver"),
+              std::string::npos)
+        << st;
+    EXPECT_EQ(Listing(dir),
+              std::vector<std::string>{"ckpt-00000000000000000001.pserver"});
+    std::vector<std::string> refused;
+    auto got = LoadNewestCheckpoint(dir, CheckpointExpectation(), &refused, &fs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->step, 1u);
+    EXPECT_TRUE(refused.empty());
+  }
+}
+
+// What a crash leaves (a temporary file) is never loaded and is removed by
+// the next successful write, which also keeps only the newest `keep` files.
+TEST(CheckpointWrite, RetentionRemovesOldFilesAndStrayTemporaries) {
+  const std::string dir = testing_util::MakeTempDir("ckpt_retention");
+  ASSERT_TRUE(WriteCheckpoint(dir, SmallState(1)).ok());
+  const std::string stray = dir + "/ckpt-00000000000000000009.pserver.tmp";
+  ASSERT_TRUE(WriteFileAtomically(stray, SerializeShardState(SmallState(9))).ok());
+  auto got = LoadNewestCheckpoint(dir, CheckpointExpectation(), nullptr);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->step, 1u);
+  ASSERT_TRUE(WriteCheckpoint(dir, SmallState(2)).ok());
+  ASSERT_TRUE(WriteCheckpoint(dir, SmallState(3)).ok());
+  EXPECT_EQ(Listing(dir),
+            (std::vector<std::string>{"ckpt-00000000000000000002.pserver",
+                                      "ckpt-00000000000000000003.pserver"}));
+}
+
+TEST(CheckpointWrite, UncreatableFolderIsNamed) {
+  const std::string dir = testing_util::MakeTempDir("ckpt_mkdir");
+  ASSERT_TRUE(WriteFileAtomically(dir + "/file", "x").ok());
+  absl::Status st = WriteCheckpoint(dir + "/file/sub", SmallState(1));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(dir + "/file/sub"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace pserver
