@@ -1,28 +1,19 @@
 #include "server/round.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <string>
 #include <utility>
 
 #include "server/optimizer.h"
 
 namespace pserver {
-namespace {
-
-
-}  // namespace
 
 Round::Round(uint32_t num_workers, ThreadPool* pool)
-    : num_workers_(num_workers), pool_(pool), pending_(num_workers) {}
+    : num_workers_(num_workers),
+      pending_(num_workers),
+      sum_(std::make_unique<RoundSum>(pool)) {}
 
 void Round::Resize(uint64_t n) {
-  {
-    absl::MutexLock l(&sum_mu_);
-    sum_.assign(n, 0.0f);
-    scratch_.clear();
-  }
+  sum_->Resize(n);
   Clear();
 }
 
@@ -51,23 +42,7 @@ std::optional<Round::Batch> Round::BeginSum(
   return batch;
 }
 
-void Round::Sum(const Batch& batch) {
-  absl::MutexLock l(&sum_mu_);
-  if (batch.b == nullptr) {
-    batch.a->valid->AccumulateInto(1.0f, absl::MakeSpan(sum_));
-    return;
-  }
-  scratch_.resize(sum_.size());
-  pool_->RunBoth(
-      [&] { batch.a->valid->AccumulateInto(1.0f, absl::MakeSpan(sum_)); },
-      [&] { batch.b->valid->DecodeInto(absl::MakeSpan(scratch_)); });
-  float* acc = sum_.data();
-  const float* add = scratch_.data();
-  pool_->ParallelFor(sum_.size(), kMinParallelChunk,
-                     [acc, add](uint64_t b, uint64_t e) {
-                       for (uint64_t i = b; i < e; ++i) acc[i] += add[i];
-                     });
-}
+void Round::Sum(const Batch& batch) { sum_->Add(batch); }
 
 void Round::EndSum(const Batch& batch) {
   const uint32_t n = batch.b != nullptr ? 2 : 1;
@@ -78,8 +53,48 @@ void Round::EndSum(const Batch& batch) {
 }
 
 void Round::WithMean(absl::FunctionRef<void(absl::Span<float>)> fn) {
-  absl::MutexLock l(&sum_mu_);
-  const float inv = 1.0f / static_cast<float>(contributors_);
+  sum_->WithMean(contributors_, fn);
+}
+
+void Round::Clear() {
+  sum_->Zero();
+  for (Push& p : pending_) p = Push();
+  received_ = 0;
+  next_ = 0;
+  contributors_ = 0;
+  summing_ = false;
+}
+
+void RoundSum::Resize(uint64_t n) {
+  absl::MutexLock l(&mu_);
+  sum_.assign(n, 0.0f);
+  scratch_.clear();
+  scratch_.shrink_to_fit();
+}
+
+void RoundSum::Add(const Round::Batch& batch) {
+  absl::MutexLock l(&mu_);
+  const absl::Span<float> sum = absl::MakeSpan(sum_);
+  if (batch.b == nullptr) {
+    batch.a->valid->AccumulateInto(1.0f, sum);
+    return;
+  }
+  scratch_.resize(sum_.size());
+  const absl::Span<float> scratch = absl::MakeSpan(scratch_);
+  pool_->RunBoth([&] { batch.a->valid->AccumulateInto(1.0f, sum); },
+                 [&] { batch.b->valid->DecodeInto(scratch); });
+  float* acc = sum.data();
+  const float* add = scratch.data();
+  pool_->ParallelFor(sum.size(), kMinParallelChunk,
+                     [acc, add](uint64_t b, uint64_t e) {
+                       for (uint64_t i = b; i < e; ++i) acc[i] += add[i];
+                     });
+}
+
+void RoundSum::WithMean(uint32_t contributors,
+                        absl::FunctionRef<void(absl::Span<float>)> fn) {
+  absl::MutexLock l(&mu_);
+  const float inv = 1.0f / static_cast<float>(contributors);
   float* acc = sum_.data();
   pool_->ParallelFor(sum_.size(), kMinParallelChunk,
                      [acc, inv](uint64_t b, uint64_t e) {
@@ -88,16 +103,9 @@ void Round::WithMean(absl::FunctionRef<void(absl::Span<float>)> fn) {
   fn(absl::MakeSpan(sum_));
 }
 
-void Round::Clear() {
-  {
-    absl::MutexLock l(&sum_mu_);
-    std::fill(sum_.begin(), sum_.end(), 0.0f);
-  }
-  for (Push& p : pending_) p = Push();
-  received_ = 0;
-  next_ = 0;
-  contributors_ = 0;
-  summing_ = false;
+void RoundSum::Zero() {
+  absl::MutexLock l(&mu_);
+  std::fill(sum_.begin(), sum_.end(), 0.0f);
 }
 
 }  // namespace pserver

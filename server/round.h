@@ -6,9 +6,10 @@
 // zeros is exact).
 //
 // Usage (the shard, under its mutex `mu`):
-//   round.Queue(w, std::move(tensor), std::move(decoder));
+//   round.Queue(w, Round::Push::CopyOf(valid));
 //   while (auto batch = round.BeginSum(waits_for)) {
-//     mu.Unlock(); round.Sum(*batch); mu.Lock();
+//     RoundSum* sum = round.sum();
+//     mu.Unlock(); sum->Add(*batch); mu.Lock();
 //     round.EndSum(*batch);
 //   }
 //   if (round.all_in()) round.WithMean([&](absl::Span<float> mean) { ... });
@@ -30,10 +31,12 @@
 
 namespace pserver {
 
-// Thread-safety: every method but Sum() is called under the owner's mutex
-// (thread-compatible); Sum() runs without it, on the one thread that got its
-// batch from BeginSum(), and the sum buffer has a mutex of its own so the
-// compiler checks who touches it.
+class RoundSum;
+
+// Thread-safety: thread-compatible; the owner calls every method under its
+// own mutex. The sum buffer is a separate, thread-safe RoundSum (sum()), so
+// the one thread that got a batch from BeginSum() adds it without the
+// owner's mutex while the compiler checks every access to the buffer.
 class Round {
  public:
   // A push that passed validation: the shard's copy of its tensor and the
@@ -66,7 +69,7 @@ class Round {
   Round(uint32_t num_workers, ThreadPool* pool);
 
   // Sets the sum's length (a model was installed) and clears the round.
-  void Resize(uint64_t n) ABSL_LOCKS_EXCLUDED(sum_mu_);
+  void Resize(uint64_t n);
 
   bool queued(uint32_t w) const { return pending_[w].tensor != nullptr; }
   bool summed(uint32_t w) const { return next_ > w; }
@@ -89,35 +92,56 @@ class Round {
   // not wait for; nothing when the next awaited worker has not pushed or
   // another thread is summing.
   std::optional<Batch> BeginSum(absl::FunctionRef<bool(uint32_t)> waits_for);
-  // Decodes the batch into the sum. Called without the owner's mutex.
-  // Cannot fail: only validated pushes (tokens) get into the round, so every
-  // contributor counted was summed.
-  void Sum(const Batch& batch) ABSL_LOCKS_EXCLUDED(sum_mu_);
+  // The round's sum buffer; the thread holding a batch adds it there
+  // (sum()->Add(batch)) without the owner's mutex. Same as sum()->Add().
+  RoundSum* sum() { return sum_.get(); }
+  void Sum(const Batch& batch);
   // Records the batch as summed; ends the summing thread's turn.
   void EndSum(const Batch& batch);
 
   // Runs fn on the mean (sum / contributors), which fn may then overwrite
   // (the sum is scratch until Clear()). REQUIRES: all_in(), contributors()>0.
-  void WithMean(absl::FunctionRef<void(absl::Span<float>)> fn)
-      ABSL_LOCKS_EXCLUDED(sum_mu_);
+  void WithMean(absl::FunctionRef<void(absl::Span<float>)> fn);
   // Starts the next round: pushes dropped, sum zeroed.
-  void Clear() ABSL_LOCKS_EXCLUDED(sum_mu_);
+  void Clear();
   // Every worker was passed over (all dropped): wait for one to come back.
   void Restart() { next_ = 0; }
 
  private:
   const uint32_t num_workers_;
-  ThreadPool* const pool_;
   std::vector<Push> pending_;
   uint32_t received_ = 0;
   uint32_t next_ = 0;  // first worker not yet summed or passed over
   uint32_t contributors_ = 0;
   bool summing_ = false;
   uint64_t paired_sums_ = 0;
+  std::unique_ptr<RoundSum> sum_;
+};
 
-  absl::Mutex sum_mu_;
-  std::vector<float> sum_ ABSL_GUARDED_BY(sum_mu_);
-  std::vector<float> scratch_ ABSL_GUARDED_BY(sum_mu_);  // second decode
+// The sum of one round's pushes. Thread-safe: every access to the buffer
+// holds mu_ (a batch's decode runs under it, on at most two pool threads).
+class RoundSum {
+ public:
+  explicit RoundSum(ThreadPool* pool) : pool_(pool) {}
+
+  // Sets the length and zeroes the sum.
+  void Resize(uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  // Decodes the batch's pushes into the sum. Cannot fail: only validated
+  // pushes (tokens) get into a round, so every contributor counted was
+  // summed. The batch's pushes must stay alive until it returns.
+  void Add(const Round::Batch& batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Divides by `contributors` (> 0) and runs fn on the mean, which fn may
+  // overwrite (the sum is scratch until Zero()).
+  void WithMean(uint32_t contributors,
+                absl::FunctionRef<void(absl::Span<float>)> fn)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Zero() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  ThreadPool* const pool_;
+  absl::Mutex mu_;
+  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);  // second decode
 };
 
 }  // namespace pserver

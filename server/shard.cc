@@ -222,20 +222,24 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
 }
 
 std::vector<Shard::Ready> Shard::Drain() {
-  auto waits_for = [this](uint32_t w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    // Called by round_ inside BeginSum, i.e. with mu_ held.
+  // Called by round_ inside BeginSum, i.e. with mu_ held.
+  auto waits_for = [this](uint32_t w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return policy_.WaitsFor(w, leases_);
   };
   while (std::optional<Round::Batch> batch = round_.BeginSum(waits_for)) {
-    // The sum belongs to this thread until EndSum: decode without mu_ so
-    // other pushes are validated and queued meanwhile.
+    // This thread holds the round's only batch until EndSum (BeginSum
+    // hands out one at a time) and its pushes stay queued until then:
+    // decode into the thread-safe sum without mu_ so other pushes are
+    // validated and queued meanwhile.
+    RoundSum* const sum = round_.sum();
+    const uint64_t elements =
+        batch->a->tensor->num_elements() +
+        (batch->b != nullptr ? batch->b->tensor->num_elements() : 0);
     mu_.Unlock();
     const absl::Time start = clock_->Now();
-    round_.Sum(*batch);
+    sum->Add(*batch);
     metrics_->ObserveAggregation(absl::ToDoubleSeconds(clock_->Now() - start));
-    metrics_->AddDecodedElements(
-        batch->a->tensor->num_elements() +
-        (batch->b != nullptr ? batch->b->tensor->num_elements() : 0));
+    metrics_->AddDecodedElements(elements);
     mu_.Lock();
     round_.EndSum(*batch);
   }
@@ -249,7 +253,8 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   double update_norm = 0, residual_norm = 0;
   double optimizer_seconds = 0;
   absl::Time pull_start;
-  round_.WithMean([&](absl::Span<float> mean) {
+  // WithMean runs the lambda synchronously, under mu_ still.
+  round_.WithMean([&](absl::Span<float> mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));
     optimizer_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
