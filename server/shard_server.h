@@ -24,6 +24,11 @@ struct ServerOptions {
   // element; the default fits 256M elements. Larger requests get
   // RESOURCE_EXHAUSTED from gRPC before any handler runs.
   int max_message_bytes = 1 << 30;
+  // Memory gRPC may use for all connections together (a grpc::ResourceQuota
+  // over the transport's buffers: messages being received, reads in
+  // flight). Near it gRPC shrinks flow-control windows; past it, it cancels
+  // streams ("Buffers full") instead of growing. 0: no quota.
+  size_t grpc_memory_bytes = size_t{2} << 30;
   // TLS, mutual TLS and the shared token (common/tls.h); default plaintext.
   // With a token, calls without it fail UNAUTHENTICATED before any handler.
   TransportSecurity security;
