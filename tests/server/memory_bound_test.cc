@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "pserver/v1/parameter_server.grpc.pb.h"
 #include "tests/server/server_test_util.h"
+#include "tests/server/daemon_util.h"
 #include "tests/worker/process_util.h"
 
 namespace pserver {
@@ -34,111 +35,13 @@ using testing_util::Fp32Tensor;
 using testing_util::InitialWeights;
 using testing_util::PullRequestFor;
 using testing_util::PushRequestFor;
-
-constexpr long kMiB = 1 << 20;
-
-// A field of /proc/<pid>/status in kB ("VmRSS", "VmHWM"); -1 if missing.
-long StatusKb(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) {
-      return std::stol(line.substr(field.size() + 1));
-    }
-  }
-  return -1;
-}
-
-// Sets VmHWM back to the current VmRSS (Linux >= 4.0).
-bool ResetPeak(pid_t pid) {
-  std::ofstream out(absl::StrCat("/proc/", pid, "/clear_refs"));
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
-}
-
-// One pserver_server daemon on a free loopback port, killed at the end.
-class Daemon {
- public:
-  explicit Daemon(const std::vector<std::string>& flags)
-      : dir_(testing::TempDir("pserver_memory_bound")) {
-    std::vector<std::string> argv = {
-        PSERVER_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=",
-        absl::StrCat("--port_file=", dir_, "/port"), "--drain_seconds=0"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    process_ = std::make_unique<testing::Process>(argv, log_path());
-    port_ = testing::ReadPortFile(dir_ + "/port", std::chrono::seconds(30));
-  }
-  ~Daemon() {
-    process_->Kill();
-    std::remove((dir_ + "/port").c_str());
-    std::remove(log_path().c_str());
-    rmdir(dir_.c_str());
-  }
-
-  int port() const { return port_; }
-  pid_t pid() const { return process_->pid(); }
-  std::string log_path() const { return dir_ + "/server.log"; }
-
-  // A channel of its own (its own TCP connection): `id` makes the channel
-  // arguments differ, so gRPC does not share the subchannel.
-  std::shared_ptr<grpc::Channel> Channel(int id) const {
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(-1);
-    args.SetInt("pserver.test.connection", id);
-    return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port_),
-                                     grpc::InsecureChannelCredentials(), args);
-  }
-
- private:
-  std::string dir_;
-  std::unique_ptr<testing::Process> process_;
-  int port_ = 0;
-};
-
-// `bytes` of zeros as one request, made of slices over one static buffer
-// (the client holds 1 MiB however large the message).
-grpc::ByteBuffer ZerosMessage(size_t bytes) {
-  static const std::string* chunk = new std::string(kMiB, '\0');
-  std::vector<grpc::Slice> slices;
-  for (size_t left = bytes; left > 0;) {
-    size_t n = std::min<size_t>(left, chunk->size());
-    slices.emplace_back(chunk->data(), n, grpc::Slice::STATIC_SLICE);
-    left -= n;
-  }
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
-
-grpc::Status GenericCall(const std::shared_ptr<grpc::Channel>& channel,
-                         const std::string& method,
-                         const grpc::ByteBuffer& request,
-                         grpc::ByteBuffer* response, absl::Duration timeout) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  std::atomic<bool> done{false};
-  grpc::Status status;
-  absl::Mutex mu;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, response,
-                 [&](grpc::Status s) {
-                   absl::MutexLock lock(&mu);
-                   status = std::move(s);
-                   done = true;
-                 });
-  absl::MutexLock lock(&mu);
-  mu.Await(absl::Condition(
-      +[](std::atomic<bool>* d) { return d->load(); }, &done));
-  return status;
-}
-
-bool Healthy(const Daemon& d) {
-  auto stub = v1::ParameterServer::NewStub(d.Channel(1000));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  v1::GetStatusResponse resp;
-  return stub->GetStatus(&ctx, v1::GetStatusRequest(), &resp).ok();
-}
+using testing_util::Daemon;
+using testing_util::GenericCall;
+using testing_util::Healthy;
+using testing_util::kMiB;
+using testing_util::ResetPeak;
+using testing_util::StatusKb;
+using testing_util::ZerosMessage;
 
 // Hole 10b: with a 4 MiB message limit, four concurrent 128 MiB pushes on
 // four connections raised the shard's peak memory by 270-380 MiB. The gRPC
