@@ -24,21 +24,21 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/parameter_server.grpc.pb.h"
-#include "tests/server/server_test_util.h"
 #include "tests/server/daemon_util.h"
+#include "tests/server/server_test_util.h"
 #include "tests/worker/process_util.h"
 
 namespace pserver {
 namespace {
 
-using testing_util::Fp32Tensor;
-using testing_util::InitialWeights;
-using testing_util::PullRequestFor;
-using testing_util::PushRequestFor;
 using testing_util::Daemon;
+using testing_util::Fp32Tensor;
 using testing_util::GenericCall;
 using testing_util::Healthy;
+using testing_util::InitialWeights;
 using testing_util::kMiB;
+using testing_util::PullRequestFor;
+using testing_util::PushRequestFor;
 using testing_util::ResetPeak;
 using testing_util::StatusKb;
 using testing_util::ZerosMessage;
@@ -77,15 +77,17 @@ TEST(ShardServer, Hole10OversizedPushesDoNotBuyMemory) {
               kPushes, kPushBytes / kMiB, kQuotaMb, growth_mb,
               rss_before / 1024);
   for (int i = 0; i < kPushes; ++i) {
-    EXPECT_FALSE(statuses[i].ok()) << "push " << i << " was accepted";
-    EXPECT_NE(statuses[i].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
-        << statuses[i].error_message();
+    // Over the message limit, or cancelled by the quota ("Buffers full"):
+    // RESOURCE_EXHAUSTED either way.
+    EXPECT_EQ(statuses[i].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << "push " << i << ": " << statuses[i].error_message();
   }
   // gRPC charges what it buffers to the quota and cancels streams once past
-  // it, but reads already in flight still land: measured 1.15-1.35 times the
-  // quota (16..256 MiB). Half the quota again, plus 16 MiB of allocator and
-  // thread slack. Without the quota: the four whole pushes (~500 MiB).
-  EXPECT_LT(growth_mb, kQuotaMb * 3 / 2 + 16);
+  // it, but reads already in flight still land and the allocator keeps its
+  // own slack: the peak measured 9-39 MiB above the quota for quotas of
+  // 16..256 MiB, hence 48 MiB. Without the quota: the four whole pushes
+  // (~500 MiB).
+  EXPECT_LT(growth_mb, kQuotaMb + 48);
   EXPECT_TRUE(Healthy(daemon)) << testing::ReadFile(daemon.log_path());
 }
 
