@@ -23,14 +23,13 @@ namespace pserver {
 namespace {
 
 using ::testing::HasSubstr;
-using testing_util::Fp32Tensor;
 using testing_util::GenericCall;
 using testing_util::InitialWeights;
 using testing_util::kSmallElements;
 using testing_util::RegisterRequestFor;
 
-// The value of the exported sample whose line starts with `prefix`
-// ("pserver_server_requests_total{...}"), 0 if there is none.
+// The value of the exported sample of `name` whose labels contain every one
+// of `labels` (`method="Push"`), 0 if there is none.
 double Sample(prometheus::Registry& registry, const std::string& name,
               const std::vector<std::string>& labels) {
   prometheus::TextSerializer serializer;
@@ -163,11 +162,11 @@ TEST(ShardServer, Hole11UnparseableRequestsAreInvalidArgument) {
 TEST(ShardServer, Hole11InvalidUtf8NamesAreRefusedAndLoggedBoundedly) {
   constexpr int kRequests = 1000;
   testing_util::Daemon daemon({"--num_workers=2"});
-  ASSERT_GT(daemon.port(), 0)
-      << testing::ReadFile(daemon.log_path());
+  ASSERT_GT(daemon.port(), 0) << testing::ReadFile(daemon.log_path());
   // A valid RegisterRequest whose tensor name "@@@@" becomes 4 bytes that
   // are not UTF-8 (same length, so the framing stays valid).
-  v1::RegisterRequest r = RegisterRequestFor(0, 2, InitialWeights(kSmallElements));
+  v1::RegisterRequest r =
+      RegisterRequestFor(0, 2, InitialWeights(kSmallElements));
   r.mutable_layout()->mutable_tensors(0)->set_name("@@@@");
   std::string bytes = r.SerializeAsString();
   const size_t at = bytes.find("@@@@");
@@ -181,8 +180,9 @@ TEST(ShardServer, Hole11InvalidUtf8NamesAreRefusedAndLoggedBoundedly) {
   std::string first_message;
   for (int i = 0; i < kRequests; ++i) {
     grpc::ByteBuffer response;
-    grpc::Status s = GenericCall(channel, "/pserver.v1.ParameterServer/Register",
-                                 Bytes(bytes), &response, absl::Seconds(10));
+    grpc::Status s =
+        GenericCall(channel, "/pserver.v1.ParameterServer/Register",
+                    Bytes(bytes), &response, absl::Seconds(10));
     if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) ++refused;
     if (i == 0) first_message = s.error_message();
   }
@@ -193,7 +193,8 @@ TEST(ShardServer, Hole11InvalidUtf8NamesAreRefusedAndLoggedBoundedly) {
                         "pserver.v1.RegisterRequest"));
   ASSERT_TRUE(testing_util::Healthy(daemon));
 
-  std::string log = testing::ReadFile(daemon.log_path()).substr(log_before.size());
+  const std::string log =
+      testing::ReadFile(daemon.log_path()).substr(log_before.size());
   int utf8_lines = 0;
   int lines = 0;
   std::istringstream in(log);
