@@ -62,6 +62,7 @@ ABSL_FLAG(double, pull_k_fraction, 0.01,
 ABSL_FLAG(uint32_t, pull_bits, 8, "pull codec: bits for quantize, 2..8");
 ABSL_FLAG(int32_t, max_message_mb, 1024,
           "largest gRPC message in MiB, each direction (1..2047)");
+ABSL_FLAG(uint32_t, grpc_memory_mb, 2048, "gRPC memory quota in MiB (0: none)");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "folder for this shard's checkpoints (empty: none); the newest "
           "usable one is loaded at start, a final one written on SIGTERM");
@@ -201,6 +202,8 @@ int Run() {
   ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.max_message_bytes = max_mb * (1 << 20);
+  options.grpc_memory_bytes =
+      size_t{absl::GetFlag(FLAGS_grpc_memory_mb)} << 20;
   options.security = *std::move(security);
   absl::StatusOr<std::unique_ptr<ShardServer>> server =
       ShardServer::Start(config, options, registry.get());

@@ -18,7 +18,16 @@ using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 using prometheus::Histogram;
 
-const char* MethodName(RpcMethod m) {
+Histogram::BucketBoundaries SecondsBuckets() {
+  // 50 us .. ~100 s, factor 2.5.
+  Histogram::BucketBoundaries b;
+  for (double v = 5e-5; v < 120; v *= 2.5) b.push_back(v);
+  return b;
+}
+
+}  // namespace
+
+const char* RpcMethodName(RpcMethod m) {
   switch (m) {
     case RpcMethod::kRegister: return "Register";
     case RpcMethod::kPush: return "Push";
@@ -28,15 +37,6 @@ const char* MethodName(RpcMethod m) {
   }
   return "unknown";
 }
-
-Histogram::BucketBoundaries SecondsBuckets() {
-  // 50 us .. ~100 s, factor 2.5.
-  Histogram::BucketBoundaries b;
-  for (double v = 5e-5; v < 120; v *= 2.5) b.push_back(v);
-  return b;
-}
-
-}  // namespace
 
 ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                              uint32_t shard_index)
@@ -193,7 +193,7 @@ void ServerMetrics::CountRequest(RpcMethod method, const absl::Status& status) {
     prometheus::Counter* c = slot.load(std::memory_order_acquire);
     if (c == nullptr) {
       c = &requests_.Add({{"shard", shard_},
-                          {"method", MethodName(method)},
+                          {"method", RpcMethodName(method)},
                           {"code", GrpcCodeName(status.code())}});
       slot.store(c, std::memory_order_release);
     }

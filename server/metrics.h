@@ -33,6 +33,8 @@ namespace pserver {
 // The RPC methods, for the `method` label.
 enum class RpcMethod { kRegister, kPush, kPull, kGetFrozenVariance, kGetStatus };
 inline constexpr int kRpcMethods = 5;
+// "Register", "Push", ...: the method as the proto names it.
+const char* RpcMethodName(RpcMethod m);
 
 // Thread-safe.
 class ServerMetrics {

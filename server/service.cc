@@ -1,24 +1,69 @@
 #include "server/service.h"
 
 #include <atomic>
+#include <climits>
+#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/rejection.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace pserver {
 namespace {
 
+// Parses a raw request. INVALID_ARGUMENT (REJECT_REASON_MALFORMED_REQUEST)
+// naming the method and the expected message type if the bytes are not one.
+// The request's slices are shared, not copied.
+template <class Request>
+absl::Status ParseRequest(RpcMethod method, const grpc::ByteBuffer& raw,
+                          Request* out) {
+  grpc::ByteBuffer shared(raw);
+  const size_t size = shared.Valid() ? shared.Length() : 0;
+  bool parsed = false;
+  // protobuf parses at most INT_MAX bytes; gRPC's receive limit (at most
+  // 2047 MiB, server/main.cc) keeps requests below it, checked here anyway.
+  if (size <= static_cast<size_t>(INT_MAX)) {
+    if (!shared.Valid()) {
+      out->Clear();  // an empty message
+      parsed = true;
+    } else {
+      grpc::ProtoBufferReader reader(&shared);
+      parsed = out->ParseFromZeroCopyStream(&reader) && reader.status().ok();
+    }
+  }
+  if (parsed) return absl::OkStatus();
+  return Reject(v1::REJECT_REASON_MALFORMED_REQUEST,
+                absl::InvalidArgumentError(absl::StrCat(
+                    RpcMethodName(method), ": request is not a valid ",
+                    Request::descriptor()->full_name(), " (", size,
+                    " bytes that do not parse as one)")));
+}
+
+template <class Response>
+absl::Status SerializeResponse(const Response& msg, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  grpc::Status s =
+      grpc::SerializationTraits<Response>::Serialize(msg, out, &own_buffer);
+  if (s.ok()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cannot serialize the ",
+                                          Response::descriptor()->full_name(),
+                                          ": ", s.error_message()));
+}
+
 // A Pull that may wait: the shard calls back exactly once, and only then is
-// Finish() called; OnDone() (after Finish) frees the reactor.
+// Finish() called; OnDone() (after Finish) frees the reactor. Every pull
+// answered with the same shared answer sends the same serialized bytes.
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
   PullReactor(grpc::CallbackServerContext* ctx, Shard* shard,
-              ServerMetrics* metrics, const v1::PullRequest* req,
-              v1::PullResponse* resp)
+              ServerMetrics* metrics, PullAnswerBytes* bytes,
+              const v1::PullRequest& req, grpc::ByteBuffer* resp)
       : ctx_(ctx), shard_(shard), metrics_(metrics) {
-    uint64_t id = shard_->Pull(*req, [this, resp](absl::Status s,
-                                                  PullAnswer answer) {
-      if (s.ok()) *resp = *answer;
+    uint64_t id = shard_->Pull(req, [this, bytes, resp](absl::Status s,
+                                                        PullAnswer answer) {
+      if (s.ok()) *resp = bytes->Get(answer);
       metrics_->CountRequest(RpcMethod::kPull, s);
       Finish(ToGrpcStatus(s, ctx_));
     });
@@ -59,44 +104,61 @@ grpc::ServerUnaryReactor* ParameterServerService::Answer(
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Register(
-    grpc::CallbackServerContext* ctx, const v1::RegisterRequest* req,
-    v1::RegisterResponse* resp) {
-  absl::StatusOr<v1::RegisterResponse> r = shard_->Register(*req);
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::RegisterRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kRegister, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kRegister, s);
+  absl::StatusOr<v1::RegisterResponse> r = shard_->Register(req);
   if (r.ok()) {
-    *resp = *std::move(r);
+    s = SerializeResponse(*r, resp);
     if (on_registered_) on_registered_();
+  } else {
+    s = r.status();
   }
-  return Answer(ctx, RpcMethod::kRegister, r.status());
+  return Answer(ctx, RpcMethod::kRegister, s);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(
-    grpc::CallbackServerContext* ctx, const v1::PushRequest* req,
-    v1::PushResponse* resp) {
-  absl::StatusOr<v1::PushResponse> r = shard_->Push(*req);
-  if (r.ok()) *resp = *std::move(r);
-  return Answer(ctx, RpcMethod::kPush, r.status());
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::PushRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kPush, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kPush, s);
+  absl::StatusOr<v1::PushResponse> r = shard_->Push(req);
+  s = r.ok() ? SerializeResponse(*r, resp) : r.status();
+  return Answer(ctx, RpcMethod::kPush, s);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
-    grpc::CallbackServerContext* ctx, const v1::PullRequest* req,
-    v1::PullResponse* resp) {
-  return new PullReactor(ctx, shard_, metrics_, req, resp);
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::PullRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kPull, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kPull, s);
+  return new PullReactor(ctx, shard_, metrics_, &pull_bytes_, req, resp);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::GetFrozenVariance(
-    grpc::CallbackServerContext* ctx, const v1::GetFrozenVarianceRequest* req,
-    v1::GetFrozenVarianceResponse* resp) {
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::GetFrozenVarianceRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kGetFrozenVariance, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kGetFrozenVariance, s);
   absl::StatusOr<v1::GetFrozenVarianceResponse> r =
-      shard_->GetFrozenVariance(*req);
-  if (r.ok()) *resp = *std::move(r);
-  return Answer(ctx, RpcMethod::kGetFrozenVariance, r.status());
+      shard_->GetFrozenVariance(req);
+  s = r.ok() ? SerializeResponse(*r, resp) : r.status();
+  return Answer(ctx, RpcMethod::kGetFrozenVariance, s);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
-    grpc::CallbackServerContext* ctx, const v1::GetStatusRequest* req,
-    v1::GetStatusResponse* resp) {
-  *resp = shard_->Status();
-  return Answer(ctx, RpcMethod::kGetStatus, absl::OkStatus());
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::GetStatusRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kGetStatus, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kGetStatus, s);
+  return Answer(ctx, RpcMethod::kGetStatus,
+                SerializeResponse(shard_->Status(), resp));
 }
 
 }  // namespace pserver

@@ -2,44 +2,63 @@
 // API. Unary handlers answer on the calling thread; a Pull for a step that
 // is not ready yet parks its reactor in the shard until the round completes,
 // the client cancels (deadline) or the shard shuts down.
+//
+// Every method is registered raw (grpc::ByteBuffer in and out) and parses its
+// request here: gRPC 1.51's callback handler answers a request it cannot
+// deserialize with UNIMPLEMENTED and an empty message
+// (CallbackUnaryHandler::RunHandler drops the parse status), which clients
+// read as "no such method". Parsing ourselves lets such a request be refused
+// INVALID_ARGUMENT with the method and the expected type, counted like every
+// other refusal. Raw responses also let every waiting pull of a step send the
+// same serialized bytes (server/pull_answer_bytes.h).
 #ifndef PSERVER_SERVER_SERVICE_H_
 #define PSERVER_SERVER_SERVICE_H_
 
 #include <functional>
 
+#include "grpcpp/support/byte_buffer.h"
 #include "pserver/v1/parameter_server.grpc.pb.h"
 #include "server/metrics.h"
+#include "server/pull_answer_bytes.h"
 #include "server/shard.h"
 
 namespace pserver {
 
+using RawParameterServerService =
+    v1::ParameterServer::WithRawCallbackMethod_Register<
+        v1::ParameterServer::WithRawCallbackMethod_Push<
+            v1::ParameterServer::WithRawCallbackMethod_Pull<
+                v1::ParameterServer::WithRawCallbackMethod_GetFrozenVariance<
+                    v1::ParameterServer::WithRawCallbackMethod_GetStatus<
+                        v1::ParameterServer::Service>>>>>;
+
 // Thread-safe; the shard and metrics must outlive the service.
-class ParameterServerService final
-    : public v1::ParameterServer::CallbackService {
+class ParameterServerService final : public RawParameterServerService {
  public:
-  // `metrics` may be null. `on_registered` runs after every successful
+  // `metrics` must not be null (ServerMetrics::Unexported() exports
+  // nothing). `on_registered` runs after every successful
   // Register (e.g. to flip the health status); may be empty.
   ParameterServerService(Shard* shard, ServerMetrics* metrics,
                          std::function<void()> on_registered = {});
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
-                                     const v1::RegisterRequest* req,
-                                     v1::RegisterResponse* resp) override;
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
-                                 const v1::PushRequest* req,
-                                 v1::PushResponse* resp) override;
+                                 const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
-                                 const v1::PullRequest* req,
-                                 v1::PullResponse* resp) override;
-  grpc::ServerUnaryReactor* GetFrozenVariance(
-      grpc::CallbackServerContext* ctx,
-      const v1::GetFrozenVarianceRequest* req,
-      v1::GetFrozenVarianceResponse* resp) override;
+                                 const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* GetFrozenVariance(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req,
+                                              grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
-                                      const v1::GetStatusRequest* req,
-                                      v1::GetStatusResponse* resp) override;
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
 
  private:
+  // Counts the call once and finishes it with `status` (and its reason).
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx,
                                    RpcMethod method,
                                    const absl::Status& status);
@@ -47,6 +66,7 @@ class ParameterServerService final
   Shard* const shard_;
   ServerMetrics* const metrics_;
   const std::function<void()> on_registered_;
+  PullAnswerBytes pull_bytes_;
 };
 
 }  // namespace pserver

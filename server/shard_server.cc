@@ -3,14 +3,50 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/rate_limited_log.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 
 namespace pserver {
+namespace {
+
+absl::Status CheckOptions(const ServerOptions& options) {
+  if (options.grpc_memory_bytes > 0 &&
+      options.grpc_memory_bytes <
+          static_cast<size_t>(options.max_message_bytes)) {
+    // A quota below one message would refuse every message at the limit.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc_memory_bytes (--grpc_memory_mb) is ",
+        options.grpc_memory_bytes >> 20, " MiB; expected 0 or at least ",
+        "max_message_bytes (--max_message_mb), ",
+        options.max_message_bytes >> 20, " MiB"));
+  }
+  return absl::OkStatus();
+}
+
+// What a client can make the transport hold: one message per call (refused
+// past the limit, but only once received whole), and all calls together
+// (the quota; gRPC cancels streams with RESOURCE_EXHAUSTED "Buffers full"
+// once past it, issue 9 hole 10b).
+void SetMemoryLimits(const ServerOptions& options,
+                     grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder->SetMaxSendMessageSize(options.max_message_bytes);
+  if (options.grpc_memory_bytes > 0) {
+    grpc::ResourceQuota quota("pserver_shard");
+    quota.Resize(options.grpc_memory_bytes);
+    builder->SetResourceQuota(quota);
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardConfig& config, const ServerOptions& options,
     prometheus::Registry* registry) {
+  if (absl::Status st = CheckOptions(options); !st.ok()) return st;
+  RateLimitProtobufLogs();
   std::unique_ptr<ShardServer> s(new ShardServer());
   s->metrics_ = registry != nullptr
                     ? std::make_unique<ServerMetrics>(*registry, config.shard_index)
@@ -37,8 +73,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.AddListeningPort(options.listen_address,
                            MakeServerCredentials(options.security), &s->port_);
   builder.RegisterService(s->service_.get());
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  SetMemoryLimits(options, &builder);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(

@@ -24,6 +24,15 @@ struct ServerOptions {
   // element; the default fits 256M elements. Larger requests get
   // RESOURCE_EXHAUSTED from gRPC before any handler runs.
   int max_message_bytes = 1 << 30;
+  // Memory gRPC may use for all connections together: a grpc::ResourceQuota
+  // over the transport's buffers (messages being received, reads in
+  // flight). gRPC checks max_message_bytes only once a message is whole, so
+  // without a quota four refused 128 MiB pushes cost ~500 MiB. Past the
+  // quota gRPC cancels streams (RESOURCE_EXHAUSTED, "Buffers full"); reads
+  // already in flight still land, so the peak measured up to ~40 MiB above
+  // it (tests/server/memory_bound_test.cc). 0: no quota; else at least
+  // max_message_bytes (Start refuses less).
+  size_t grpc_memory_bytes = size_t{2} << 30;
   // TLS, mutual TLS and the shared token (common/tls.h); default plaintext.
   // With a token, calls without it fail UNAUTHENTICATED before any handler.
   TransportSecurity security;

@@ -32,7 +32,7 @@ rc=$?
 [ "$rc" -eq 0 ] || fail "--help exited $rc, expected 0"
 for flag in listen metrics_listen shard_index num_shards num_workers optimizer \
             lr beta1 beta2 eps weight_decay freeze_step variance_floor \
-            onebit_mode pull_codec max_message_mb drain_seconds; do
+            onebit_mode pull_codec max_message_mb grpc_memory_mb drain_seconds; do
   grep -q -- "--$flag " "$WORK/help.out" ||
     fail "--help does not list --$flag"
 done
@@ -63,6 +63,7 @@ check_invalid --pull_codec --pull_codec=zip
 check_invalid --num_workers --num_workers=0
 check_invalid --onebit_mode --onebit_mode=fast
 check_invalid --max_message_mb --max_message_mb=0
+check_invalid --grpc_memory_mb --grpc_memory_mb=16 --max_message_mb=64
 check_invalid --lr --lr=-1
 check_invalid --beta1 --beta1=1.5
 

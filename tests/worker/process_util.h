@@ -59,6 +59,7 @@ class Process {
     }
     return -1;
   }
+  pid_t pid() const { return pid_; }
   void Signal(int sig) {
     if (pid_ > 0) kill(pid_, sig);
   }
