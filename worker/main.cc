@@ -212,7 +212,10 @@ int Run() {
       LoadTransportSecurity(tls_files, TransportSecurity::kClient);
   if (!security.ok()) return Fail(std::string(security.status().message()));
   c.security = *std::move(security);
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c);
+  // The client counts into the registry the metrics endpoint exports.
+  auto registry = std::make_shared<prometheus::Registry>();
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(c, registry.get());
   if (!client.ok()) return Fail(std::string(client.status().message()));
 
   TrainerOptions t;
@@ -257,7 +260,6 @@ int Run() {
   }
   SetBlasThreads(blas);
 
-  auto registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty()) {
