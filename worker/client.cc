@@ -77,18 +77,21 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   layout_ = layout;
   const size_t n = calls_->size();
   std::vector<ShardRange> ranges(n);
-  std::vector<v1::RegisterRequest> reqs(n);
   std::vector<v1::RegisterResponse> resps(n);
-  std::vector<size_t> all(n);
-  for (size_t s = 0; s < n; ++s) {
-    all[s] = s;
-    ranges[s] = ShardRangeFor(total, static_cast<uint32_t>(n),
-                              static_cast<uint32_t>(s));
-    reqs[s] = RegisterRequestFor(
-        s, initial_weights.subspan(ranges[s].begin, ranges[s].size()), 0);
-  }
-  for (absl::Status& st : calls_->Register(all, reqs, &resps)) {
-    if (!st.ok()) return st;
+  {
+    // A copy of the weights: freed before the replica is allocated.
+    std::vector<v1::RegisterRequest> reqs(n);
+    std::vector<size_t> all(n);
+    for (size_t s = 0; s < n; ++s) {
+      all[s] = s;
+      ranges[s] = ShardRangeFor(total, static_cast<uint32_t>(n),
+                                static_cast<uint32_t>(s));
+      reqs[s] = RegisterRequestFor(
+          s, initial_weights.subspan(ranges[s].begin, ranges[s].size()), 0);
+    }
+    for (absl::Status& st : calls_->Register(all, reqs, &resps)) {
+      if (!st.ok()) return st;
+    }
   }
   // A previous incarnation of this worker may have crashed after its push
   // reached only some shards: those completed the round without it and are

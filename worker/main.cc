@@ -288,8 +288,9 @@ int Run() {
                            : 0.0);
   if (std::string path = absl::GetFlag(FLAGS_save_weights); !path.empty()) {
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(r->final_weights.data()),
-              static_cast<std::streamsize>(r->final_weights.size() * 4));
+    absl::Span<const float> w = (*client)->weights();  // the final replica
+    out.write(reinterpret_cast<const char*>(w.data()),
+              static_cast<std::streamsize>(w.size() * 4));
     if (!out.good()) return Fail(absl::StrCat("--save_weights ", path,
                                               ": cannot write"));
   }

@@ -176,8 +176,6 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   evaluate(per_epoch > 0 ? (total + per_epoch - 1) / per_epoch : 0);
   result.steps = total;
   result.stats = client->stats();
-  result.final_weights.assign(client->weights().begin(),
-                              client->weights().end());
   return result;
 }
 

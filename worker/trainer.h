@@ -47,8 +47,7 @@ struct TrainResult {
   double last_loss = 0;
   double test_accuracy = -1;  // -1 for a workload without a test set
   double test_loss = 0;
-  ClientStats stats;
-  std::vector<float> final_weights;
+  ClientStats stats;  // the final weights are the client's weights()
 };
 
 // Registers with the shards (the model's initial weights from options.seed)

@@ -86,8 +86,8 @@ class SyntheticWorkload : public Workload {
   SyntheticWorkload(const TrainerOptions& o, uint32_t worker_id)
       : seed_(o.seed),
         n_(o.synthetic_params),
-        total_(o.steps > 0 ? o.steps : 100),
-        noise_(n_) {
+        worker_id_(worker_id),
+        total_(o.steps > 0 ? o.steps : 100) {
     uint64_t left = n_;
     for (int t = 0; t < o.synthetic_tensors; ++t) {
       const uint64_t size = left / (o.synthetic_tensors - t);
@@ -96,8 +96,6 @@ class SyntheticWorkload : public Workload {
       spec->set_name(absl::StrCat("synthetic.", t));
       spec->add_shape(size);
     }
-    SplitMix64 g(DeriveSeed(o.seed, 1000 + worker_id));
-    for (float& v : noise_) v = static_cast<float>(g.NextDouble() - 0.5) * 0.01f;
   }
 
   const v1::ModelLayout& layout() const override { return layout_; }
@@ -111,6 +109,15 @@ class SyntheticWorkload : public Workload {
   int64_t steps_per_epoch() const override { return 0; }
   absl::StatusOr<double> Gradient(int64_t step, absl::Span<const float>,
                                   absl::Span<float> grad) override {
+    if (noise_.empty()) {
+      // Built at the first step, not before Register: the initial weights'
+      // copies are gone by then, so the two do not add up at the peak.
+      noise_.resize(n_);
+      SplitMix64 g(DeriveSeed(seed_, 1000 + worker_id_));
+      for (float& v : noise_) {
+        v = static_cast<float>(g.NextDouble() - 0.5) * 0.01f;
+      }
+    }
     const uint64_t shift = Mix64(static_cast<uint64_t>(step)) % n_;
     std::memcpy(grad.data(), noise_.data() + shift,
                 (n_ - shift) * sizeof(float));
@@ -125,9 +132,10 @@ class SyntheticWorkload : public Workload {
  private:
   const uint64_t seed_;
   const uint64_t n_;
+  const uint32_t worker_id_;
   const int64_t total_;
   v1::ModelLayout layout_;
-  std::vector<float> noise_;
+  std::vector<float> noise_;  // seeded noise, built at the first step
 };
 
 }  // namespace

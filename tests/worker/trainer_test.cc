@@ -50,7 +50,7 @@ TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
       RunTraining(t, first->get(), nullptr, nullptr, 0, 1);
   ASSERT_TRUE(r1.ok()) << r1.status();
   EXPECT_EQ(r1->steps, 5);
-  EXPECT_EQ(r1->final_weights.size(), 1000u);
+  EXPECT_EQ((*first)->step(), 5u);
   const double residual = (*first)->ResidualNorm();
   ASSERT_GT(residual, 0.0);
   ASSERT_TRUE(std::filesystem::exists(t.state_file));
