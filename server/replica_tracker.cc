@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "common/checksum.h"
+#include "common/fp32_tensor.h"
+#include "common/mix.h"
 #include "server/optimizer.h"
 
 namespace pserver {
@@ -15,21 +17,7 @@ namespace {
 // The seed of a pull delta's encoder (stochastic rounding, randomk): the same
 // on every run for the same shard and step.
 uint64_t PullSeed(uint32_t shard, uint64_t step) {
-  uint64_t z = (uint64_t{shard} << 48) ^ step ^ 0x5DEECE66DULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-void SetFp32(absl::Span<const float> v, v1::EncodedTensor* t) {
-  t->Clear();
-  t->set_codec(v1::CODEC_FP32);
-  t->set_num_elements(v.size());
-  t->mutable_payload()->resize(v.size() * sizeof(float));
-  if (!v.empty()) {
-    std::memcpy(t->mutable_payload()->data(), v.data(),
-                v.size() * sizeof(float));
-  }
+  return Mix64((uint64_t{shard} << 48) ^ step ^ 0x5DEECE66DULL);
 }
 
 }  // namespace

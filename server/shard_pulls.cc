@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fp32_tensor.h"
 #include "common/rejection.h"
 #include "server/internal/shard_common.h"
 #include "server/shard.h"
@@ -12,7 +13,6 @@
 namespace pserver {
 
 using internal::NotRegistered;
-using internal::SetFp32;
 using internal::ShuttingDown;
 
 std::vector<Shard::Ready> Shard::WakeWaiters() {

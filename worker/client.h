@@ -2,15 +2,24 @@
 // pserver. It connects to every shard, registers the model, and per step
 // pushes the worker's flat gradient and returns the next weights.
 //
-// Per step and shard it: takes the shard's slice of the gradient; in 1-bit
-// Adam's compression stage multiplies it by the shard's frozen preconditioner
-// D = 1 / (sqrt(v) + eps) (fetched once, when the stage changes); adds the
-// error-feedback residual and encodes it with the push codec (warmup_codec
-// while the optimizer is still in warmup); pushes all shards in parallel;
-// then pulls all shards in parallel, applies each delta to the local replica
-// and checks it against the shard's checksum, pulling a full snapshot on a
-// mismatch. Pushes and pulls that fail with UNAVAILABLE or DEADLINE_EXCEEDED
-// are retried with backoff: a repeated push is deduplicated by the shard.
+// A thin coordinator over one component per concept:
+//   worker/shard_calls.h    the RPCs to the shards: deadlines, retries
+//   worker/push_encoder.h   one shard's push: codec per stage, error
+//                           feedback, 1-bit Adam's preconditioner
+//   worker/replica.h        the replica x̂: pulled deltas and snapshots,
+//                           checksums, all-or-nothing updates
+//   worker/recovery.h       what to do when a shard refuses a call, decided
+//                           on the shard's reason
+//   worker/client_metrics.h bytes, retries, rejoins: ClientStats and the
+//                           worker's Prometheus counters
+//
+// Per step it encodes every shard's slice of the gradient and pushes all
+// shards in parallel, then pulls all shards in parallel and applies the
+// answers to the replica only when every shard's answer verified against its
+// checksum (a mismatch is re-pulled as a snapshot). A shard that lost this
+// worker or this step (it restarted) is registered with again and pushed
+// again; a misconfiguration (wrong gradient space, codec, layout, worker
+// count) fails the step at once with the shard's message.
 //
 // Usage:
 //   ClientOptions o;
@@ -26,8 +35,8 @@
 #define PSERVER_WORKER_CLIENT_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,11 +44,16 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/codec.h"
-#include "common/error_feedback.h"
 #include "common/layout.h"
 #include "common/tls.h"
-#include "pserver/v1/parameter_server.grpc.pb.h"
+#include "prometheus/registry.h"
+#include "pserver/v1/parameter_server.pb.h"
+#include "worker/client_metrics.h"
+#include "worker/preconditioner.h"
+#include "worker/push_encoder.h"
+#include "worker/recovery.h"
+#include "worker/replica.h"
+#include "worker/shard_calls.h"
 
 namespace pserver {
 
@@ -72,29 +86,15 @@ struct ClientOptions {
   TransportSecurity security;
 };
 
-// Bytes moved and time spent, since Connect().
-struct ClientStats {
-  uint64_t steps = 0;
-  uint64_t push_payload_bytes = 0;  // encoded tensor payloads sent
-  uint64_t pull_payload_bytes = 0;  // encoded tensor payloads received
-  uint64_t push_fp32_bytes = 0;     // what fp32 would have sent
-  uint64_t pull_fp32_bytes = 0;
-  uint64_t snapshots = 0;           // pulls answered with a full snapshot
-  uint64_t checksum_mismatches = 0;
-  uint64_t retries = 0;
-  uint64_t rejoins = 0;  // re-registrations after a shard restart or a drop
-  double encode_seconds = 0;
-  double push_seconds = 0;   // waiting on pushes (includes server rounds)
-  double pull_seconds = 0;
-};
-
 // Thread-compatible: one training loop drives one Client.
 class Client {
  public:
   // Creates channels to every shard. Does not contact them (gRPC connects
   // lazily). INVALID_ARGUMENT for an empty address list or bad ids.
+  // The client's counters are added to `registry` (worker/client_metrics.h);
+  // nullptr: they are kept but not exported.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      const ClientOptions& options);
+      const ClientOptions& options, prometheus::Registry* registry = nullptr);
   ~Client();
 
   // Registers this worker with every shard: the first worker's
@@ -105,8 +105,8 @@ class Client {
   // then the other shards' step, and the next Step()'s push to the ahead
   // shards is acknowledged as a duplicate (their slice of the replica is
   // already newer and resyncs by snapshot). Blocks on one Register and one
-  // Pull per shard,
-  // retrying while shards are unavailable (for up to retry_budget).
+  // Pull per shard, retrying while shards are unavailable (for up to
+  // retry_budget).
   // REQUIRES: initial_weights.size() == TotalElements(layout).
   // FAILED_PRECONDITION when the shards' layout or configuration differs.
   absl::Status Register(const v1::ModelLayout& layout,
@@ -117,16 +117,19 @@ class Client {
   // the slowest worker of the round. On return step() has advanced by one
   // and weights() holds the new replica. A non-finite gradient is refused
   // with INVALID_ARGUMENT before anything is sent (residuals unchanged).
+  // When a shard call fails weights() and step() are unchanged (hole 7); a shard
+  // refusal that re-registering cannot fix (worker/recovery.h) is returned
+  // at once with the shard's message and reason.
   // REQUIRES: Register() succeeded; gradient.size() == num_params().
   absl::Status Step(absl::Span<const float> gradient);
 
   // The replica: the weights every worker holds for step().
-  absl::Span<const float> weights() const { return replica_; }
-  uint64_t step() const { return step_; }
-  uint64_t num_params() const { return replica_.size(); }
+  absl::Span<const float> weights() const { return replica_.weights(); }
+  uint64_t step() const { return replica_.step(); }
+  uint64_t num_params() const { return replica_.weights().size(); }
   // COMPRESSION once every shard is in 1-bit Adam's compression stage.
   v1::OptimizerStage stage() const;
-  const ClientStats& stats() const { return stats_; }
+  const ClientStats& stats() const { return metrics_.stats(); }
   // L2 norm of all shards' push error-feedback residuals together.
   double ResidualNorm() const;
 
@@ -141,63 +144,52 @@ class Client {
   absl::Status LoadState(const std::string& path);
 
  private:
-  struct ShardState {
-    std::string address;
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::ParameterServer::Stub> stub;
-    ShardRange range;
-    std::unique_ptr<Codec> warmup_codec;
-    std::unique_ptr<Codec> push_codec;
-    std::unique_ptr<ErrorFeedback> warmup_ef;
-    std::unique_ptr<ErrorFeedback> push_ef;
-    std::vector<float> preconditioner;  // D, once frozen
-    std::vector<float> scratch;         // D * g
-    // The shard's optimizer stage as last seen (shards change stage at the
-    // same step, except a shard that restarted without a checkpoint).
-    v1::OptimizerStage stage = v1::OPTIMIZER_STAGE_WARMUP;
-    // Checksum64 of this shard's replica slice, as the shard confirmed it
-    // on the last pull (sent back with the next pull, not recomputed).
-    uint64_t replica_checksum = 0;
+  // The push of the step in progress, for resending it after a rejoin.
+  struct PendingPush {
+    absl::Span<const float> gradient;
+    std::vector<v1::PushRequest>* reqs;
   };
 
-  explicit Client(const ClientOptions& options);
-  absl::Status EncodeShard(size_t s, absl::Span<const float> g,
-                           v1::PushRequest* req);
-  // Pulls `step` from every shard; snapshot[s] asks shard s for a full
-  // snapshot instead of a delta.
-  // A shard that answers FAILED_PRECONDITION (it restarted behind `step`)
-  // is handed to `recover` (register again, push again), then pulled anew.
+  Client(const ClientOptions& options, prometheus::Registry* registry);
+  absl::Status Encode(size_t s, absl::Span<const float> gradient,
+                      v1::PushRequest* req);
+  // Carries out `recovery` for shard s, which refused a call of the step in
+  // progress: registers again (and for kRejoinAndResend pushes `push` again,
+  // re-encoded if the shard's stage changed). The shard is then pulled as a
+  // snapshot. kFail never gets here.
+  absl::Status Recover(size_t s, Recovery recovery, const PendingPush& push);
+  // Pulls `step` from every shard (snapshot[s]: a full snapshot from shard
+  // s) and commits the answers to the replica only when all verified; a
+  // checksum mismatch is re-pulled as a snapshot. `push` is the step's push
+  // for recovery; nullptr at Register, where any refusal fails. On error the
+  // replica is unchanged.
   absl::Status PullAll(uint64_t step, std::vector<bool> snapshot,
-                       bool registering,
-                       const std::function<absl::Status(size_t)>& recover);
+                       const PendingPush* push);
+  // ABORTED when shard s answered another step than `step` (a snapshot one
+  // step ahead is accepted at Register, see there; *ahead says so).
+  absl::Status CheckAnswer(size_t s, uint64_t step, bool registering,
+                           const v1::PullResponse& resp, bool* ahead) const;
   // Registers again with shard s after it restarted or dropped this worker:
   // resume_step (0: none) lets a shard that lost rounds catch up, and the
   // replica's slice stands in for initial weights if it lost its model.
-  // Returns the shard's step after registering.
+  // Follows the shard's stage. Returns the shard's step after registering.
   absl::StatusOr<uint64_t> Rejoin(size_t s, uint64_t resume_step);
-  // Follows a change of shard s's stage: fetches the preconditioner when it
-  // enters the compression stage; resets its residuals if it went back to
-  // warmup (a shard that restarted from nothing).
+  // What moving shard s's encoder to `stage` needs from the shard first:
+  // the frozen preconditioner when it enters the compression stage.
+  absl::StatusOr<std::optional<Preconditioner>> PrepareStage(
+      size_t s, v1::OptimizerStage stage);
   absl::Status SetStage(size_t s, v1::OptimizerStage stage);
-  // DATA_LOSS when the replica does not match the shard's checksum; ABORTED,
-  // with the replica untouched, when the shard answered another step (except
-  // a snapshot one step ahead while `registering`).
-  absl::Status ApplyPull(size_t s, uint64_t step, bool registering,
-                         const v1::PullResponse& resp);
-  absl::Status FetchPreconditioner(size_t s);
-  bool compression_stage(size_t s) const {
-    return shards_[s].stage == v1::OPTIMIZER_STAGE_COMPRESSION;
-  }
+  v1::RegisterRequest RegisterRequestFor(size_t s,
+                                         absl::Span<const float> weights,
+                                         uint64_t resume_step) const;
 
   const ClientOptions options_;
-  std::vector<ShardState> shards_;
-  std::vector<float> replica_;
-  uint64_t step_ = 0;
+  ClientMetrics metrics_;
+  std::unique_ptr<ShardCalls> calls_;
+  std::vector<std::unique_ptr<PushEncoder>> encoders_;  // per shard
+  Replica replica_;
   bool registered_ = false;
-  bool freezes_ = false;  // the server's optimizer has a compression stage
-  v1::GradientSpace compression_space_ = v1::GRADIENT_SPACE_RAW;
   v1::ModelLayout layout_;
-  ClientStats stats_;
 };
 
 }  // namespace pserver

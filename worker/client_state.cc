@@ -38,15 +38,16 @@ absl::Status Client::SaveState(const std::string& path) const {
   RecordWriter w(kMagic);
   w.Num<uint32_t>(options_.worker_id);
   w.Num<uint32_t>(options_.num_workers);
-  w.Num<uint32_t>(static_cast<uint32_t>(shards_.size()));
-  w.Num<uint64_t>(step_);
-  w.Num<uint64_t>(replica_.size());
-  for (const ShardState& sh : shards_) {
-    w.Num<uint64_t>(sh.range.begin);
-    w.Num<uint64_t>(sh.range.end);
-    w.Num<uint32_t>(static_cast<uint32_t>(sh.stage));
-    w.Floats(sh.warmup_ef->residual());
-    w.Floats(sh.push_ef->residual());
+  w.Num<uint32_t>(static_cast<uint32_t>(encoders_.size()));
+  w.Num<uint64_t>(replica_.step());
+  w.Num<uint64_t>(num_params());
+  for (size_t s = 0; s < encoders_.size(); ++s) {
+    const PushEncoder& e = *encoders_[s];
+    w.Num<uint64_t>(replica_.range(s).begin);
+    w.Num<uint64_t>(replica_.range(s).end);
+    w.Num<uint32_t>(static_cast<uint32_t>(e.stage()));
+    w.Floats(e.warmup_ef().residual());
+    w.Floats(e.push_ef().residual());
   }
   return WriteFileAtomically(path, std::move(w).Finish());
 }
@@ -71,12 +72,12 @@ absl::Status Client::LoadState(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": truncated header"));
   }
   if (worker != options_.worker_id || workers != options_.num_workers ||
-      shards != shards_.size() || params != replica_.size()) {
+      shards != encoders_.size() || params != num_params()) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, " is for worker ", worker, "/", workers, " with ", shards,
         " shards and ", params, " parameters; this is worker ",
         options_.worker_id, "/", options_.num_workers, " with ",
-        shards_.size(), " shards and ", replica_.size()));
+        encoders_.size(), " shards and ", num_params()));
   }
   // All-or-nothing (hole 7): parse and validate every shard before changing
   // any, so that the commit below has no failure path.
@@ -84,11 +85,12 @@ absl::Status Client::LoadState(const std::string& path) {
   for (size_t s = 0; s < shards; ++s) {
     uint64_t b, e;
     uint32_t stage;
-    const ShardState& sh = shards_[s];
-    if (!c.Num(&b) || !c.Num(&e) || !c.Num(&stage) || b != sh.range.begin ||
-        e != sh.range.end || !c.Floats(&warm[s]) || !c.Floats(&push[s]) ||
-        warm[s].size() != sh.warmup_ef->size() ||
-        push[s].size() != sh.push_ef->size()) {
+    const PushEncoder& enc = *encoders_[s];
+    const ShardRange& r = replica_.range(s);
+    if (!c.Num(&b) || !c.Num(&e) || !c.Num(&stage) || b != r.begin ||
+        e != r.end || !c.Floats(&warm[s]) || !c.Floats(&push[s]) ||
+        warm[s].size() != enc.warmup_ef().size() ||
+        push[s].size() != enc.push_ef().size()) {
       return absl::DataLossError(
           absl::StrCat(path, ": shard ", s, " does not match this model"));
     }
@@ -103,8 +105,8 @@ absl::Status Client::LoadState(const std::string& path) {
   if (!c.done()) return absl::DataLossError(absl::StrCat(path, ": trailing bytes"));
   for (size_t s = 0; s < shards; ++s) {
     // Sizes and finiteness were checked above: SetResidual cannot refuse.
-    const bool set = shards_[s].warmup_ef->SetResidual(warm[s]).ok() &&
-                     shards_[s].push_ef->SetResidual(push[s]).ok();
+    const bool set = encoders_[s]->warmup_ef().SetResidual(warm[s]).ok() &&
+                     encoders_[s]->push_ef().SetResidual(push[s]).ok();
     ABSL_RAW_CHECK(set, "LoadState: a validated residual was refused");
   }
   return absl::OkStatus();

@@ -212,7 +212,10 @@ int Run() {
       LoadTransportSecurity(tls_files, TransportSecurity::kClient);
   if (!security.ok()) return Fail(std::string(security.status().message()));
   c.security = *std::move(security);
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c);
+  // The client counts into the registry the metrics endpoint exports.
+  auto registry = std::make_shared<prometheus::Registry>();
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(c, registry.get());
   if (!client.ok()) return Fail(std::string(client.status().message()));
 
   TrainerOptions t;
@@ -257,7 +260,6 @@ int Run() {
   }
   SetBlasThreads(blas);
 
-  auto registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty()) {
@@ -286,8 +288,9 @@ int Run() {
                            : 0.0);
   if (std::string path = absl::GetFlag(FLAGS_save_weights); !path.empty()) {
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(r->final_weights.data()),
-              static_cast<std::streamsize>(r->final_weights.size() * 4));
+    absl::Span<const float> w = (*client)->weights();  // the final replica
+    out.write(reinterpret_cast<const char*>(w.data()),
+              static_cast<std::streamsize>(w.size() * 4));
     if (!out.good()) return Fail(absl::StrCat("--save_weights ", path,
                                               ": cannot write"));
   }

@@ -1,9 +1,10 @@
 #include "worker/metrics.h"
 
+#include <utility>
+
 namespace pserver {
 namespace {
 
-using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
@@ -42,42 +43,6 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                         .Help("One training step: compute, push, pull.")
                         .Register(r)
                         .Add({}, StepBuckets())),
-      encode_seconds_(BuildCounter()
-                          .Name("pserver_worker_encode_seconds_total")
-                          .Help("Time spent encoding pushes.")
-                          .Register(r)
-                          .Add({})),
-      push_bytes_(BuildCounter()
-                      .Name("pserver_worker_payload_bytes_total")
-                      .Help("Encoded payload bytes, by direction.")
-                      .Register(r)
-                      .Add({{"direction", "push"}})),
-      pull_bytes_(BuildCounter()
-                      .Name("pserver_worker_payload_bytes_total")
-                      .Help("Encoded payload bytes, by direction.")
-                      .Register(r)
-                      .Add({{"direction", "pull"}})),
-      push_fp32_bytes_(BuildCounter()
-                           .Name("pserver_worker_fp32_equivalent_bytes_total")
-                           .Help("Bytes fp32 would have moved, by direction.")
-                           .Register(r)
-                           .Add({{"direction", "push"}})),
-      pull_fp32_bytes_(BuildCounter()
-                           .Name("pserver_worker_fp32_equivalent_bytes_total")
-                           .Help("Bytes fp32 would have moved, by direction.")
-                           .Register(r)
-                           .Add({{"direction", "pull"}})),
-      retries_(BuildCounter()
-                   .Name("pserver_worker_rpc_retries_total")
-                   .Help("RPC attempts retried after UNAVAILABLE or a "
-                         "deadline.")
-                   .Register(r)
-                   .Add({})),
-      snapshots_(BuildCounter()
-                     .Name("pserver_worker_snapshots_total")
-                     .Help("Pulls answered with a full snapshot.")
-                     .Register(r)
-                     .Add({})),
       residual_norm_(BuildGauge()
                          .Name("pserver_worker_error_feedback_norm")
                          .Help("L2 norm of the push error-feedback residual.")
@@ -91,25 +56,17 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       .Set(1);
 }
 
+std::unique_ptr<WorkerMetrics> WorkerMetrics::Unexported() {
+  auto registry = std::make_unique<prometheus::Registry>();
+  auto m = std::make_unique<WorkerMetrics>(*registry);
+  m->own_registry_ = std::move(registry);
+  return m;
+}
+
 void WorkerMetrics::ObserveStep(double seconds, uint64_t step, double loss) {
   step_seconds_.Observe(seconds);
   step_.Set(static_cast<double>(step));
   loss_.Set(loss);
-}
-
-void WorkerMetrics::Update(const ClientStats& s, double residual_norm) {
-  auto add = [](prometheus::Counter& c, double now, double before) {
-    if (now > before) c.Increment(now - before);
-  };
-  add(encode_seconds_, s.encode_seconds, last_.encode_seconds);
-  add(push_bytes_, s.push_payload_bytes, last_.push_payload_bytes);
-  add(pull_bytes_, s.pull_payload_bytes, last_.pull_payload_bytes);
-  add(push_fp32_bytes_, s.push_fp32_bytes, last_.push_fp32_bytes);
-  add(pull_fp32_bytes_, s.pull_fp32_bytes, last_.pull_fp32_bytes);
-  add(retries_, s.retries, last_.retries);
-  add(snapshots_, s.snapshots, last_.snapshots);
-  residual_norm_.Set(residual_norm);
-  last_ = s;
 }
 
 void WorkerMetrics::SetTestAccuracy(double accuracy, double loss) {

@@ -8,14 +8,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace pserver {
+#include "common/mix.h"
 
-// The SplitMix64 output function: a bijective 64-bit mixer.
-inline uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
+namespace pserver {
 
 // Derives an independent seed from a base seed and a stream number (an epoch,
 // a tensor index, ...).
@@ -29,7 +24,7 @@ class SplitMix64 {
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
 
   uint64_t Next() {
-    state_ += 0x9E3779B97F4A7C15ULL;
+    state_ += kGolden64;
     return Mix64(state_);
   }
 

@@ -1,5 +1,9 @@
-// The worker's training loop: the reference workload (an MLP on
-// Fashion-MNIST) or a synthetic model of any size, driven through a Client.
+// The worker's training loop, one for every workload (worker/workloads.h:
+// the reference MLP on Fashion-MNIST, or a synthetic model of any size),
+// driven through a Client: register, restore the error-feedback residuals
+// from the state file, step until the last step, save the residuals every
+// state_every steps and at the end, evaluate each epoch when the workload has
+// a test set.
 #ifndef PSERVER_WORKER_TRAINER_H_
 #define PSERVER_WORKER_TRAINER_H_
 
@@ -41,15 +45,15 @@ struct TrainResult {
   int64_t steps = 0;
   double wall_seconds = 0;
   double last_loss = 0;
-  double test_accuracy = -1;  // -1 for the synthetic model
+  double test_accuracy = -1;  // -1 for a workload without a test set
   double test_loss = 0;
-  ClientStats stats;
-  std::vector<float> final_weights;
+  ClientStats stats;  // the final weights are the client's weights()
 };
 
 // Registers with the shards (the model's initial weights from options.seed)
-// and trains. Log lines go to `log` (may be null). `metrics` may be null.
-// Errors from the data, the model or the shards end the run.
+// and trains. Log lines go to `log` (may be null). `metrics` may be null
+// (then nothing is exported). Errors from the data, the model or the shards
+// end the run.
 absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& options,
                                         Client* client,
                                         WorkerMetrics* metrics, FILE* log,

@@ -6,16 +6,13 @@
 
 #include <cstdint>
 
+#include "common/mix.h"
+
 namespace pserver {
 namespace internal {
 
-inline constexpr uint64_t kGolden64 = 0x9e3779b97f4a7c15ull;
-
-inline uint64_t Mix64(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using ::pserver::kGolden64;
+using ::pserver::Mix64;
 
 inline uint64_t SplitMix64(uint64_t x) { return Mix64(x + kGolden64); }
 

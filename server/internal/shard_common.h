@@ -24,18 +24,6 @@ inline absl::Status ShuttingDown() {
                 absl::UnavailableError("shard is shutting down"));
 }
 
-// *t = v as CODEC_FP32 (little-endian hosts).
-inline void SetFp32(absl::Span<const float> v, v1::EncodedTensor* t) {
-  t->Clear();
-  t->set_codec(v1::CODEC_FP32);
-  t->set_num_elements(v.size());
-  t->mutable_payload()->resize(v.size() * sizeof(float));
-  if (!v.empty()) {
-    std::memcpy(t->mutable_payload()->data(), v.data(),
-                v.size() * sizeof(float));
-  }
-}
-
 }  // namespace internal
 }  // namespace pserver
 

@@ -1,0 +1,327 @@
+// Recovery decided on the shard's reason (worker/recovery.h) and the
+// replica's all-or-nothing pulls (worker/replica.h), against real in-process
+// shards on loopback; a fault-injecting proxy stands in for a shard whose
+// pulls fail.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/checksum.h"
+#include "common/fp32_tensor.h"
+#include "common/layout.h"
+#include "common/rejection.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "server/shard_server.h"
+#include "tests/worker/client_test_util.h"
+#include "worker/client.h"
+#include "worker/recovery.h"
+#include "worker/replica.h"
+
+namespace pserver {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace testing_util;  // NOLINT: the shared test helpers
+
+// --- The decision ------------------------------------------------------------
+
+TEST(ClientRecovery, DecidesOnTheReasonNotTheCode) {
+  const absl::Status fp = absl::FailedPreconditionError("x");
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_WRONG_SPACE, fp)),
+            Recovery::kFail);
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_CONFIG_MISMATCH, fp)),
+            Recovery::kFail);
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_LAYOUT_MISMATCH, fp)),
+            Recovery::kFail);
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_NOT_FROZEN, fp)),
+            Recovery::kFail);
+  EXPECT_EQ(RecoveryFor(fp), Recovery::kFail);  // no reason: do not guess
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_NOT_REGISTERED, fp)),
+            Recovery::kRejoinAndResend);
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_FUTURE_STEP, fp)),
+            Recovery::kRejoinAndResend);
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_PULL_BEFORE_PUSH, fp)),
+            Recovery::kRejoinAndResend);
+  const absl::Status aborted = absl::AbortedError("x");
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_DROPPED_WORKER, aborted)),
+            Recovery::kRejoinNextRound);
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_STALE_STEP, aborted)),
+            Recovery::kRejoinNextRound);
+  EXPECT_EQ(RecoveryFor(aborted), Recovery::kFail);
+  EXPECT_EQ(RecoveryFor(Reject(v1::REJECT_REASON_UNKNOWN_WORKER,
+                               absl::InvalidArgumentError("x"))),
+            Recovery::kFail);
+}
+
+// Two shards that disagree on --onebit_mode: shard 0 (whose Register answer
+// the client follows) compresses raw gradients, shard 1 expects
+// preconditioned ones. After the freeze shard 1 refuses the push with
+// FAILED_PRECONDITION / WRONG_SPACE. Before issue 9 the client took that
+// code for a restarted shard: it registered again and pushed again, and
+// failed only after that. Now it fails at once with the shard's message,
+// without registering again.
+TEST(ClientRecovery, Issue9WrongSpaceFailsAtOnceWithoutRejoining) {
+  constexpr int kFreeze = 2;
+  OptimizerConfig opt;
+  opt.kind = OptimizerKind::kOneBitAdam;
+  opt.freeze_step = kFreeze;
+  auto cluster = std::make_unique<Cluster>();
+  cluster->config.num_shards = 2;
+  cluster->config.num_workers = 1;
+  cluster->config.pull_codec = v1::CODEC_FP32;
+  for (uint32_t s = 0; s < 2; ++s) {
+    ShardConfig c = cluster->config;
+    c.optimizer = opt;
+    c.optimizer.preconditioned = s == 1;
+    cluster->registries.push_back(std::make_unique<prometheus::Registry>());
+    auto server = StartShard(c, s, 0, cluster->registries.back().get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    cluster->addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+    cluster->servers.push_back(std::move(server).value());
+  }
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  auto c = Client::Connect(Options(*cluster, 0, v1::CODEC_ONEBIT));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Register(layout, Values(n, 5)).ok());
+  for (int t = 0; t < kFreeze; ++t) {
+    ASSERT_TRUE((*c)->Step(Gradient(n, 0, t)).ok()) << "step " << t;
+  }
+  ASSERT_EQ((*c)->stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  const std::vector<float> before((*c)->weights().begin(),
+                                  (*c)->weights().end());
+  const uint64_t retries = (*c)->stats().retries;
+
+  const absl::Time start = absl::Now();
+  absl::Status s = (*c)->Step(Gradient(n, 0, kFreeze));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(ReasonOf(s), v1::REJECT_REASON_WRONG_SPACE) << s;
+  // The shard's own message, naming the shard.
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard 1"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("space is RAW; expected PRECONDITIONED"));
+  // At once: no re-registration, no retry, no second push.
+  EXPECT_EQ((*c)->stats().rejoins, 0u);
+  EXPECT_EQ((*c)->stats().retries, retries);
+  prometheus::Registry& reg1 = *cluster->registries[1];
+  EXPECT_EQ(CounterSum(reg1, "pserver_server_requests_total",
+                       {{"method", "Register"}}),
+            1);
+  EXPECT_EQ(CounterSum(reg1, "pserver_server_requests_total",
+                       {{"method", "Push"}}),
+            kFreeze + 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // no pull deadline hit
+  // The replica did not move.
+  EXPECT_EQ((*c)->step(), static_cast<uint64_t>(kFreeze));
+  EXPECT_TRUE(BitEqual((*c)->weights(), before));
+}
+
+// A shard that restarts from nothing answers NOT_REGISTERED: the client
+// registers again (its replica slice stands in for the lost weights, at its
+// step), pushes the step again, and training goes on exactly. The rejoin is
+// counted on the registry the client was given.
+TEST(ClientRecovery, Issue9RestartedShardIsRejoinedAndTrainingResumes) {
+  constexpr uint32_t kShards = 2;
+  auto cluster = StartCluster(kShards, 1, ExactSgd(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  prometheus::Registry worker_registry;
+  auto c = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32),
+                           &worker_registry);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
+  for (int t = 0; t < 2; ++t) ASSERT_TRUE((*c)->Step(Gradient(n, 0, t)).ok());
+
+  const int port = cluster->servers[1]->port();
+  cluster->servers[1]->Shutdown(absl::ZeroDuration());
+  cluster->servers[1].reset();
+  auto restarted = StartShard(cluster->config, 1, port, nullptr);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  cluster->servers[1] = std::move(restarted).value();
+
+  const std::vector<float> before((*c)->weights().begin(),
+                                  (*c)->weights().end());
+  const std::vector<float> g = Gradient(n, 0, 2);
+  absl::Status s = (*c)->Step(g);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ((*c)->step(), 3u);
+  EXPECT_EQ((*c)->stats().rejoins, 1u);
+  // x3 = x2 - g (one worker, lr 1): the restarted shard took the replica's
+  // slice as its weights.
+  std::vector<float> expected(n);
+  for (uint64_t i = 0; i < n; ++i) expected[i] = before[i] - g[i];
+  EXPECT_TRUE(BitEqual((*c)->weights(), expected));
+  for (uint32_t sh = 0; sh < kShards; ++sh) {
+    v1::GetStatusResponse st = cluster->shard(sh)->Status();
+    EXPECT_EQ(st.current_step(), 3u) << "shard " << sh;
+    ShardRange r = ShardRangeFor(n, kShards, sh);
+    EXPECT_EQ(ChecksumOf((*c)->weights().subspan(r.begin, r.size())),
+              st.replica_checksum())
+        << "shard " << sh;
+  }
+  // Counted where it happened, on the given registry.
+  EXPECT_EQ(CounterSum(worker_registry, "pserver_worker_rejoins_total"), 1);
+  EXPECT_EQ(CounterSum(worker_registry, "pserver_worker_payload_bytes_total",
+                       {{"direction", "push"}}),
+            static_cast<double>((*c)->stats().push_payload_bytes));
+  EXPECT_EQ(CounterSum(worker_registry, "pserver_worker_snapshots_total"),
+            static_cast<double>((*c)->stats().snapshots));
+  ASSERT_TRUE((*c)->Step(Gradient(n, 0, 3)).ok());
+}
+
+// --- All-or-nothing pulls (hole 7) -------------------------------------------
+
+// A shard behind a proxy that forwards every call, except that pulls fail
+// with INTERNAL while `fail_pulls` is set.
+class FaultyPullProxy final : public v1::ParameterServer::Service {
+ public:
+  explicit FaultyPullProxy(const std::string& target)
+      : stub_(v1::ParameterServer::NewStub(
+            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
+
+  std::atomic<bool> fail_pulls{false};
+
+  grpc::Status Register(grpc::ServerContext* ctx,
+                        const v1::RegisterRequest* req,
+                        v1::RegisterResponse* resp) override {
+    grpc::ClientContext c;
+    c.set_deadline(ctx->deadline());
+    return stub_->Register(&c, *req, resp);
+  }
+  grpc::Status Push(grpc::ServerContext* ctx, const v1::PushRequest* req,
+                    v1::PushResponse* resp) override {
+    grpc::ClientContext c;
+    c.set_deadline(ctx->deadline());
+    return stub_->Push(&c, *req, resp);
+  }
+  grpc::Status Pull(grpc::ServerContext* ctx, const v1::PullRequest* req,
+                    v1::PullResponse* resp) override {
+    if (fail_pulls.load()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "injected pull failure");
+    }
+    grpc::ClientContext c;
+    c.set_deadline(ctx->deadline());
+    return stub_->Pull(&c, *req, resp);
+  }
+
+ private:
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+};
+
+// Shard 0 answers the pull, shard 1 (through the proxy) fails it. Before the
+// fix PullAll had already applied shard 0's delta: the replica held shard 0
+// at step 2 and shard 1 at step 1 while step() said 1. Now the replica's
+// bytes and step are unchanged, and retrying the step (a duplicate push on
+// both shards) completes it.
+TEST(ClientReplica, Hole7PullAllLeavesReplicaUnchangedOnFailure) {
+  constexpr uint32_t kShards = 2;
+  auto cluster = StartCluster(kShards, 1, ExactSgd(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  FaultyPullProxy proxy(cluster->addresses[1]);
+  int proxy_port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &proxy_port);
+  builder.RegisterService(&proxy);
+  std::unique_ptr<grpc::Server> proxy_server = builder.BuildAndStart();
+  ASSERT_NE(proxy_server, nullptr);
+  ASSERT_GT(proxy_port, 0);
+
+  ClientOptions o = Options(*cluster, 0, v1::CODEC_FP32);
+  o.server_addresses[1] = absl::StrCat("127.0.0.1:", proxy_port);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Register(layout, Values(n, 4)).ok());
+  ASSERT_TRUE((*c)->Step(Gradient(n, 0, 0)).ok());
+  const std::vector<float> before((*c)->weights().begin(),
+                                  (*c)->weights().end());
+  ASSERT_EQ((*c)->step(), 1u);
+
+  proxy.fail_pulls = true;
+  const std::vector<float> g = Gradient(n, 0, 1);
+  absl::Status s = (*c)->Step(g);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("injected pull failure"));
+  // Both shards completed the round, so shard 0's answer was there to apply.
+  const ShardRange r0 = ShardRangeFor(n, kShards, 0);
+  v1::GetStatusResponse st0 = cluster->shard(0)->Status();
+  ASSERT_EQ(st0.current_step(), 2u);
+  ASSERT_NE(ChecksumOf(absl::MakeConstSpan(before).subspan(r0.begin,
+                                                           r0.size())),
+            st0.replica_checksum());
+  // Unchanged, byte for byte, and at the old step.
+  EXPECT_EQ((*c)->step(), 1u);
+  EXPECT_TRUE(BitEqual((*c)->weights(), before));
+
+  proxy.fail_pulls = false;
+  s = (*c)->Step(g);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ((*c)->step(), 2u);
+  std::vector<float> expected(n);
+  for (uint64_t i = 0; i < n; ++i) expected[i] = before[i] - g[i];
+  EXPECT_TRUE(BitEqual((*c)->weights(), expected));
+  EXPECT_EQ((*c)->stats().checksum_mismatches, 0u);
+  for (uint32_t sh = 0; sh < kShards; ++sh) {
+    v1::GetStatusResponse st = cluster->shard(sh)->Status();
+    ShardRange r = ShardRangeFor(n, kShards, sh);
+    EXPECT_EQ(ChecksumOf((*c)->weights().subspan(r.begin, r.size())),
+              st.replica_checksum())
+        << "shard " << sh;
+  }
+  proxy_server->Shutdown(absl::ToChronoTime(absl::Now()));
+}
+
+// The staging buffer itself: answers are invisible until every shard is
+// staged and committed; a checksum mismatch stages nothing.
+TEST(ClientReplica, StagedAnswersAreInvisibleUntilCommit) {
+  Replica replica;
+  replica.Reset(6, {{0, 4}, {4, 6}}, 7);
+  auto snapshot = [](std::vector<float> v, uint64_t checksum) {
+    v1::PullResponse r;
+    r.set_kind(v1::PULL_KIND_SNAPSHOT);
+    SetFp32(v, r.mutable_weights());
+    r.set_replica_checksum(checksum);
+    return r;
+  };
+  const std::vector<float> a = {1, 2, 3, 4}, b = {5, 6};
+  replica.BeginUpdate();
+  ASSERT_TRUE(replica.Stage(0, snapshot(a, ChecksumOf(a))).ok());
+  EXPECT_EQ(replica.Stage(1, snapshot(b, ChecksumOf(b) + 1)).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(replica.staged(1));
+  EXPECT_TRUE(BitEqual(replica.weights(), std::vector<float>(6, 0.0f)));
+  EXPECT_EQ(replica.step(), 7u);
+
+  ASSERT_TRUE(replica.Stage(1, snapshot(b, ChecksumOf(b))).ok());
+  replica.Commit(8);
+  EXPECT_TRUE(BitEqual(replica.weights(), {1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(replica.step(), 8u);
+  EXPECT_EQ(replica.checksum(1), ChecksumOf(b));
+
+  // A delta adds to the committed slice; a mismatch leaves it alone.
+  replica.BeginUpdate();
+  v1::PullResponse d;
+  d.set_kind(v1::PULL_KIND_DELTA);
+  const std::vector<float> delta = {1, 1, 1, 1};
+  SetFp32(delta, d.mutable_weights());
+  const std::vector<float> a2 = {2, 3, 4, 5};
+  d.set_replica_checksum(ChecksumOf(a2));
+  ASSERT_TRUE(replica.Stage(0, d).ok());
+  EXPECT_TRUE(BitEqual(replica.slice(0), a));
+  ASSERT_TRUE(replica.Stage(1, snapshot(b, ChecksumOf(b))).ok());
+  replica.Commit(9);
+  EXPECT_TRUE(BitEqual(replica.slice(0), a2));
+}
+
+}  // namespace
+}  // namespace pserver

@@ -1,0 +1,99 @@
+// The worker's training loop (worker/trainer.h) against a real in-process
+// shard: one loop for every workload, so the synthetic model keeps its
+// error-feedback residuals across a restart exactly as the MLP does.
+#include "worker/trainer.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "tests/test_util/temp_dir.h"
+#include "worker/client.h"
+
+namespace pserver {
+namespace {
+
+// Before issue 9 the synthetic model had its own loop that never read or
+// wrote --state_file: a restarted synthetic worker lost its residuals, and
+// no file was ever written. Now the first run saves them at its last step
+// and a restarted worker (same id, new Client) loads them after Register.
+TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer.kind = OptimizerKind::kAdam;  // compresses every step
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  auto server = ShardServer::Start(config, so, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  const std::string dir = testing_util::MakeTempDir("trainer_test");
+  ASSERT_FALSE(dir.empty());
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.synthetic_params = 1000;
+  t.synthetic_tensors = 2;
+  t.steps = 5;
+  t.state_file = dir + "/worker0.state";
+  t.state_every = 100;  // only the final save
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
+  c.push_codec = v1::CODEC_ONEBIT;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+
+  auto first = Client::Connect(c);
+  ASSERT_TRUE(first.ok());
+  absl::StatusOr<TrainResult> r1 =
+      RunTraining(t, first->get(), nullptr, nullptr, 0, 1);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(r1->steps, 5);
+  EXPECT_EQ((*first)->step(), 5u);
+  const double residual = (*first)->ResidualNorm();
+  ASSERT_GT(residual, 0.0);
+  ASSERT_TRUE(std::filesystem::exists(t.state_file));
+
+  // The restarted worker: the shard is at step 5, so nothing more to train;
+  // the residuals come back from the file, bit for bit (same norm).
+  auto second = Client::Connect(c);
+  ASSERT_TRUE(second.ok());
+  absl::StatusOr<TrainResult> r2 =
+      RunTraining(t, second->get(), nullptr, nullptr, 0, 1);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ((*second)->step(), 5u);
+  EXPECT_EQ((*second)->ResidualNorm(), residual);
+
+  // And it trains on from there and saves again at its new last step: a
+  // third incarnation loads the residuals of step 7, not those of step 5.
+  t.steps = 7;
+  absl::StatusOr<TrainResult> r3 =
+      RunTraining(t, second->get(), nullptr, nullptr, 0, 1);
+  ASSERT_TRUE(r3.ok()) << r3.status();
+  EXPECT_EQ((*second)->step(), 7u);
+  auto third = Client::Connect(c);
+  ASSERT_TRUE(third.ok());
+  ASSERT_TRUE(RunTraining(t, third->get(), nullptr, nullptr, 0, 1).ok());
+  EXPECT_EQ((*third)->ResidualNorm(), (*second)->ResidualNorm());
+
+  (*server)->Shutdown(absl::Seconds(1));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Trainer, UnknownModelIsRefusedNamingTheChoices) {
+  ClientOptions c;
+  c.server_addresses = {"127.0.0.1:1"};
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  TrainerOptions t;
+  t.model = "resnet";
+  absl::StatusOr<TrainResult> r =
+      RunTraining(t, client->get(), nullptr, nullptr, 0, 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("expected mlp or synthetic"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pserver

@@ -1,0 +1,45 @@
+#include "worker/preconditioner.h"
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+
+namespace pserver {
+
+absl::StatusOr<Preconditioner> Preconditioner::FromFrozenVariance(
+    const v1::GetFrozenVarianceResponse& resp, size_t n) {
+  std::vector<float> v(n);
+  absl::StatusOr<std::unique_ptr<Codec>> dec = MakeDecoderFor(resp.variance());
+  if (!dec.ok()) return dec.status();
+  if (absl::Status d = (*dec)->Decode(resp.variance(), absl::MakeSpan(v));
+      !d.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frozen variance: ", d.message()));
+  }
+  Preconditioner p;
+  p.d_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    p.d_[i] = 1.0f / (std::sqrt(v[i]) + resp.eps());
+    if (!std::isfinite(p.d_[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frozen variance element ", i, " is ", v[i], " with eps ",
+          resp.eps(), "; expected v >= 0 and sqrt(v) + eps > 0"));
+    }
+  }
+  p.scratch_.resize(n);
+  return p;
+}
+
+absl::Span<const float> Preconditioner::Apply(absl::Span<const float> g) {
+  for (size_t i = 0; i < g.size(); ++i) scratch_[i] = d_[i] * g[i];
+  return scratch_;
+}
+
+void Preconditioner::ScaleInPlace(absl::Span<float> v) const {
+  for (size_t i = 0; i < v.size(); ++i) v[i] *= d_[i];
+}
+
+}  // namespace pserver

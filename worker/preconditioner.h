@@ -1,0 +1,42 @@
+// 1-bit Adam's frozen preconditioner for one shard's slice (Tang et al.,
+// "1-bit Adam", ICML 2021): after the freeze the shard's variance v stops
+// changing, so the worker can compress D ⊙ g with D = 1 / (sqrt(v) + eps),
+// which evens out the coordinates' scales before 1-bit quantisation
+// (--onebit_mode=preconditioned). Fetched once per shard, when it enters
+// the compression stage.
+#ifndef PSERVER_WORKER_PRECONDITIONER_H_
+#define PSERVER_WORKER_PRECONDITIONER_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "pserver/v1/parameter_server.pb.h"
+
+namespace pserver {
+
+// Thread-compatible (Apply writes a scratch buffer).
+class Preconditioner {
+ public:
+  // D from a shard's GetFrozenVariance answer for an n-element slice.
+  // INVALID_ARGUMENT when the variance does not decode to n elements or
+  // gives a non-finite D (negative or non-finite v, eps <= 0 with v = 0).
+  static absl::StatusOr<Preconditioner> FromFrozenVariance(
+      const v1::GetFrozenVarianceResponse& resp, size_t n);
+
+  size_t size() const { return d_.size(); }
+  // D ⊙ g, in a buffer this object owns (valid until the next Apply).
+  // REQUIRES: g.size() == size().
+  absl::Span<const float> Apply(absl::Span<const float> g);
+  // v = D ⊙ v. REQUIRES: v.size() == size().
+  void ScaleInPlace(absl::Span<float> v) const;
+
+ private:
+  std::vector<float> d_;
+  std::vector<float> scratch_;  // D ⊙ g
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_WORKER_PRECONDITIONER_H_

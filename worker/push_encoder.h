@@ -1,0 +1,84 @@
+// How one shard's slice of the worker's gradient becomes a push: the codec
+// of the optimizer's stage (warmup_codec during 1-bit Adam's warmup, the push
+// codec after the freeze and always for optimizers without one), error
+// feedback per stage (common/error_feedback.h), and after the freeze the
+// frozen preconditioner when the shard expects preconditioned gradients
+// (worker/preconditioner.h). Follows the shard's stage: entering compression
+// carries the warmup residual over into the compression residual (scaled by
+// D in the preconditioned space) so no gradient mass is lost; going back to
+// warmup (a shard that restarted from nothing) clears both residuals.
+#ifndef PSERVER_WORKER_PUSH_ENCODER_H_
+#define PSERVER_WORKER_PUSH_ENCODER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/error_feedback.h"
+#include "pserver/v1/parameter_server.pb.h"
+#include "worker/preconditioner.h"
+
+namespace pserver {
+
+struct PushCodecs {
+  v1::Codec push = v1::CODEC_ONEBIT;
+  v1::CodecParams push_params;
+  v1::Codec warmup = v1::CODEC_FP32;
+  v1::CodecParams warmup_params;
+  float ef_decay = 1.0f;  // 1 = exact error feedback
+};
+
+// Thread-compatible: one per shard, driven by the Client's thread.
+class PushEncoder {
+ public:
+  // An encoder for an n-element slice, in the warmup stage with zero
+  // residuals. `freezes`: the shards' optimizer has a compression stage
+  // (1-bit Adam); `space`: the gradient space it expects after the freeze.
+  // INVALID_ARGUMENT for a codec that cannot be built.
+  static absl::StatusOr<std::unique_ptr<PushEncoder>> Create(
+      const PushCodecs& codecs, uint64_t n, bool freezes,
+      v1::GradientSpace space);
+
+  // Sets req's space and gradient from `g` (this shard's slice) and updates
+  // the stage's residual. `seed` seeds the encoder's randomness.
+  // INVALID_ARGUMENT (residual unchanged) for a non-finite input.
+  // REQUIRES: g.size() == n.
+  absl::Status Encode(absl::Span<const float> g, uint64_t seed,
+                      v1::PushRequest* req);
+
+  v1::OptimizerStage stage() const { return stage_; }
+  // Whether entering the compression stage needs the shard's frozen
+  // variance (1-bit Adam, non-empty slice).
+  bool needs_preconditioner() const { return freezes_ && n_ > 0; }
+  // Follows the shard to `stage`. Entering compression takes `d` when
+  // needs_preconditioner() (REQUIRES: then d is set, of size n). An error
+  // only if the carried-over residual is not finite (residuals unchanged).
+  absl::Status SetStage(v1::OptimizerStage stage,
+                        std::optional<Preconditioner> d);
+
+  // The residuals, for Client::SaveState / LoadState.
+  ErrorFeedback& warmup_ef() { return *warmup_ef_; }
+  ErrorFeedback& push_ef() { return *push_ef_; }
+  const ErrorFeedback& warmup_ef() const { return *warmup_ef_; }
+  const ErrorFeedback& push_ef() const { return *push_ef_; }
+
+ private:
+  PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
+              std::unique_ptr<ErrorFeedback> warmup_ef,
+              std::unique_ptr<ErrorFeedback> push_ef);
+
+  const uint64_t n_;
+  const bool freezes_;
+  const v1::GradientSpace space_;
+  std::unique_ptr<ErrorFeedback> warmup_ef_;
+  std::unique_ptr<ErrorFeedback> push_ef_;
+  std::optional<Preconditioner> d_;  // once frozen (1-bit Adam)
+  v1::OptimizerStage stage_ = v1::OPTIMIZER_STAGE_WARMUP;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_WORKER_PUSH_ENCODER_H_

@@ -1,0 +1,74 @@
+// The worker's replica x̂ of the shards' weights: the flat vector every
+// worker holds for the same step, the step, and per shard the Checksum64 of
+// its slice as the shard confirmed it. A pull's answers change it all or
+// nothing (hole 7): each shard's answer is decoded into a staging buffer and
+// checked against the shard's checksum, and only when every shard's answer
+// verified does Commit make them the replica, at the new step.
+//
+// Memory: the staging buffer is a second fp32 copy of the model (4 bytes per
+// parameter, allocated once at Reset and reused every step; Commit swaps the
+// two buffers, so a step copies only the slices pulled as deltas).
+//
+// Usage:
+//   replica.BeginUpdate();
+//   for (s ...) if (!replica.Stage(s, resp[s]).ok()) { /* re-pull or fail */ }
+//   replica.Commit(step + 1);   // only when every shard is staged
+#ifndef PSERVER_WORKER_REPLICA_H_
+#define PSERVER_WORKER_REPLICA_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/layout.h"
+#include "pserver/v1/parameter_server.pb.h"
+
+namespace pserver {
+
+// Thread-compatible: the thread driving the Client owns it.
+class Replica {
+ public:
+  Replica() = default;
+
+  // Zero weights for `total` parameters split into `ranges` (shard s owns
+  // ranges[s]), at `step`, with nothing staged.
+  void Reset(uint64_t total, std::vector<ShardRange> ranges, uint64_t step);
+
+  absl::Span<const float> weights() const { return weights_; }
+  uint64_t step() const { return step_; }
+  size_t num_shards() const { return ranges_.size(); }
+  const ShardRange& range(size_t s) const { return ranges_[s]; }
+  absl::Span<const float> slice(size_t s) const {
+    return absl::MakeConstSpan(weights_).subspan(ranges_[s].begin,
+                                                 ranges_[s].size());
+  }
+  // Checksum64 of slice(s) as the shard confirmed it at the last commit
+  // (sent back with the next delta pull, not recomputed).
+  uint64_t checksum(size_t s) const { return checksums_[s]; }
+
+  // Forgets anything staged.
+  void BeginUpdate();
+  // Stages shard s's pull answer: a snapshot replaces slice(s), a delta is
+  // added to it. Does not change weights(). INVALID_ARGUMENT when the answer
+  // does not decode (or its kind is unspecified); DATA_LOSS when the result
+  // does not match resp.replica_checksum(). On error shard s is not staged.
+  absl::Status Stage(size_t s, const v1::PullResponse& resp);
+  bool staged(size_t s) const { return staged_[s]; }
+  // Makes every staged slice the replica, at `step`. REQUIRES: every shard
+  // staged since BeginUpdate().
+  void Commit(uint64_t step);
+
+ private:
+  std::vector<ShardRange> ranges_;
+  std::vector<float> weights_;
+  std::vector<float> staging_;  // same size as weights_
+  std::vector<uint64_t> checksums_;
+  std::vector<uint64_t> staged_checksums_;
+  std::vector<bool> staged_;
+  uint64_t step_ = 0;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_WORKER_REPLICA_H_
