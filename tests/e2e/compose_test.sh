@@ -15,8 +15,14 @@
 #                                when the base tarball is not cached yet)
 # Environment: PSERVER_TEST_CACHE (default /var/cache/pserver-test) keeps the
 # debootstrap base tarball between runs; PSERVER_TEST_STEPS (default 400);
-# PSERVER_TEST_SOURCES builds another source tree than this checkout.
-set -euo pipefail
+# PSERVER_TEST_SOURCES builds another source tree than this checkout;
+# PSERVER_TEST_MIRROR is the Debian mirror for debootstrap (default: the one
+# apt uses here, else http://deb.debian.org/debian).
+#
+# Every failure says why: fail() names what went wrong, and any other command
+# that stops the script is reported with its line and exit status.
+set -Eeuo pipefail
+trap 'echo "compose_test: line $LINENO: \`$BASH_COMMAND\` exited with $?" >&2' ERR
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE="${PSERVER_TEST_CACHE:-/var/cache/pserver-test}"
 BASE_TAR="$CACHE/bookworm-minbase.tar"
@@ -56,7 +62,10 @@ ip -o link show | awk -F': ' '{print $2}' | sort >"$DIR/links.before"
 
 cleanup() {
   local code=$?
-  trap - EXIT INT TERM
+  # Best effort from here on: a cleanup step that finds nothing to do (no
+  # mounts left, no rules) must not end the cleanup half-way.
+  set +e
+  trap - EXIT INT TERM ERR
   if [[ $code -ne 0 ]]; then
     echo "== compose logs (tail)" >&2
     "${COMPOSE[@]}" logs --no-color --tail=10 >&2 2>/dev/null || true
@@ -129,10 +138,14 @@ else
 fi
 
 # --- The base image: debootstrap once, cached as a tarball.
+# shellcheck source=compose/apt_mirror.sh
+source "$ROOT/tests/e2e/compose/apt_mirror.sh"
 if [[ ! -s "$BASE_TAR" ]]; then
-  mirror=$(grep -hoE '^(URIs:|deb) *\S+' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null |
-           awk '{print $2}' | grep -E '/debian/?$' | head -1)
-  mirror="${mirror:-http://deb.debian.org/debian}"
+  mirror="${PSERVER_TEST_MIRROR:-$(apt_debian_mirror)}"
+  if [[ -z "$mirror" ]]; then
+    mirror=http://deb.debian.org/debian
+    log "no Debian archive in /etc/apt/sources.list{,.d/*.list,.d/*.sources}; using $mirror"
+  fi
   log "debootstrap bookworm from $mirror (cached in $CACHE afterwards)"
   mkdir -p "$CACHE"
   rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
