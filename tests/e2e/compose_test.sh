@@ -14,7 +14,8 @@
 #                                building the images; ~3 min more for debootstrap
 #                                when the base tarball is not cached yet)
 # Environment: PSERVER_TEST_CACHE (default /var/cache/pserver-test) keeps the
-# debootstrap base tarball between runs; PSERVER_TEST_STEPS (default 400);
+# debootstrap base tarball between runs; PSERVER_TEST_STEPS (default 1500: on a
+# quiet machine 400 steps took 3 s, less than the 5 s scrape interval);
 # PSERVER_TEST_SOURCES builds another source tree than this checkout;
 # PSERVER_TEST_MIRROR is the Debian mirror for debootstrap (default: the one
 # apt uses here, else http://deb.debian.org/debian).
@@ -26,7 +27,7 @@ trap 'echo "compose_test: line $LINENO: \`$BASH_COMMAND\` exited with $?" >&2' E
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE="${PSERVER_TEST_CACHE:-/var/cache/pserver-test}"
 BASE_TAR="$CACHE/bookworm-minbase.tar"
-export PSERVER_TEST_STEPS="${PSERVER_TEST_STEPS:-400}"
+export PSERVER_TEST_STEPS="${PSERVER_TEST_STEPS:-1500}"
 export PSERVER_TEST_TAG="t$$"
 export PSERVER_BASE_IMAGE="pserver-test-base:t$$"
 PROJECT="pserver-test-$$"
@@ -194,8 +195,13 @@ while :; do
   (( $(date +%s) < deadline )) || fail "training did not finish in 15 min"
   sleep 1
 done
-[[ "$max_up" == 6 ]] || fail "Prometheus saw at most $max_up of the 6 daemons up at once"
-log "all 4 workers finished; Prometheus saw all 6 daemons up"
+# Each daemon scraped up at least once while the stack ran (a worker that
+# finishes between two scrapes of the others never shows in an instant query
+# together with all of them, so "at once" is logged, not required).
+ever_up=$(promql 'count(max_over_time(up[15m]) == 1)' 2>/dev/null || echo 0)
+[[ "$ever_up" == 6 ]] ||
+  fail "Prometheus saw $ever_up of the 6 daemons up during training (at most $max_up at once)"
+log "all 4 workers finished; Prometheus saw all 6 daemons up ($max_up at once)"
 for w in 0 1 2 3; do
   "${COMPOSE[@]}" logs --no-color "worker$w" >"$DIR/worker$w.log" 2>&1
 done
