@@ -215,6 +215,12 @@ absl::StatusOr<v1::Codec> ParseCodecName(absl::string_view name) {
       "codec name is \"", name, "\"; expected one of ", KnownCodecs()));
 }
 
+std::vector<v1::Codec> NamedCodecs() {
+  std::vector<v1::Codec> codecs;
+  for (const NamedCodec& c : kCodecs) codecs.push_back(c.codec);
+  return codecs;
+}
+
 std::string CodecName(v1::Codec codec) {
   for (const NamedCodec& c : kCodecs) {
     if (c.codec == codec) return c.name;

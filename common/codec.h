@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -108,6 +109,8 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeDecoderFor(
 // "topk_quantize" (case-insensitive).
 absl::StatusOr<v1::Codec> ParseCodecName(absl::string_view name);
 std::string CodecName(v1::Codec codec);
+// Every codec ParseCodecName accepts, in the order above.
+std::vector<v1::Codec> NamedCodecs();
 
 // Payload bytes an fp32 encoding of n elements would take (the baseline for
 // compression ratios).

@@ -17,13 +17,12 @@
 // certificate issued for its DNS name is checked with --tls_server_name.
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/daemon/command_line.h"
+#include "common/daemon/daemon_flags.h"
 #include "common/tls.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -58,10 +57,15 @@ const char* StatusName(grpc::health::v1::HealthCheckResponse::ServingStatus s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Exits 0 iff the gRPC health service at --address answers SERVING for "
-      "--service.");
-  absl::ParseCommandLine(argc, argv);
+  // Exit 1 for every failure: the only code Docker's HEALTHCHECK defines.
+  pserver::ParseDaemonCommandLine(
+      argc, argv,
+      {"pserver_health_probe",
+       "Exits 0 iff the gRPC health service at --address answers SERVING for "
+       "--service.\n"
+       "  pserver_health_probe --address=127.0.0.1:50051 "
+       "[--service=pserver.v1.ParameterServer]",
+       __FILE__, /*error_exit_code=*/1});
   const std::string address = absl::GetFlag(FLAGS_address);
   const std::string service = absl::GetFlag(FLAGS_service);
   const double timeout = absl::GetFlag(FLAGS_timeout);
@@ -71,17 +75,11 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  pserver::TransportSecurityFiles tls_files;
-  tls_files.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  tls_files.key_file = absl::GetFlag(FLAGS_tls_key);
-  tls_files.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  tls_files.token_file = absl::GetFlag(FLAGS_auth_token_file);
-  if (const char* env = std::getenv(pserver::kAuthTokenEnv); env != nullptr) {
-    tls_files.env_token = env;
-  }
   absl::StatusOr<pserver::TransportSecurity> security =
-      pserver::LoadTransportSecurity(tls_files,
-                                     pserver::TransportSecurity::kClient);
+      pserver::LoadSecurityFromFlags(
+          {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+           absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_auth_token_file)},
+          pserver::TransportSecurity::kClient);
   if (!security.ok()) {
     std::fprintf(stderr, "pserver_health_probe: %s\n",
                  std::string(security.status().message()).c_str());

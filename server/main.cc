@@ -2,26 +2,19 @@
 //
 //   pserver_server --shard_index=0 --num_shards=2 --num_workers=4
 //                  --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9100
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
+#include "common/daemon/command_line.h"
+#include "common/daemon/daemon_flags.h"
 #include "common/file_io.h"
-#include "common/tls.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/shard_server.h"
 
@@ -62,7 +55,15 @@ ABSL_FLAG(double, pull_k_fraction, 0.01,
 ABSL_FLAG(uint32_t, pull_bits, 8, "pull codec: bits for quantize, 2..8");
 ABSL_FLAG(int32_t, max_message_mb, 1024,
           "largest gRPC message in MiB, each direction (1..2047)");
-ABSL_FLAG(uint32_t, grpc_memory_mb, 2048, "gRPC memory quota in MiB (0: none)");
+ABSL_FLAG(uint32_t, grpc_memory_mb, 2048,
+          "what gRPC may buffer for all calls together, in MiB (0: no "
+          "quota; else at least --max_message_mb); calls past it are "
+          "refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint64_t, max_model_elements, pserver::kDefaultMaxModelElements,
+          "largest model, in elements over all shards, that a Register may "
+          "install (1 up to the default, the layout format's own cap); a "
+          "larger layout is refused RESOURCE_EXHAUSTED before anything is "
+          "allocated");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "folder for this shard's checkpoints (empty: none); the newest "
           "usable one is loaded at start, a final one written on SIGTERM");
@@ -92,16 +93,18 @@ ABSL_FLAG(std::string, auth_token_file, "",
 namespace pserver {
 namespace {
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "pserver_server: %s\n", message.c_str());
+int Fail(absl::string_view message) {
+  std::fprintf(stderr, "pserver_server: %s\n", std::string(message).c_str());
   return 2;
 }
 
-// For the start-up line: what is on, never a secret.
-const char* SecurityName(const TransportSecurity& sec) {
-  if (!sec.tls(TransportSecurity::kServer)) return "plaintext";
-  if (sec.ca_pem.empty()) return sec.auth_token.empty() ? "TLS" : "TLS+token";
-  return sec.auth_token.empty() ? "mutual TLS" : "mutual TLS+token";
+absl::StatusOr<OptimizerKind> OptimizerFromFlag() {
+  std::vector<FlagChoice<OptimizerKind>> choices;
+  for (OptimizerKind k : {OptimizerKind::kOneBitAdam, OptimizerKind::kAdam,
+                          OptimizerKind::kSgd}) {
+    choices.push_back({OptimizerName(k), k});
+  }
+  return ParseEnumFlag("optimizer", absl::GetFlag(FLAGS_optimizer), choices);
 }
 
 int Run() {
@@ -109,9 +112,8 @@ int Run() {
   config.shard_index = absl::GetFlag(FLAGS_shard_index);
   config.num_shards = absl::GetFlag(FLAGS_num_shards);
   config.num_workers = absl::GetFlag(FLAGS_num_workers);
-  absl::StatusOr<OptimizerKind> kind =
-      ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer));
-  if (!kind.ok()) return Fail(absl::StrCat("--", kind.status().message()));
+  absl::StatusOr<OptimizerKind> kind = OptimizerFromFlag();
+  if (!kind.ok()) return Fail(kind.status().message());
   OptimizerConfig& o = config.optimizer;
   o.kind = *kind;
   o.lr = absl::GetFlag(FLAGS_lr);
@@ -123,27 +125,23 @@ int Run() {
   o.momentum = absl::GetFlag(FLAGS_momentum);
   o.freeze_step = absl::GetFlag(FLAGS_freeze_step);
   o.variance_floor = absl::GetFlag(FLAGS_variance_floor);
-  std::string mode = absl::GetFlag(FLAGS_onebit_mode);
-  if (mode == "robust") {
-    o.preconditioned = true;
-  } else if (mode == "deepspeed") {
-    o.preconditioned = false;
-    o.variance_floor = 0.0f;
-  } else {
-    return Fail(absl::StrCat("--onebit_mode is '", mode,
-                             "'; expected robust or deepspeed"));
-  }
+  // robust: preconditioned pushes, floored variance; deepspeed: neither.
+  absl::StatusOr<bool> robust =
+      ParseEnumFlag<bool>("onebit_mode", absl::GetFlag(FLAGS_onebit_mode),
+                          {{"robust", true}, {"deepspeed", false}});
+  if (!robust.ok()) return Fail(robust.status().message());
+  o.preconditioned = *robust;
+  if (!*robust) o.variance_floor = 0.0f;
   absl::StatusOr<v1::Codec> codec =
-      ParseCodecName(absl::GetFlag(FLAGS_pull_codec));
-  if (!codec.ok()) {
-    return Fail(absl::StrCat("--pull_", codec.status().message()));
-  }
+      ParseCodecFlag("pull_codec", absl::GetFlag(FLAGS_pull_codec));
+  if (!codec.ok()) return Fail(codec.status().message());
   config.pull_codec = *codec;
   config.pull_params.set_block_size(absl::GetFlag(FLAGS_pull_block_size));
   config.pull_params.set_k_fraction(absl::GetFlag(FLAGS_pull_k_fraction));
   config.pull_params.set_bits(absl::GetFlag(FLAGS_pull_bits));
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  config.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
   double lease = absl::GetFlag(FLAGS_lease_timeout_seconds);
   if (!(lease >= 0) || lease > 86400) {
     return Fail(absl::StrCat("--lease_timeout_seconds is ", lease,
@@ -163,22 +161,21 @@ int Run() {
     return Fail(absl::StrCat("--max_message_mb is ", max_mb,
                              "; expected 1..2047"));
   }
+  const uint32_t quota_mb = absl::GetFlag(FLAGS_grpc_memory_mb);
+  if (quota_mb != 0 && quota_mb < static_cast<uint32_t>(max_mb)) {
+    return Fail(absl::StrCat("--grpc_memory_mb is ", quota_mb,
+                             "; expected 0 (no quota) or at least "
+                             "--max_message_mb (", max_mb, ")"));
+  }
   int drain = absl::GetFlag(FLAGS_drain_seconds);
   if (drain < 0) {
     return Fail(absl::StrCat("--drain_seconds is ", drain, "; expected >= 0"));
   }
-
-  TransportSecurityFiles tls_files;
-  tls_files.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  tls_files.key_file = absl::GetFlag(FLAGS_tls_key);
-  tls_files.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  tls_files.token_file = absl::GetFlag(FLAGS_auth_token_file);
-  if (const char* env = std::getenv(kAuthTokenEnv); env != nullptr) {
-    tls_files.env_token = env;
-  }
-  absl::StatusOr<TransportSecurity> security =
-      LoadTransportSecurity(tls_files, TransportSecurity::kServer);
-  if (!security.ok()) return Fail(std::string(security.status().message()));
+  absl::StatusOr<TransportSecurity> security = LoadSecurityFromFlags(
+      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+       absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_auth_token_file)},
+      TransportSecurity::kServer);
+  if (!security.ok()) return Fail(security.status().message());
 
   // Block the stop signals before any thread starts, then wait for them.
   sigset_t stop;
@@ -188,17 +185,9 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
-  std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  if (!metrics_listen.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
-    } catch (const std::exception& e) {
-      return Fail(absl::StrCat("--metrics_listen ", metrics_listen,
-                               ": cannot listen: ", e.what()));
-    }
-    exposer->RegisterCollectable(registry);
-  }
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+      ServeMetrics(absl::GetFlag(FLAGS_metrics_listen), registry);
+  if (!exposer.ok()) return Fail(exposer.status().message());
   ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.max_message_bytes = max_mb * (1 << 20);
@@ -213,16 +202,15 @@ int Run() {
   for (const std::string& line : (*server)->shard()->startup_log()) {
     std::fprintf(stderr, "pserver_server: %s\n", line.c_str());
   }
-  std::string metrics_port =
-      exposer ? absl::StrCat(exposer->GetListeningPorts().front()) : "off";
   std::fprintf(stderr,
                "pserver_server: shard %u/%u listening on port %d (metrics "
                "port %s), %u workers, optimizer %s, pull codec %s, %s\n",
                config.shard_index, config.num_shards, (*server)->port(),
-               metrics_port.c_str(), config.num_workers,
+               MetricsPortText(exposer->get()).c_str(), config.num_workers,
                OptimizerName(o.kind).c_str(),
                CodecName(config.pull_codec).c_str(),
-               SecurityName(options.security));
+               SecuritySummary(options.security, TransportSecurity::kServer)
+                   .c_str());
   if (std::string port_file = absl::GetFlag(FLAGS_port_file);
       !port_file.empty()) {
     // Atomic, so readers never see a partial file.
@@ -241,55 +229,15 @@ int Run() {
   return 0;
 }
 
-// absl's own --help lists only flags defined in <program>.cc (this file is
-// main.cc) and exits 1; a user asking for help gets this binary's flags and
-// exit status 0.
-bool IsDaemonFlag(absl::string_view file) {
-  return absl::EndsWith(file, "server/main.cc");
-}
-
-void PrintHelp() {
-  std::vector<const absl::CommandLineFlag*> flags;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (IsDaemonFlag(flag->Filename())) flags.push_back(flag);
-  }
-  std::sort(flags.begin(), flags.end(), [](const auto* a, const auto* b) {
-    return a->Name() < b->Name();
-  });
-  std::printf("%s\n\nFlags:\n",
-              std::string(absl::ProgramUsageMessage()).c_str());
-  for (const absl::CommandLineFlag* f : flags) {
-    std::string def = f->IsOfType<std::string>()
-                          ? absl::StrCat("\"", f->DefaultValue(), "\"")
-                          : f->DefaultValue();
-    std::printf("  --%s (%s); default: %s;\n", std::string(f->Name()).c_str(),
-                f->Help().c_str(), def.c_str());
-  }
-}
-
 }  // namespace
 }  // namespace pserver
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "One shard of the pserver parameter server.\n"
-      "  pserver_server --shard_index=0 --num_shards=2 --num_workers=4");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = pserver::IsDaemonFlag;
-  usage.contains_helpshort_flags = pserver::IsDaemonFlag;
-  absl::SetFlagsUsageConfig(usage);
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (arg == "--help" || arg == "-help") {
-      pserver::PrintHelp();
-      return 0;
-    }
-  }
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::fprintf(stderr, "pserver_server: unexpected argument '%s'\n", rest[1]);
-    return 2;
-  }
+  pserver::ParseDaemonCommandLine(
+      argc, argv,
+      {"pserver_server",
+       "One shard of the pserver parameter server.\n"
+       "  pserver_server --shard_index=0 --num_shards=2 --num_workers=4",
+       __FILE__});
   return pserver::Run();
 }

@@ -63,12 +63,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   ShardServer* self = s.get();
   s->service_ = std::make_unique<ParameterServerService>(
-      s->shard_.get(), s->metrics_.get(), [self] {
-        if (self->server_) {
-          self->server_->GetHealthCheckService()->SetServingStatus(kServiceName,
-                                                                   true);
-        }
-      });
+      s->shard_.get(), s->metrics_.get(), [self] { self->OnRegistered(); });
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address,
                            MakeServerCredentials(options.security), &s->port_);
@@ -82,21 +77,41 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
             ? " (or the TLS certificate and key do not load or match)"
             : ""));
   }
-  grpc::HealthCheckServiceInterface* health =
-      s->server_->GetHealthCheckService();
-  health->SetServingStatus("", true);
-  health->SetServingStatus(kServiceName, s->shard_->registered());
+  {
+    absl::MutexLock lock(&s->health_mu_);
+    s->health_ = s->server_->GetHealthCheckService();
+    s->health_->SetServingStatus("", true);
+    // Read under health_mu_: a Register that completed before this line
+    // found health_ unset and is counted here; any later one runs
+    // OnRegistered after this section and finds health_ set.
+    s->health_->SetServingStatus(kServiceName, s->shard_->registered());
+  }
   return s;
+}
+
+void ShardServer::OnRegistered() {
+  absl::MutexLock lock(&health_mu_);
+  if (health_ != nullptr) health_->SetServingStatus(kServiceName, true);
 }
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
 
 void ShardServer::Shutdown(absl::Duration drain) {
   if (!server_) return;
-  server_->GetHealthCheckService()->Shutdown();
+  {
+    // Every status reads NOT_SERVING from here on; later updates are
+    // ignored by gRPC. (Unset if Start failed after BuildAndStart.)
+    absl::MutexLock lock(&health_mu_);
+    if (health_ != nullptr) health_->Shutdown();
+  }
   shard_->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   server_->Wait();
+  {
+    // No handler runs any more; the health service dies with server_.
+    absl::MutexLock lock(&health_mu_);
+    health_ = nullptr;
+  }
   server_.reset();
   // In-flight calls are done: the state is final.
   if (absl::Status s = shard_->Close(); !s.ok()) {

@@ -7,9 +7,12 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "prometheus/registry.h"
 #include "server/metrics.h"
@@ -42,7 +45,8 @@ struct ServerOptions {
 // "pserver.v1.ParameterServer" NOT_SERVING until a model is registered.
 inline constexpr char kServiceName[] = "pserver.v1.ParameterServer";
 
-// Thread-safe.
+// Thread-safe: the gRPC threads call into it (health updates) from the
+// moment Start's server listens; Shutdown is called by the owner.
 class ShardServer {
  public:
   // `registry` may be null (no metrics). It must outlive the server.
@@ -63,11 +67,26 @@ class ShardServer {
  private:
   ShardServer() = default;
 
+  // The service's on_registered callback, on a gRPC thread: marks
+  // kServiceName SERVING. A Register can complete while Start is still in
+  // BuildAndStart; then health_ is unset and Start itself publishes the
+  // registered state (issue 9, hole 3).
+  void OnRegistered() ABSL_LOCKS_EXCLUDED(health_mu_);
+
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ParameterServerService> service_;
+  // Written by Start before it returns and by Shutdown; the gRPC threads
+  // never read it (they use health_).
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  // Start publishes health_ and the initial statuses in one critical
+  // section, so a Register either finds health_ set or completed before
+  // Start read shard_->registered(). Null before Start has it and after
+  // Shutdown.
+  absl::Mutex health_mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(health_mu_) =
+      nullptr;
 };
 
 }  // namespace pserver

@@ -161,7 +161,7 @@ tsan() {
     tests=(tests/server/optimizer_test tests/server/shard_test
            tests/server/shard_stress_test tests/server/service_test
            tests/server/metrics_test tests/server/lease_test
-           tests/worker/client_test)
+           tests/server/shard_server_test tests/worker/client_test)
   else
     tests=(tests/server/shard_stress_test tests/server/shard_test
            tests/server/lease_test tests/server/service_test)

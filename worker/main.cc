@@ -5,22 +5,19 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/codec.h"
-#include "common/tls.h"
-#include "prometheus/exposer.h"
+#include "common/daemon/command_line.h"
+#include "common/daemon/daemon_flags.h"
 #include "prometheus/registry.h"
 #include "worker/client.h"
 #include "worker/metrics.h"
@@ -94,60 +91,43 @@ ABSL_FLAG(std::string, auth_token_file, "",
 namespace pserver {
 namespace {
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "pserver_worker: %s\n", message.c_str());
+int Fail(absl::string_view message) {
+  std::fprintf(stderr, "pserver_worker: %s\n", std::string(message).c_str());
   return 2;
 }
 
 absl::Status CodecParamsFromFlags(v1::CodecParams* p) {
   p->set_block_size(absl::GetFlag(FLAGS_block_size));
-  std::string scale = absl::GetFlag(FLAGS_onebit_scale);
-  if (scale == "mean_abs") {
-    p->set_scale_mode(v1::SCALE_MODE_MEAN_ABS);
-  } else if (scale == "l2") {
-    p->set_scale_mode(v1::SCALE_MODE_L2);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--onebit_scale is '", scale, "'; expected mean_abs or l2"));
-  }
+  absl::StatusOr<v1::ScaleMode> scale = ParseEnumFlag<v1::ScaleMode>(
+      "onebit_scale", absl::GetFlag(FLAGS_onebit_scale),
+      {{"mean_abs", v1::SCALE_MODE_MEAN_ABS}, {"l2", v1::SCALE_MODE_L2}});
+  if (!scale.ok()) return scale.status();
+  p->set_scale_mode(*scale);
   p->set_k_fraction(absl::GetFlag(FLAGS_k_fraction));
-  std::string sel = absl::GetFlag(FLAGS_topk_selection);
-  if (sel == "sampled") {
-    p->set_selection(v1::TOPK_SELECTION_SAMPLED);
-  } else if (sel == "exact") {
-    p->set_selection(v1::TOPK_SELECTION_EXACT);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--topk_selection is '", sel, "'; expected sampled or exact"));
-  }
-  std::string vf = absl::GetFlag(FLAGS_value_format);
-  if (vf == "fp32") {
-    p->set_value_format(v1::VALUE_FORMAT_FP32);
-  } else if (vf == "fp16") {
-    p->set_value_format(v1::VALUE_FORMAT_FP16);
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--value_format is '", vf, "'; expected fp32 or fp16"));
-  }
+  absl::StatusOr<v1::TopKSelection> sel = ParseEnumFlag<v1::TopKSelection>(
+      "topk_selection", absl::GetFlag(FLAGS_topk_selection),
+      {{"sampled", v1::TOPK_SELECTION_SAMPLED},
+       {"exact", v1::TOPK_SELECTION_EXACT}});
+  if (!sel.ok()) return sel.status();
+  p->set_selection(*sel);
+  absl::StatusOr<v1::ValueFormat> vf = ParseEnumFlag<v1::ValueFormat>(
+      "value_format", absl::GetFlag(FLAGS_value_format),
+      {{"fp32", v1::VALUE_FORMAT_FP32}, {"fp16", v1::VALUE_FORMAT_FP16}});
+  if (!vf.ok()) return vf.status();
+  p->set_value_format(*vf);
   p->set_bits(absl::GetFlag(FLAGS_bits));
-  std::string r = absl::GetFlag(FLAGS_rounding);
-  if (r == "nearest") {
-    p->set_rounding(v1::ROUNDING_NEAREST);
-  } else if (r == "stochastic") {
-    p->set_rounding(v1::ROUNDING_STOCHASTIC);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rounding is '", r, "'; expected nearest or stochastic"));
-  }
-  std::string q = absl::GetFlag(FLAGS_quantize_range);
-  if (q == "linear") {
-    p->set_range(v1::QUANTIZE_RANGE_LINEAR);
-  } else if (q == "adaptive") {
-    p->set_range(v1::QUANTIZE_RANGE_ADAPTIVE);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--quantize_range is '", q, "'; expected linear or adaptive"));
-  }
+  absl::StatusOr<v1::Rounding> r = ParseEnumFlag<v1::Rounding>(
+      "rounding", absl::GetFlag(FLAGS_rounding),
+      {{"nearest", v1::ROUNDING_NEAREST},
+       {"stochastic", v1::ROUNDING_STOCHASTIC}});
+  if (!r.ok()) return r.status();
+  p->set_rounding(*r);
+  absl::StatusOr<v1::QuantizeRange> q = ParseEnumFlag<v1::QuantizeRange>(
+      "quantize_range", absl::GetFlag(FLAGS_quantize_range),
+      {{"linear", v1::QUANTIZE_RANGE_LINEAR},
+       {"adaptive", v1::QUANTIZE_RANGE_ADAPTIVE}});
+  if (!q.ok()) return q.status();
+  p->set_range(*q);
   return absl::OkStatus();
 }
 
@@ -184,15 +164,16 @@ int Run() {
                              "; expected 0..num_workers-1 (--num_workers is ",
                              c.num_workers, ")"));
   }
-  absl::StatusOr<v1::Codec> push = ParseCodecName(absl::GetFlag(FLAGS_push_codec));
-  if (!push.ok()) return Fail(absl::StrCat("--push_", push.status().message()));
+  absl::StatusOr<v1::Codec> push =
+      ParseCodecFlag("push_codec", absl::GetFlag(FLAGS_push_codec));
+  if (!push.ok()) return Fail(push.status().message());
   absl::StatusOr<v1::Codec> warm =
-      ParseCodecName(absl::GetFlag(FLAGS_warmup_codec));
-  if (!warm.ok()) return Fail(absl::StrCat("--warmup_", warm.status().message()));
+      ParseCodecFlag("warmup_codec", absl::GetFlag(FLAGS_warmup_codec));
+  if (!warm.ok()) return Fail(warm.status().message());
   c.push_codec = *push;
   c.warmup_codec = *warm;
   if (absl::Status s = CodecParamsFromFlags(&c.push_params); !s.ok()) {
-    return Fail(std::string(s.message()));
+    return Fail(s.message());
   }
   c.warmup_params = c.push_params;
   c.ef_decay = absl::GetFlag(FLAGS_ef_decay);
@@ -200,26 +181,19 @@ int Run() {
   c.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout));
   c.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout));
   c.retry_budget = absl::Seconds(absl::GetFlag(FLAGS_retry_budget));
-  TransportSecurityFiles tls_files;
-  tls_files.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  tls_files.key_file = absl::GetFlag(FLAGS_tls_key);
-  tls_files.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  tls_files.token_file = absl::GetFlag(FLAGS_auth_token_file);
-  if (const char* env = std::getenv(kAuthTokenEnv); env != nullptr) {
-    tls_files.env_token = env;
-  }
-  absl::StatusOr<TransportSecurity> security =
-      LoadTransportSecurity(tls_files, TransportSecurity::kClient);
-  if (!security.ok()) return Fail(std::string(security.status().message()));
+  absl::StatusOr<TransportSecurity> security = LoadSecurityFromFlags(
+      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+       absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_auth_token_file)},
+      TransportSecurity::kClient);
+  if (!security.ok()) return Fail(security.status().message());
   c.security = *std::move(security);
-  // The client counts into the registry the metrics endpoint exports.
-  auto registry = std::make_shared<prometheus::Registry>();
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Connect(c, registry.get());
-  if (!client.ok()) return Fail(std::string(client.status().message()));
 
   TrainerOptions t;
-  t.model = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<std::string> model = ParseEnumFlag<std::string>(
+      "model", absl::GetFlag(FLAGS_model),
+      {{"mlp", "mlp"}, {"synthetic", "synthetic"}});
+  if (!model.ok()) return Fail(model.status().message());
+  t.model = *model;
   t.hidden.clear();
   for (absl::string_view h :
        absl::StrSplit(absl::GetFlag(FLAGS_hidden), ',', absl::SkipEmpty())) {
@@ -242,15 +216,15 @@ int Run() {
   t.log_interval_seconds = absl::GetFlag(FLAGS_log_interval);
   t.state_file = absl::GetFlag(FLAGS_state_file);
   t.state_every = absl::GetFlag(FLAGS_state_every);
-  std::string progress = absl::GetFlag(FLAGS_progress);
-  if (progress == "auto") {
-    t.progress_bar = isatty(STDOUT_FILENO);
-  } else if (progress == "bar" || progress == "lines") {
-    t.progress_bar = progress == "bar";
-  } else {
-    return Fail(absl::StrCat("--progress is '", progress,
-                             "'; expected auto, bar or lines"));
-  }
+  enum class Progress { kAuto, kBar, kLines };
+  absl::StatusOr<Progress> progress = ParseEnumFlag<Progress>(
+      "progress", absl::GetFlag(FLAGS_progress),
+      {{"auto", Progress::kAuto},
+       {"bar", Progress::kBar},
+       {"lines", Progress::kLines}});
+  if (!progress.ok()) return Fail(progress.status().message());
+  t.progress_bar = *progress == Progress::kAuto ? isatty(STDOUT_FILENO) != 0
+                                                : *progress == Progress::kBar;
   if (t.epochs <= 0 && t.steps <= 0) {
     return Fail("--epochs and --steps are both <= 0; expected one positive");
   }
@@ -260,21 +234,19 @@ int Run() {
   }
   SetBlasThreads(blas);
 
-  std::unique_ptr<prometheus::Exposer> exposer;
-  std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  if (!metrics_listen.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
-    } catch (const std::exception& e) {
-      return Fail(absl::StrCat("--metrics_listen ", metrics_listen,
-                               ": cannot listen: ", e.what()));
-    }
-    exposer->RegisterCollectable(registry);
-  }
+  // Every flag is checked before the first connection. The client counts
+  // into the registry the metrics endpoint exports.
+  auto registry = std::make_shared<prometheus::Registry>();
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(c, registry.get());
+  if (!client.ok()) return Fail(client.status().message());
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+      ServeMetrics(absl::GetFlag(FLAGS_metrics_listen), registry);
+  if (!exposer.ok()) return Fail(exposer.status().message());
   WorkerMetrics metrics(*registry);
   absl::StatusOr<TrainResult> r = RunTraining(
       t, client->get(), &metrics, stdout, c.worker_id, c.num_workers);
-  if (!r.ok()) return Fail(std::string(r.status().message()));
+  if (!r.ok()) return Fail(r.status().message());
   const ClientStats& s = r->stats;
   std::printf(
       "worker %u done: %d steps in %.1f s, test accuracy %.4f, pushed %.0f "
@@ -303,13 +275,12 @@ int Run() {
 }  // namespace pserver
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Trains a model through pserver shards.\n"
-      "  pserver_worker --servers=HOST:PORT,... --worker_id=0 --num_workers=4");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::fprintf(stderr, "pserver_worker: unexpected argument '%s'\n", rest[1]);
-    return 2;
-  }
+  pserver::ParseDaemonCommandLine(
+      argc, argv,
+      {"pserver_worker",
+       "Trains a model through pserver shards.\n"
+       "  pserver_worker --servers=HOST:PORT,... --worker_id=0 "
+       "--num_workers=4",
+       __FILE__});
   return pserver::Run();
 }

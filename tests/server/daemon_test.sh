@@ -3,11 +3,14 @@
 # combinations (non-zero exit, one line naming the flag), and a clean exit 0
 # on SIGTERM and on SIGINT when started on port 0. A live /metrics scrape of
 # the daemon goes through `promtool check metrics` when promtool is installed.
+# With a worker binary: --max_model_elements reaches the shard (a model one
+# element above it is refused at Register, one at it trains).
 #
-#   daemon_test.sh /path/to/pserver_server
+#   daemon_test.sh /path/to/pserver_server [/path/to/pserver_worker]
 set -u
 
-BIN=${1:?usage: daemon_test.sh /path/to/pserver_server}
+BIN=${1:?usage: daemon_test.sh /path/to/pserver_server [/path/to/pserver_worker]}
+WORKER=${2:-}
 WORK=$(mktemp -d /tmp/pserver_daemon_test.XXXXXX)
 PIDS=()
 FAILED=0
@@ -32,7 +35,9 @@ rc=$?
 [ "$rc" -eq 0 ] || fail "--help exited $rc, expected 0"
 for flag in listen metrics_listen shard_index num_shards num_workers optimizer \
             lr beta1 beta2 eps weight_decay freeze_step variance_floor \
-            onebit_mode pull_codec max_message_mb grpc_memory_mb drain_seconds; do
+            onebit_mode pull_codec max_message_mb grpc_memory_mb \
+            max_model_elements drain_seconds tls_cert tls_key tls_ca \
+            auth_token_file; do
   grep -q -- "--$flag " "$WORK/help.out" ||
     fail "--help does not list --$flag"
 done
@@ -64,6 +69,10 @@ check_invalid --num_workers --num_workers=0
 check_invalid --onebit_mode --onebit_mode=fast
 check_invalid --max_message_mb --max_message_mb=0
 check_invalid --grpc_memory_mb --grpc_memory_mb=16 --max_message_mb=64
+check_invalid --max_model_elements --max_model_elements=0
+check_invalid --max_model_elements --max_model_elements=536870913
+check_invalid --metrics_listen --metrics_listen=bogus
+check_invalid --tls_key --tls_cert=/nonexistent.pem
 check_invalid --lr --lr=-1
 check_invalid --beta1 --beta1=1.5
 
@@ -72,8 +81,9 @@ check_invalid --beta1 --beta1=1.5
 start_daemon() {
   local log=$1
   : >"$log"  # exists before the background shell opens it
+  shift
   "$BIN" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --num_workers=2 \
-    2>"$log" &
+    "$@" 2>"$log" &
   PID=$!
   PIDS+=("$PID")
   for _ in $(seq 1 100); do
@@ -139,6 +149,31 @@ for sig in TERM INT; do
       fail "no 'stopped' line after SIG$sig: $(cat "$WORK/daemon_$sig.log")"
   fi
 done
+
+# --- --max_model_elements reaches the shard ----------------------------------
+# A synthetic model of 2000 elements against caps of 1999 and 2000.
+if [ -n "$WORKER" ]; then
+  for cap in 1999 2000; do
+    if start_daemon "$WORK/cap_$cap.log" --num_workers=1 --max_model_elements=$cap; then
+      timeout 60 "$WORKER" --servers=127.0.0.1:$GRPC_PORT --model=synthetic \
+        --synthetic_params=2000 --synthetic_tensors=2 --steps=2 \
+        --progress=lines --rpc_timeout=5 --retry_budget=5 \
+        >"$WORK/worker_$cap.out" 2>"$WORK/worker_$cap.err"
+      rc=$?
+      if [ "$cap" -eq 1999 ]; then
+        [ "$rc" -ne 0 ] || fail "a 2000-element model trained under --max_model_elements=1999"
+        grep -q 'layout holds 2000 elements; this shard accepts at most 1999 (--max_model_elements)' \
+          "$WORK/worker_$cap.err" ||
+          fail "no --max_model_elements refusal: $(cat "$WORK/worker_$cap.err")"
+      else
+        [ "$rc" -eq 0 ] ||
+          fail "a 2000-element model was refused under --max_model_elements=2000 (exit $rc): $(cat "$WORK/worker_$cap.err")"
+      fi
+      kill -TERM "$PID"
+      wait_exit "SIGTERM"
+    fi
+  done
+fi
 
 if [ "$FAILED" -ne 0 ]; then
   echo "daemon_test: FAILED" >&2

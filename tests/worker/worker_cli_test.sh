@@ -1,0 +1,59 @@
+#!/bin/bash
+# pserver_worker from the outside: --help lists its flags (absl's own --help
+# printed "No flags matched" for main.cc), and every bad flag, enum values
+# first, exits 2 at once with one line naming the flag (and, for an enum, the
+# accepted values) before any connection is tried.
+#
+#   worker_cli_test.sh /path/to/pserver_worker
+set -u
+
+BIN=${1:?usage: worker_cli_test.sh /path/to/pserver_worker}
+WORK=$(mktemp -d /tmp/pserver_worker_cli_test.XXXXXX)
+FAILED=0
+trap 'rm -rf "$WORK"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  FAILED=1
+}
+# shellcheck source=../test_util/cli_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_checks.sh"
+
+check_help "$BIN" servers worker_id num_workers model hidden epochs steps \
+  batch_size push_codec warmup_codec block_size onebit_scale k_fraction \
+  topk_selection value_format bits rounding quantize_range metrics_listen \
+  progress state_file tls_ca tls_cert tls_key auth_token_file
+
+# Nothing listens on port 1: a flag error must come before any connection
+# (the worker would otherwise retry for --retry_budget).
+bad() { check_invalid 2 "$BIN" "$@" --servers=127.0.0.1:1 --retry_budget=30; }
+codecs='expected fp32, fp16, bf16, onebit, topk, randomk, quantize or topk_quantize$'
+bad --push_codec "$codecs" --push_codec=zip
+bad --warmup_codec "$codecs" --warmup_codec=gzip
+bad --onebit_scale "'max'; expected mean_abs or l2$" --onebit_scale=max
+bad --topk_selection "expected sampled or exact$" --topk_selection=best
+bad --value_format "expected fp32 or fp16$" --value_format=int8
+bad --rounding "expected nearest or stochastic$" --rounding=up
+bad --quantize_range "expected linear or adaptive$" --quantize_range=log
+bad --model "'cnn'; expected mlp or synthetic$" --model=cnn
+bad --progress "expected auto, bar or lines$" --progress=fancy
+# Other checks of the same shape.
+bad --worker_id "expected 0..num_workers-1" --worker_id=4 --num_workers=4
+bad --hidden "expected positive integers" --hidden=256,x
+bad --blas_threads "expected >= 1" --blas_threads=0
+bad --tls_key "expected the certificate's private key" --tls_cert=/nonexistent.pem
+bad --metrics_listen "cannot listen" --metrics_listen=bogus
+bad "'extra'" "unexpected argument" extra
+# absl's own errors: one line, exit 1.
+check_invalid 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_flag=1
+check_invalid 1 "$BIN" num_workers "Illegal value" --num_workers=abc
+# Spelled in another case, an enum value is still accepted: the run gets past
+# the flags and fails on the connection instead.
+check_invalid 2 "$BIN" "shard 0" "Register to shard 0 \\(127.0.0.1:1\\)" \
+  --servers=127.0.0.1:1 --retry_budget=1 --rpc_timeout=1 --model=SYNTHETIC \
+  --synthetic_params=64 --steps=1 --push_codec=FP32 --progress=LINES
+
+if [ "$FAILED" -ne 0 ]; then
+  echo "worker_cli_test: FAILED" >&2
+  exit 1
+fi
+echo "worker_cli_test: passed"
