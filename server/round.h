@@ -6,7 +6,7 @@
 // zeros is exact).
 //
 // Usage (the shard, under its mutex `mu`):
-//   round.Queue(w, std::move(tensor), std::move(decoder));
+//   round.Queue(w, Round::Push::CopyOf(validated));
 //   while (auto batch = round.BeginSum(waits_for)) {
 //     mu.Unlock(); round.Sum(*batch); mu.Lock();
 //     round.EndSum(*batch);
