@@ -58,9 +58,12 @@ void Round::Sum(const Batch& batch) {
     return;
   }
   scratch_.resize(sum_.size());
-  pool_->RunBoth(
-      [&] { batch.a->valid->AccumulateInto(1.0f, absl::MakeSpan(sum_)); },
-      [&] { batch.b->valid->DecodeInto(absl::MakeSpan(scratch_)); });
+  // Spans taken under sum_mu_, which this thread holds until both decodes
+  // are done (RunBoth returns only then).
+  const absl::Span<float> sum = absl::MakeSpan(sum_);
+  const absl::Span<float> scratch = absl::MakeSpan(scratch_);
+  pool_->RunBoth([&] { batch.a->valid->AccumulateInto(1.0f, sum); },
+                 [&] { batch.b->valid->DecodeInto(scratch); });
   float* acc = sum_.data();
   const float* add = scratch_.data();
   pool_->ParallelFor(sum_.size(), kMinParallelChunk,

@@ -226,12 +226,15 @@ std::vector<Shard::Ready> Shard::Drain() {
     // Called by round_ inside BeginSum, i.e. with mu_ held.
     return policy_.WaitsFor(w, leases_);
   };
+  // Round::Sum touches only the sum, which the round's own sum_mu_ guards
+  // (checked inside Round), so it is called through a pointer taken here.
+  Round* const round = &round_;
   while (std::optional<Round::Batch> batch = round_.BeginSum(waits_for)) {
     // The sum belongs to this thread until EndSum: decode without mu_ so
     // other pushes are validated and queued meanwhile.
     mu_.Unlock();
     const absl::Time start = clock_->Now();
-    round_.Sum(*batch);
+    round->Sum(*batch);
     metrics_->ObserveAggregation(absl::ToDoubleSeconds(clock_->Now() - start));
     metrics_->AddDecodedElements(
         batch->a->tensor->num_elements() +
@@ -249,7 +252,9 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   double update_norm = 0, residual_norm = 0;
   double optimizer_seconds = 0;
   absl::Time pull_start;
-  round_.WithMean([&](absl::Span<float> mean) {
+  // WithMean runs the function at once, on this thread, with mu_ held.
+  round_.WithMean([&](absl::Span<float> mean)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));
     optimizer_seconds = absl::ToDoubleSeconds(clock_->Now() - start);

@@ -193,7 +193,7 @@ TEST(HostileLoad, TenThousandMalformedRequestsAreRejectedAndChangeNothing) {
   std::atomic<long> rss_early{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
+    threads.emplace_back([&] {
       grpc::ChannelArguments args;
       args.SetMaxSendMessageSize(4 << 20);
       auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
