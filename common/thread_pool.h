@@ -21,8 +21,11 @@
 
 namespace pserver {
 
-// Thread-safe: any number of threads may submit work at once. Tasks never
-// block on the pool themselves, so waiting callers cannot deadlock it.
+// Thread-safe: any number of threads may submit work at once. Not
+// reentrant: the functions given to ParallelFor and RunBoth must not call
+// into the same pool (a helper blocked in a nested call waits for chunks
+// that only the blocked helpers could run: a deadlock). With that, waiting
+// callers cannot deadlock it.
 class ThreadPool {
  public:
   // `helpers` threads besides the calling ones (0: everything runs on the

@@ -8,8 +8,12 @@
 namespace pserver {
 
 CheckpointWriter::CheckpointWriter(std::string dir, uint32_t shard_index,
-                                   bool background, ServerMetrics* metrics)
-    : dir_(std::move(dir)), shard_index_(shard_index), metrics_(metrics) {
+                                   bool background, ServerMetrics* metrics,
+                                   FileSystem* fs)
+    : dir_(std::move(dir)),
+      shard_index_(shard_index),
+      metrics_(metrics),
+      fs_(fs != nullptr ? fs : PosixFileSystem()) {
   if (background) thread_ = std::make_unique<std::thread>([this] { Loop(); });
 }
 
@@ -23,7 +27,7 @@ void CheckpointWriter::Submit(ShardState state) {
 absl::Status CheckpointWriter::WriteNow(const ShardState& state) {
   absl::MutexLock disk(&disk_mu_);
   const absl::Time start = absl::Now();
-  absl::Status s = WriteCheckpoint(dir_, state);
+  absl::Status s = WriteCheckpoint(dir_, state, /*keep=*/2, fs_);
   metrics_->ObserveCheckpoint(s.ok(), absl::ToDoubleSeconds(absl::Now() - start));
   return s;
 }

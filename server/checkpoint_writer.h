@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_system.h"
 #include "server/checkpoint.h"
 #include "server/metrics.h"
 
@@ -21,10 +22,11 @@ namespace pserver {
 // WriteNow()'s never overlap.
 class CheckpointWriter {
  public:
-  // Writes into `dir`; `metrics` must outlive the writer. With `background`
+  // Writes into `dir` through `fs` (null: PosixFileSystem(); tests inject
+  // faults); `metrics` and `fs` must outlive the writer. With `background`
   // a thread takes Submit()ted states; without it Submit() is not allowed.
   CheckpointWriter(std::string dir, uint32_t shard_index, bool background,
-                   ServerMetrics* metrics);
+                   ServerMetrics* metrics, FileSystem* fs = nullptr);
   // Stops the thread (see Stop()).
   ~CheckpointWriter();
 
@@ -43,6 +45,7 @@ class CheckpointWriter {
   const std::string dir_;
   const uint32_t shard_index_;
   ServerMetrics* const metrics_;
+  FileSystem* const fs_;
   absl::Mutex disk_mu_;
   absl::Mutex queue_mu_;
   std::optional<ShardState> queued_ ABSL_GUARDED_BY(queue_mu_);

@@ -130,8 +130,9 @@ void MomentOptimizer::Freeze() {
 }
 
 void MomentOptimizer::RestoreState(uint64_t step, bool frozen, std::vector<float> m,
-                             std::vector<float> v) {
+                             std::vector<float> v, uint64_t freeze_at) {
   step_ = step;
+  if (freeze_at > 0) freeze_at_ = freeze_at;
   rounds_run_ = step;
   frozen_ = frozen;
   m_ = std::move(m);

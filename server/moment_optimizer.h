@@ -46,7 +46,7 @@ class MomentOptimizer final : public Optimizer {
   // Restores state (checkpoints, tests). REQUIRES sizes equal n or empty v.
   // The restored moments count as data for the freeze.
   void RestoreState(uint64_t step, bool frozen, std::vector<float> m,
-                    std::vector<float> v) override;
+                    std::vector<float> v, uint64_t freeze_at) override;
 
   // Moves the step counter forward to `step` without updating anything
   // (a shard that lost rounds in a crash catches up with its workers). If

@@ -89,9 +89,11 @@ class Optimizer {
   virtual absl::Span<const float> m() const = 0;
   virtual absl::Span<const float> v() const = 0;
   // Restores state (checkpoints, tests). REQUIRES sizes equal n, or an
-  // empty v for optimizers without one.
+  // empty v for optimizers without one. `freeze_at` is the saved
+  // freeze_at() (0: the configured one), so a warmup that a fast-forward
+  // restarted still ends where it would have.
   virtual void RestoreState(uint64_t step, bool frozen, std::vector<float> m,
-                            std::vector<float> v) = 0;
+                            std::vector<float> v, uint64_t freeze_at) = 0;
   // Moves the step counter forward to `step` without updating anything (a
   // shard that lost rounds in a crash catches up with its workers).
   virtual void FastForward(uint64_t step) = 0;

@@ -52,8 +52,8 @@ namespace pserver {
 inline constexpr uint64_t kDefaultMaxModelElements = uint64_t{1} << 29;
 // Bytes a PullResponse needs beyond its weights' payload (fields, tags).
 inline constexpr uint64_t kPullResponseOverheadBytes = 4096;
-// The largest resume_step accepted: far beyond any run, and small enough
-// that no step arithmetic can wrap.
+// resume_step must be below this (2^62; this value itself is refused): far
+// beyond any run, and small enough that no step arithmetic can wrap.
 inline constexpr uint64_t kMaxResumeStep = uint64_t{1} << 62;
 
 struct ShardConfig {

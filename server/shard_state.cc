@@ -129,7 +129,7 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   replica_->Restore(std::move(st.x_hat), std::move(st.delta),
                     st.replica_checksum, st.prev_replica_checksum);
   optimizer_->RestoreState(st.step, st.frozen, std::move(st.m),
-                           std::move(st.v));
+                           std::move(st.v), st.freeze_step);
   step_ = st.step;
   last_pushed_ = std::move(st.last_pushed);
   ++arrays_version_;

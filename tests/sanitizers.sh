@@ -41,12 +41,14 @@ COMMON_TESTS=(
   tests/common/common_test tests/common/codec_test
   tests/common/error_feedback_test tests/common/codec_bad_input_test
   tests/common/topk_test tests/common/quantize_test
+  tests/common/clock_thread_pool_test
 )
 SERVER_TESTS=(
   tests/server/optimizer_test tests/server/shard_test
   tests/server/shard_stress_test tests/server/service_test
   tests/server/metrics_test tests/server/checkpoint_test
-  tests/server/lease_test
+  tests/server/lease_test tests/server/shard_components_test
+  tests/server/shard_holes_test
 )
 WORKER_TESTS=(tests/worker/worker_model_test tests/worker/client_test)
 FUZZ_REPLAYS=(
@@ -161,7 +163,9 @@ tsan() {
     tests=(tests/server/optimizer_test tests/server/shard_test
            tests/server/shard_stress_test tests/server/service_test
            tests/server/metrics_test tests/server/lease_test
-           tests/server/shard_server_test tests/worker/client_test)
+           tests/server/shard_server_test tests/server/shard_components_test
+           tests/server/shard_holes_test tests/common/clock_thread_pool_test
+           tests/worker/client_test)
   else
     tests=(tests/server/shard_stress_test tests/server/shard_test
            tests/server/lease_test tests/server/service_test)

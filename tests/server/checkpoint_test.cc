@@ -349,3 +349,42 @@ TEST(Checkpoint, KillDuringWritesNeverLeavesAHalfLoadableCheckpoint) {
 
 }  // namespace
 }  // namespace pserver
+
+namespace pserver {
+namespace {
+
+// A shard that fast-forwarded from fresh weights restarts 1-bit Adam's
+// warmup (freeze at resume + freeze_step) and saves that step; a restart from
+// its checkpoint must freeze at the same step, not at --freeze_step again
+// (found while writing the component tests of issue 9: RestoreState ignored
+// the checkpoint's freeze_step, so the restarted shard froze v at once).
+TEST(Checkpoint, Issue9RestartKeepsAShiftedFreezeStep) {
+  std::string dir = NewDir("ckpt_shifted_freeze");
+  ShardConfig c = Config(dir, 5);
+  {
+    auto f = Shard::Create(c, nullptr);
+    ASSERT_TRUE(f.ok());
+    for (uint32_t w = 0; w < 2; ++w) {
+      v1::RegisterRequest r = RegisterRequestFor(w, 2, InitialWeights(kSmallElements));
+      r.set_resume_step(50);
+      auto resp = (*f)->Register(r);
+      ASSERT_TRUE(resp.ok()) << resp.status();
+      EXPECT_EQ(resp->freeze_step(), 55u);
+    }
+    RunRounds(**f, 50, 52);
+    ASSERT_TRUE((*f)->Close().ok());  // checkpoint at step 52, in warmup
+  }
+  auto b = Shard::Create(c, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ((*b)->Status().current_step(), 52u);
+  auto resp = (*b)->Register(RegisterRequestFor(0, 2, InitialWeights(kSmallElements)));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->freeze_step(), 55u);
+  RunRounds(**b, 52, 54);
+  EXPECT_EQ((*b)->Status().stage(), v1::OPTIMIZER_STAGE_WARMUP);  // step 54
+  RunRounds(**b, 54, 55);
+  EXPECT_EQ((*b)->Status().stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+}
+
+}  // namespace
+}  // namespace pserver

@@ -1,0 +1,127 @@
+// MomentOptimizer (server/moment_optimizer.h) beyond the update formulas of
+// optimizer_test.cc: the stage and expected space around the freeze,
+// FastForward (a shard catching up with its workers) and RestoreState.
+#include "server/moment_optimizer.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/server/server_test_util.h"
+
+namespace pserver {
+namespace {
+
+OptimizerConfig OneBit(uint64_t freeze_step, bool preconditioned = true) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kOneBitAdam;
+  c.freeze_step = freeze_step;
+  c.preconditioned = preconditioned;
+  return c;
+}
+
+void Steps(MomentOptimizer& opt, int k, std::vector<float>& x) {
+  for (int i = 0; i < k; ++i) {
+    opt.Step(testing_util::Gradient(x.size(), 0, opt.step()), absl::MakeSpan(x));
+  }
+}
+
+TEST(MomentOptimizer, StageAndSpaceFlipExactlyAtTheFreeze) {
+  const uint64_t n = 64;
+  MomentOptimizer opt(OneBit(3), n, {{0, n}});
+  std::vector<float> x(n, 1.0f);
+  EXPECT_EQ(opt.freeze_at(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_WARMUP) << opt.step();
+    EXPECT_EQ(opt.expected_space(), v1::GRADIENT_SPACE_RAW);
+    EXPECT_TRUE(opt.frozen_variance().empty());
+    Steps(opt, 1, x);
+  }
+  EXPECT_EQ(opt.step(), 3u);
+  EXPECT_TRUE(opt.frozen());
+  EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  EXPECT_EQ(opt.expected_space(), v1::GRADIENT_SPACE_PRECONDITIONED);
+  EXPECT_EQ(opt.frozen_variance().size(), n);
+  // DeepSpeed-exact mode freezes too but keeps raw gradients.
+  MomentOptimizer raw(OneBit(1, /*preconditioned=*/false), n, {{0, n}});
+  Steps(raw, 1, x);
+  EXPECT_TRUE(raw.frozen());
+  EXPECT_EQ(raw.expected_space(), v1::GRADIENT_SPACE_RAW);
+}
+
+TEST(MomentOptimizer, OtherOptimizersNeverFreeze) {
+  const uint64_t n = 16;
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kSgd}) {
+    OptimizerConfig c = OneBit(1);
+    c.kind = kind;
+    MomentOptimizer opt(c, n, {{0, n}});
+    std::vector<float> x(n, 1.0f);
+    Steps(opt, 5, x);
+    EXPECT_FALSE(opt.frozen());
+    EXPECT_EQ(opt.freeze_at(), 0u);
+    EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_WARMUP);
+    EXPECT_EQ(opt.expected_space(), v1::GRADIENT_SPACE_RAW);
+    EXPECT_EQ(opt.v().size(), kind == OptimizerKind::kSgd ? 0u : n);
+  }
+}
+
+TEST(MomentOptimizer, FastForwardFromFreshWeightsRestartsTheWarmup) {
+  const uint64_t n = 32;
+  MomentOptimizer opt(OneBit(5), n, {{0, n}});
+  opt.FastForward(50);
+  EXPECT_EQ(opt.step(), 50u);
+  EXPECT_FALSE(opt.frozen());
+  EXPECT_EQ(opt.freeze_at(), 55u);
+  std::vector<float> x(n, 1.0f);
+  Steps(opt, 4, x);
+  EXPECT_FALSE(opt.frozen());
+  Steps(opt, 1, x);
+  EXPECT_TRUE(opt.frozen());
+  EXPECT_EQ(opt.step(), 55u);
+}
+
+TEST(MomentOptimizer, FastForwardAcrossTheFreezeAfterRoundsFreezesNow) {
+  const uint64_t n = 32;
+  MomentOptimizer opt(OneBit(10), n, {{0, n}});
+  std::vector<float> x(n, 1.0f);
+  Steps(opt, 2, x);
+  const std::vector<float> m_before(opt.m().begin(), opt.m().end());
+  opt.FastForward(4);  // before the freeze: only the counter moves
+  EXPECT_EQ(opt.step(), 4u);
+  EXPECT_FALSE(opt.frozen());
+  EXPECT_EQ(std::vector<float>(opt.m().begin(), opt.m().end()), m_before);
+  opt.FastForward(12);
+  EXPECT_TRUE(opt.frozen());
+  EXPECT_EQ(opt.freeze_at(), 10u);
+  EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  // Backwards or to the same step: nothing.
+  opt.FastForward(3);
+  opt.FastForward(12);
+  EXPECT_EQ(opt.step(), 12u);
+}
+
+TEST(MomentOptimizer, RestoreStateResumesWhereTheSavedOneStood) {
+  const uint64_t n = 32;
+  MomentOptimizer a(OneBit(5), n, {{0, n}});
+  a.FastForward(50);  // freeze moved to 55
+  std::vector<float> xa(n, 1.0f);
+  Steps(a, 2, xa);
+  MomentOptimizer b(OneBit(5), n, {{0, n}});
+  b.RestoreState(a.step(), a.frozen(), std::vector<float>(a.m().begin(), a.m().end()),
+                 std::vector<float>(a.v().begin(), a.v().end()), a.freeze_at());
+  EXPECT_EQ(b.step(), 52u);
+  EXPECT_EQ(b.freeze_at(), 55u);
+  std::vector<float> xb = xa;
+  Steps(a, 4, xa);
+  Steps(b, 4, xb);
+  EXPECT_EQ(xa, xb);  // the same updates, the freeze at the same step
+  EXPECT_TRUE(b.frozen());
+  EXPECT_EQ(std::vector<float>(a.v().begin(), a.v().end()),
+            std::vector<float>(b.v().begin(), b.v().end()));
+  // freeze_at 0 keeps the configured freeze step.
+  MomentOptimizer c(OneBit(5), n, {{0, n}});
+  c.RestoreState(2, false, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f), 0);
+  EXPECT_EQ(c.freeze_at(), 5u);
+}
+
+}  // namespace
+}  // namespace pserver
