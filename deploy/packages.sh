@@ -10,6 +10,9 @@ PSERVER_TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist prometheus curl python3-yaml iproute2
   openssl  # tests/server/tls_test.cc, tls_daemon_test.sh make certificates
+  # The Python package (python/): its extension and its pytest suite. Debian's
+  # modules import only under /usr/bin/python3.
+  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
 )
 PSERVER_RUN_PACKAGES=(dataset-fashion-mnist)
 # Only for the tests that need them (tests/e2e/deploy_config_test.sh,

@@ -1,0 +1,160 @@
+"""pserver.torch.DistributedOptimizer: a PyTorch training loop through pserver.
+
+    import pserver, pserver.torch
+    opt = pserver.torch.DistributedOptimizer(model.named_parameters(),
+                                             **pserver.init(), push_codec="onebit")
+    for x, y in data:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()        # push the gradient, load the new weights in place
+        opt.zero_grad()
+
+The update itself (1-bit Adam, Adam or SGD, learning rate, betas, ...) runs on
+the shards and is set by the pserver_server flags, not here; `lr` and other
+entries in param_groups are not read. Every worker of a round must call step()
+once per step (bulk-synchronous).
+"""
+
+import torch
+
+from pserver._native import Client
+from pserver.env import init
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """torch.optim.Optimizer whose step() goes through the pserver shards.
+
+    The model layout is the named parameters that require grad, in the order
+    given (names and shapes): every worker must pass the same model, or the
+    shards refuse it (pserver.Error with the shard's message, which names the
+    first differing tensor). Parameters with requires_grad=False are left out
+    of the layout: they are neither sent nor updated, and stay whatever each
+    worker sets them to. Buffers (e.g. BatchNorm running statistics) are not
+    parameters: they are the user's to keep in step.
+
+    At construction every worker registers; rank 0 first installs its
+    parameters on the shards, the others wait for it (up to retry_budget
+    seconds), so on return every worker's parameters are rank 0's.
+
+    Parameters must be float32 CPU tensors. step() copies the gradients into
+    one flat float32 buffer (reused each step; a parameter whose .grad is None
+    contributes zeros), blocks until the shards answer, and copies the new
+    weights into the parameters in place. A refused step (e.g. a NaN or Inf
+    gradient, refused before anything is sent) raises pserver.Error and
+    leaves the parameters unchanged.
+
+    Keyword arguments after num_workers go to pserver.Client: warmup_codec,
+    block_size, k_fraction, bits, ef_decay, seed, rpc_timeout, pull_timeout,
+    retry_budget. servers/worker_id/num_workers default to pserver.init()
+    (PSERVER_SERVERS, RANK, WORLD_SIZE).
+
+    Not yet: state_dict()/load_state_dict() (they raise), per-bucket pushes
+    overlapping backward, parameter groups added after construction.
+    """
+
+    def __init__(self, named_parameters, servers=None, worker_id=None,
+                 num_workers=None, push_codec="onebit", **client_options):
+        where = init(servers, worker_id, num_workers)
+        names, params = [], []
+        for item in named_parameters:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise TypeError("named_parameters yields "
+                                f"{type(item).__name__}; expected (name, "
+                                "tensor) pairs, e.g. model.named_parameters()")
+            name, p = item
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"parameter {name!r} is a {type(p).__name__}; "
+                                "expected a torch.Tensor")
+            if not p.requires_grad:
+                continue
+            if p.dtype != torch.float32:
+                raise TypeError(f"parameter {name!r} has dtype {p.dtype}; "
+                                "expected torch.float32")
+            if p.device.type != "cpu":
+                raise ValueError(f"parameter {name!r} is on {p.device}; "
+                                 "expected a CPU tensor")
+            if p.is_sparse:
+                raise ValueError(f"parameter {name!r} is sparse; expected a "
+                                 "dense tensor")
+            names.append(name)
+            params.append(p)
+        if not params:
+            raise ValueError("named_parameters has no parameter that "
+                             "requires grad; expected at least one")
+        self._sizing = True
+        super().__init__(params, {})
+        self._sizing = False
+        self._names = names
+        self._params = params
+        self._shapes = [list(p.shape) for p in params]
+        self._offsets = []
+        total = 0
+        for p in params:
+            self._offsets.append((total, total + p.numel()))
+            total += p.numel()
+        self._grad = torch.zeros(total, dtype=torch.float32)
+        self._weights = torch.empty(total, dtype=torch.float32)
+        self._copy_params_to(self._weights)
+        self.client = Client(where["servers"], where["worker_id"],
+                             where["num_workers"], push_codec=push_codec,
+                             **client_options)
+        w = self._weights.numpy()
+        self.client.register(names, self._shapes, w, out=w)
+        self._load_weights()
+
+    def add_param_group(self, param_group):
+        if not getattr(self, "_sizing", False):
+            raise NotImplementedError(
+                "DistributedOptimizer: the layout is fixed when the optimizer "
+                "registers with the shards; pass every parameter to the "
+                "constructor")
+        super().add_param_group(param_group)
+
+    @property
+    def global_step(self):
+        """The shards' step: rounds completed since the model was created."""
+        return self.client.global_step
+
+    def stats(self):
+        """Bytes up/down, compression ratio, seconds in encode/push/pull."""
+        return self.client.stats()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for p, (b, e) in zip(self._params, self._offsets):
+            if p.grad is None:
+                self._grad[b:e].zero_()
+            elif p.grad.is_sparse:
+                raise ValueError("a sparse gradient is not supported; "
+                                 "expected dense gradients")
+            else:
+                self._grad[b:e].copy_(p.grad.reshape(-1))
+        # The replica goes into the reused buffer only when the step
+        # succeeded (the client checks sizes and writes nothing otherwise).
+        self.client.step(self._grad.numpy(), self._weights.numpy())
+        self._load_weights()
+        return loss
+
+    def state_dict(self):
+        raise NotImplementedError(
+            "DistributedOptimizer.state_dict: the optimizer's state lives on "
+            "the shards (their checkpoints); saving the client's residuals "
+            "from Python is not supported yet")
+
+    def load_state_dict(self, state_dict):
+        raise NotImplementedError(
+            "DistributedOptimizer.load_state_dict is not supported yet")
+
+    @torch.no_grad()
+    def _copy_params_to(self, flat):
+        for p, (b, e) in zip(self._params, self._offsets):
+            flat[b:e].copy_(p.reshape(-1))
+
+    @torch.no_grad()
+    def _load_weights(self):
+        for p, (b, e) in zip(self._params, self._offsets):
+            p.copy_(self._weights[b:e].view_as(p))
