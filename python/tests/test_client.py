@@ -1,0 +1,141 @@
+"""pserver.Client (the extension) against real shards: bad input is refused
+with a clear exception and changes nothing; refusals carry the shard's message."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import pserver
+
+# Exact arithmetic on the shard: fp32 both ways, SGD without momentum.
+SGD = ("--optimizer=sgd", "--momentum=0", "--lr=0.5", "--pull_codec=fp32")
+
+
+def registered_client(addrs, n=5, **kw):
+    c = pserver.Client(addrs, 0, 1, push_codec="fp32", **kw)
+    w0 = np.arange(n, dtype=np.float32)
+    c.register(["w"], [[n]], w0)
+    return c, w0
+
+
+def weights(c):
+    out = np.empty(c.num_params, np.float32)
+    c.copy_weights_into(out)
+    return out
+
+
+def test_step_applies_the_shards_update(shards):
+    c, w0 = registered_client(shards(1, 1, *SGD))
+    g = np.array([1, -2, 0.25, 4, 0], np.float32)
+    out = np.zeros(5, np.float32)
+    assert c.step(g, out) == 1
+    np.testing.assert_array_equal(out, w0 - np.float32(0.5) * g)
+    assert c.global_step == 1
+    s = c.stats()
+    assert s["steps"] == 1 and s["push_fp32_bytes"] == 20
+    assert s["push_payload_bytes"] == 20  # fp32: no compression
+
+
+@pytest.mark.parametrize("make_bad, arg, error, words", [
+    (lambda: np.zeros(5, np.float64), "gradient", TypeError, "float32"),
+    (lambda: np.zeros(4, np.float32), "gradient", ValueError, "expected 5"),
+    (lambda: np.zeros(10, np.float32)[::2], "gradient", ValueError,
+     "not contiguous"),
+    (lambda: np.zeros((5, 2), np.float32)[:, 0], "gradient",
+     ValueError, "not contiguous"),
+    (lambda: [0.0] * 5, "gradient", TypeError, "list"),
+    (lambda: np.zeros(5, np.int32), "gradient", TypeError, "float32"),
+])
+def test_bad_gradient_is_refused_and_changes_nothing(shards, make_bad, arg,
+                                                     error, words):
+    c, w0 = registered_client(shards(1, 1, *SGD))
+    out = np.full(5, 7, np.float32)
+    with pytest.raises(error) as e:
+        c.step(make_bad(), out)
+    assert arg in str(e.value) and words in str(e.value)
+    np.testing.assert_array_equal(out, np.full(5, 7, np.float32))
+    assert c.global_step == 0
+    np.testing.assert_array_equal(weights(c), w0)
+    # The next good step is the first step: nothing was half-applied.
+    g = np.ones(5, np.float32)
+    assert c.step(g, out) == 1
+    np.testing.assert_array_equal(out, w0 - np.float32(0.5) * g)
+
+
+def test_bad_out_is_refused_before_anything_is_sent(shards):
+    c, w0 = registered_client(shards(1, 1, *SGD))
+    g = np.ones(5, np.float32)
+    ro = np.zeros(5, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        c.step(g, ro)
+    with pytest.raises(ValueError, match="out holds 6 .*expected 5"):
+        c.step(g, np.zeros(6, np.float32))
+    assert c.global_step == 0 and c.stats()["steps"] == 0
+
+
+def test_nan_gradient_is_refused_by_the_client(shards):
+    c, w0 = registered_client(shards(1, 1, *SGD))
+    g = np.ones(5, np.float32)
+    g[3] = np.nan
+    out = np.zeros(5, np.float32)
+    with pytest.raises(pserver.Error) as e:
+        c.step(g, out)
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert c.global_step == 0 and c.stats()["push_payload_bytes"] == 0
+    np.testing.assert_array_equal(out, np.zeros(5, np.float32))
+    np.testing.assert_array_equal(weights(c), w0)
+
+
+def test_register_checks_its_arguments(shards):
+    c = pserver.Client(shards(1, 1, *SGD), 0, 1, push_codec="fp32")
+    with pytest.raises(ValueError, match="initial_weights holds 3 .*expected 4"):
+        c.register(["a", "b"], [[2], [2]], np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="repeated"):
+        c.register(["a", "a"], [[2], [2]], np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="one shape per name"):
+        c.register(["a"], [[2], [2]], np.zeros(4, np.float32))
+    assert not c.registered
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="push_codec"):
+        pserver.Client(["127.0.0.1:1"], 0, 1, push_codec="zip")
+    with pytest.raises(pserver.Error, match="worker_id is 2") as e:
+        pserver.Client(["127.0.0.1:1"], 2, 2)
+    assert e.value.code == "INVALID_ARGUMENT"
+
+
+def test_other_layout_is_refused_with_the_shards_message(shards):
+    addrs = shards(2, 2, *SGD)
+    first = pserver.Client(addrs, 0, 2, push_codec="fp32")
+    first.register(["fc.weight", "fc.bias"], [[4, 3], [4]],
+                   np.zeros(16, np.float32))
+    other = pserver.Client(addrs, 1, 2, push_codec="fp32", retry_budget=5)
+    with pytest.raises(pserver.Error) as e:
+        other.register(["fc.weight", "fc.bias"], [[5, 3], [5]],
+                       np.zeros(20, np.float32))
+    assert e.value.code == "FAILED_PRECONDITION"
+    assert e.value.reason == "REJECT_REASON_LAYOUT_MISMATCH"
+    assert "fc.weight" in str(e.value) and "expected 4" in str(e.value)
+    assert not other.registered
+
+
+def test_rank_1_waits_for_rank_0s_weights(shards):
+    addrs = shards(2, 2, *SGD)
+    w1 = np.full(600, 1, np.float32)
+    got = np.zeros(600, np.float32)
+    c1 = pserver.Client(addrs, 1, 2, push_codec="fp32")
+    # Rank 1 starts first; its registration must wait for rank 0's.
+    t = threading.Thread(target=c1.register,
+                         args=(["w"], [[600]], w1), kwargs={"out": got})
+    t.start()
+    t.join(0.5)
+    assert t.is_alive()
+    w0 = np.linspace(-1, 1, 600, dtype=np.float32)
+    c0 = pserver.Client(addrs, 0, 2, push_codec="fp32")
+    c0.register(["w"], [[600]], w0)
+    t.join(30)
+    assert not t.is_alive()
+    np.testing.assert_array_equal(got, w0)
