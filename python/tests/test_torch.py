@@ -1,0 +1,217 @@
+"""pserver.torch.DistributedOptimizer against real pserver_server processes."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pserver  # noqa: E402
+import pserver.torch  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+# The folder holding the pserver package in use, for the worker processes.
+PACKAGE_ROOT = str(pathlib.Path(pserver.__file__).resolve().parents[1])
+
+
+class Net(torch.nn.Module):
+    """Two layers plus a frozen parameter (requires_grad=False)."""
+
+    def __init__(self, seed, hidden=6):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1 = torch.nn.Linear(4, hidden)
+        self.fc2 = torch.nn.Linear(hidden, 3)
+        self.frozen = torch.nn.Parameter(torch.full((2,), float(seed)),
+                                         requires_grad=False)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x))) * self.frozen.sum()
+
+
+def in_threads(*calls):
+    """Runs the calls at once (each worker blocks in its round); re-raises."""
+    errors, threads = [], []
+
+    def run(f):
+        try:
+            f()
+        except BaseException as e:  # noqa: BLE001 (re-raised below)
+            errors.append(e)
+
+    for f in calls:
+        threads.append(threading.Thread(target=run, args=(f,)))
+        threads[-1].start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def grads(model):
+    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("flags, reference", [
+    (("--optimizer=sgd", "--lr=0.1", "--momentum=0.9"),
+     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+    (("--optimizer=adam", "--lr=0.01", "--beta1=0.9", "--beta2=0.999",
+      "--eps=1e-8", "--bias_correction=true"),
+     lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.999), eps=1e-8)),
+], ids=["sgd", "adam"])
+def test_steps_match_torch_optim_on_the_mean_gradient(shards, flags,
+                                                      reference):
+    """Two workers, fp32 both ways: each step equals torch.optim's step on
+    the mean of the two workers' gradients (to fp32 rounding)."""
+    addrs = shards(2, 2, *flags, "--pull_codec=fp32")
+    models = [Net(seed=1), Net(seed=2)]
+    opts = [None, None]
+
+    def make(r):
+        opts[r] = pserver.torch.DistributedOptimizer(
+            models[r].named_parameters(), servers=addrs, worker_id=r,
+            num_workers=2, push_codec="fp32")
+
+    in_threads(lambda: make(1), lambda: make(0))
+    # The frozen parameter is not in the layout and stays each worker's own.
+    assert opts[0].client.num_params == 4 * 6 + 6 + 6 * 3 + 3
+    assert models[1].frozen.tolist() == [2.0, 2.0]
+    ref = Net(seed=1)  # rank 0's initial weights are everyone's
+    for m in models:
+        for a, b in zip(m.fc1.parameters(), ref.fc1.parameters()):
+            assert torch.equal(a, b)
+    ref.frozen.data.copy_(models[0].frozen)
+    models[1].frozen.data.copy_(models[0].frozen)
+    ref_opt = reference([p for p in ref.parameters() if p.requires_grad])
+    gen = torch.Generator().manual_seed(7)
+    worst = 0.0
+    for step in range(4):
+        xs = [torch.randn(8, 4, generator=gen) for _ in models]
+        ys = [torch.randint(0, 3, (8,), generator=gen) for _ in models]
+        for m, x, y in zip(models, xs, ys):
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+        mean = [(a + b) / 2 for a, b in zip(grads(models[0]),
+                                            grads(models[1]))]
+        for p, g in zip([p for p in ref.parameters() if p.requires_grad],
+                        mean):
+            p.grad = g
+        ref_opt.step()
+        in_threads(opts[0].step, opts[1].step)
+        for o in opts:
+            o.zero_grad()
+        for m in models:
+            for a, b in zip(m.parameters(), ref.parameters()):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+                worst = max(worst, (a - b).abs().max().item())
+        for a, b in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(a, b)
+        assert opts[0].global_step == step + 1
+    print(f"largest difference from torch.optim after 4 steps: {worst:.3g}")
+
+
+def test_two_worker_processes_train_an_mlp(shards, tmp_path):
+    """2 worker processes, 2 shards, 1-bit Adam with 1-bit pushes and pulls:
+    the loss falls and both workers end with identical parameters."""
+    steps = 150
+    addrs = shards(2, 2, "--optimizer=onebit_adam", "--lr=0.01",
+                   "--freeze_step=30", "--bias_correction=true")
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2",
+                   PSERVER_SERVERS=",".join(addrs), PYTHONPATH=os.pathsep.join(
+                       [PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen(
+            [sys.executable, str(HERE / "torch_worker.py"),
+             str(tmp_path / f"w{rank}.pt"), str(steps)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    try:
+        outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, text in zip(procs, outputs):
+        assert p.returncode == 0, text
+    w = [torch.load(tmp_path / f"w{r}.pt") for r in range(2)]
+    for k, v in w[0]["created"].items():
+        assert torch.equal(w[0]["after_register"][k], v)
+        assert torch.equal(w[1]["after_register"][k], v)
+    assert not torch.equal(w[1]["created"]["0.weight"],
+                           w[0]["created"]["0.weight"])
+    for k in w[0]["final"]:
+        assert torch.equal(w[0]["final"][k], w[1]["final"][k]), k
+    for r in range(2):
+        assert w[r]["global_step"] == steps
+        assert w[r]["loss_after"] < 0.4 * w[r]["loss_before"], w[r]
+        assert w[r]["accuracy"] > 0.9, w[r]
+        s = w[r]["stats"]
+        assert s["push_payload_bytes"] < s["push_fp32_bytes"] / 2, s
+    print(f"loss {w[0]['loss_before']:.4f} -> {w[0]['loss_after']:.4f}, "
+          f"accuracy {w[0]['accuracy']:.3f}, traffic ratio "
+          f"{w[0]['stats']['compression_ratio']:.1f}x")
+
+
+def test_other_model_is_refused_naming_the_tensor(shards):
+    addrs = shards(1, 2, "--optimizer=sgd")
+    a, b = Net(seed=1), Net(seed=1, hidden=7)
+    pserver.torch.DistributedOptimizer(a.named_parameters(), servers=addrs,
+                                       worker_id=0, num_workers=2)
+    with pytest.raises(pserver.Error) as e:
+        pserver.torch.DistributedOptimizer(b.named_parameters(),
+                                           servers=addrs, worker_id=1,
+                                           num_workers=2, retry_budget=5)
+    assert "fc1.weight" in str(e.value)
+    assert e.value.reason == "REJECT_REASON_LAYOUT_MISMATCH"
+
+
+def test_bad_parameters_and_gradients(shards):
+    addrs = shards(1, 1, "--optimizer=sgd", "--lr=0.1", "--pull_codec=fp32")
+    m = Net(seed=3).double()
+    with pytest.raises(TypeError, match="'fc1.weight' has dtype torch.float64"):
+        pserver.torch.DistributedOptimizer(m.named_parameters(), servers=addrs,
+                                           worker_id=0, num_workers=1)
+    with pytest.raises(ValueError, match="no parameter that requires grad"):
+        pserver.torch.DistributedOptimizer(
+            [("w", torch.zeros(3))], servers=addrs, worker_id=0,
+            num_workers=1)
+    m = Net(seed=3)
+    opt = pserver.torch.DistributedOptimizer(m.named_parameters(),
+                                             servers=addrs, worker_id=0,
+                                             num_workers=1, push_codec="fp32")
+    before = [p.clone() for p in m.parameters()]
+    m(torch.randn(2, 4)).sum().backward()
+    m.fc2.bias.grad[1] = float("inf")
+    with pytest.raises(pserver.Error) as e:
+        opt.step()
+    assert e.value.code == "INVALID_ARGUMENT"
+    for a, b in zip(m.parameters(), before):
+        assert torch.equal(a, b)
+    assert opt.global_step == 0
+    m.fc2.bias.grad[1] = 0.0
+    opt.step()
+    assert opt.global_step == 1
+    assert not torch.equal(m.fc1.weight, before[0])
+    with pytest.raises(NotImplementedError):
+        opt.state_dict()
+    with pytest.raises(NotImplementedError, match="layout is fixed"):
+        opt.add_param_group({"params": [torch.zeros(1, requires_grad=True)]})
+
+
+def test_init_reads_torchrun_variables_and_arguments_override():
+    env = {"RANK": "1", "WORLD_SIZE": "3", "PSERVER_SERVERS": "a:1, b:2"}
+    assert pserver.init(env=env) == {"servers": ["a:1", "b:2"],
+                                     "worker_id": 1, "num_workers": 3}
+    assert pserver.init(servers=["c:3"], worker_id=0, env=env) == {
+        "servers": ["c:3"], "worker_id": 0, "num_workers": 3}
+    with pytest.raises(ValueError, match="PSERVER_SERVERS"):
+        pserver.init(env={})
+    with pytest.raises(ValueError, match="RANK"):
+        pserver.init(env=dict(env, RANK="x"))
+    with pytest.raises(ValueError, match="worker_id .* is 3"):
+        pserver.init(env=dict(env, RANK="3"))
