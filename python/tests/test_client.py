@@ -83,6 +83,7 @@ def test_nan_gradient_is_refused_by_the_client(shards):
     with pytest.raises(pserver.Error) as e:
         c.step(g, out)
     assert e.value.code == "INVALID_ARGUMENT"
+    assert "gradient[3] is nan" in str(e.value)
     assert c.global_step == 0 and c.stats()["push_payload_bytes"] == 0
     np.testing.assert_array_equal(out, np.zeros(5, np.float32))
     np.testing.assert_array_equal(weights(c), w0)
