@@ -140,3 +140,35 @@ def test_rank_1_waits_for_rank_0s_weights(shards):
     t.join(30)
     assert not t.is_alive()
     np.testing.assert_array_equal(got, w0)
+
+
+def test_other_worker_count_is_refused(shards):
+    addrs = shards(1, 2, *SGD)
+    c = pserver.Client(addrs, 0, 3, push_codec="fp32", retry_budget=5)
+    with pytest.raises(pserver.Error) as e:
+        c.register(["w"], [[4]], np.zeros(4, np.float32))
+    assert e.value.code == "FAILED_PRECONDITION"
+    assert e.value.reason == "REJECT_REASON_CONFIG_MISMATCH"
+    assert "num_workers is 3; the shard expects 2" in str(e.value)
+
+
+def test_gil_is_released_and_a_second_caller_is_refused(shards):
+    """Rank 0's step waits for rank 1 without the GIL: this thread can still
+    run Python, and a second call into the same Client is refused."""
+    addrs = shards(1, 2, *SGD)
+    cs = [pserver.Client(addrs, r, 2, push_codec="fp32") for r in (0, 1)]
+    for c in cs:
+        c.register(["w"], [[4]], np.ones(4, np.float32))
+    outs = [np.zeros(4, np.float32) for _ in cs]
+    g = np.ones(4, np.float32)
+    t = threading.Thread(target=cs[0].step, args=(g, outs[0]))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()  # waiting for rank 1's push
+    with pytest.raises(RuntimeError, match="already in a call"):
+        cs[0].step(g, outs[0])
+    assert cs[1].step(g, outs[1]) == 1
+    t.join(30)
+    assert not t.is_alive()
+    np.testing.assert_array_equal(outs[0], np.full(4, 0.5, np.float32))
+    np.testing.assert_array_equal(outs[1], outs[0])
