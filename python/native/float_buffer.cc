@@ -25,15 +25,37 @@ std::string ShapeText(const py::buffer_info& info) {
   return absl::StrCat(s, info.shape.size() == 1 ? ",)" : ")");
 }
 
+// The numpy view (no copy) of `obj` when it is a torch.Tensor, else None.
+// torch is not imported here: a tensor exists only if the caller did.
+py::object TorchView(const py::handle& obj, const char* arg) {
+  py::dict modules = py::module_::import("sys").attr("modules");
+  if (!modules.contains("torch")) return py::none();
+  py::object torch = modules["torch"];
+  if (!py::isinstance(obj, torch.attr("Tensor"))) return py::none();
+  std::string device = py::str(obj.attr("device"));
+  if (device != "cpu") {
+    throw py::value_error(
+        absl::StrCat(arg, " is a tensor on ", device, "; expected a CPU tensor"));
+  }
+  if (!obj.attr("dtype").is(torch.attr("float32"))) {
+    throw py::type_error(absl::StrCat(
+        arg, " has dtype ", std::string(py::str(obj.attr("dtype"))),
+        "; expected torch.float32"));
+  }
+  return obj.attr("detach")().attr("numpy")();
+}
+
 }  // namespace
 
-FloatBuffer::FloatBuffer(const py::handle& obj, const char* arg,
-                         bool writable, long long expected_size) {
+FloatBuffer::FloatBuffer(const py::handle& given, const char* arg,
+                         bool writable, long long expected_size)
+    : torch_view_(TorchView(given, arg)) {
+  const py::handle obj = torch_view_.is_none() ? given : torch_view_;
   if (!PyObject_CheckBuffer(obj.ptr())) {
     throw py::type_error(absl::StrCat(
         arg, " is a ", std::string(py::str(obj.get_type().attr("__name__"))),
-        "; expected a contiguous float32 buffer (numpy array or the "
-        ".numpy() of a CPU torch.Tensor)"));
+        "; expected a contiguous float32 buffer (a numpy array or a CPU "
+        "torch.Tensor)"));
   }
   // PyBUF_STRIDES | PyBUF_FORMAT: any layout, so that a non-contiguous
   // array gets the message below rather than the exporter's own.

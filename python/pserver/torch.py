@@ -98,8 +98,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.client = Client(where["servers"], where["worker_id"],
                              where["num_workers"], push_codec=push_codec,
                              **client_options)
-        w = self._weights.numpy()
-        self.client.register(names, self._shapes, w, out=w)
+        self.client.register(names, self._shapes, self._weights,
+                             out=self._weights)
         self._load_weights()
 
     def add_param_group(self, param_group):
@@ -135,7 +135,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._grad[b:e].copy_(p.grad.reshape(-1))
         # The replica goes into the reused buffer only when the step
         # succeeded (the client checks sizes and writes nothing otherwise).
-        self.client.step(self._grad.numpy(), self._weights.numpy())
+        self.client.step(self._grad, self._weights)
         self._load_weights()
         return loss
 

@@ -215,3 +215,28 @@ def test_init_reads_torchrun_variables_and_arguments_override():
         pserver.init(env=dict(env, RANK="x"))
     with pytest.raises(ValueError, match="worker_id .* is 3"):
         pserver.init(env=dict(env, RANK="3"))
+
+
+def test_client_takes_cpu_tensors_and_refuses_others(shards):
+    addrs = shards(1, 1, "--optimizer=sgd", "--momentum=0", "--lr=0.5",
+                   "--pull_codec=fp32")
+    c = pserver.Client(addrs, 0, 1, push_codec="fp32")
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    c.register(["w"], [[2, 3]], w)
+    out = torch.zeros(2, 3)
+    bad = [
+        (torch.ones(6, dtype=torch.float64), TypeError,
+         "gradient has dtype torch.float64; expected torch.float32"),
+        (torch.ones(3, 2).t(), ValueError, "gradient is not contiguous"),
+        (torch.ones(7), ValueError, "gradient holds 7 .*expected 6"),
+        (torch.ones(6, dtype=torch.float16), TypeError, "torch.float16"),
+        (torch.ones(6, device="meta"), ValueError,
+         "gradient is a tensor on meta; expected a CPU tensor"),
+    ]
+    for g, error, words in bad:
+        with pytest.raises(error, match=words):
+            c.step(g, out)
+        assert c.global_step == 0 and torch.equal(out, torch.zeros(2, 3))
+    g = torch.ones(2, 3, requires_grad=True)  # detached, not copied
+    assert c.step(g, out) == 1
+    assert torch.equal(out, w - 0.5)
