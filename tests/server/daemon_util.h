@@ -20,6 +20,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "pserver/v1/parameter_server.grpc.pb.h"
+#include "tests/test_util/proc_status.h"
 #include "tests/worker/process_util.h"
 
 #ifndef PSERVER_SERVER_BIN
@@ -30,18 +31,6 @@ namespace pserver {
 namespace testing_util {
 
 inline constexpr long kMiB = 1 << 20;
-
-// A field of /proc/<pid>/status in kB ("VmRSS", "VmHWM"); -1 if missing.
-inline long StatusKb(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) {
-      return std::stol(line.substr(field.size() + 1));
-    }
-  }
-  return -1;
-}
 
 // Sets VmHWM back to the current VmRSS (Linux >= 4.0).
 inline bool ResetPeak(pid_t pid) {

@@ -21,9 +21,12 @@
 #include "pserver/v1/parameter_server.grpc.pb.h"
 #include "server/shard_server.h"
 #include "tests/server/server_test_util.h"
+#include "tests/test_util/proc_status.h"
 
 namespace pserver {
 namespace {
+
+using testing_util::RssKb;
 
 using testing_util::Fp32Tensor;
 using testing_util::Gradient;
@@ -35,15 +38,6 @@ using testing_util::RegisterRequestFor;
 
 constexpr int kRequests = 10800;  // 12 kinds x 900
 constexpr int kThreads = 4;
-
-long RssKb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return 0;
-}
 
 struct Kind {
   const char* name;

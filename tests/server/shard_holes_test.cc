@@ -19,9 +19,12 @@
 #include "server/round.h"
 #include "server/shard.h"
 #include "tests/server/server_test_util.h"
+#include "tests/test_util/proc_status.h"
 
 namespace pserver {
 namespace {
+
+using testing_util::RssKb;
 
 using testing_util::DecodeAll;
 using testing_util::Fp32Tensor;
@@ -31,15 +34,6 @@ using testing_util::kSmallElements;
 using testing_util::PullRequestFor;
 using testing_util::PushRequestFor;
 using testing_util::RegisterRequestFor;
-
-long RssKb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return -1;
-}
 
 v1::ModelLayout OneTensor(uint64_t n) {
   v1::ModelLayout l;
