@@ -164,7 +164,27 @@ class PyClient {
     CopyWeights(dst.mutable_span());
   }
 
+  // The client's state (error-feedback residuals of every shard and
+  // stage, worker id, worker count, shard ranges, step) as the record
+  // worker/client_state.cc writes for --state_file.
+  py::bytes SerializeState() const {
+    Registered();
+    absl::StatusOr<std::string> record = client_->SerializeState();
+    ThrowIfError(record.status());
+    return py::bytes(*record);
+  }
+
+  // Restores a record from SerializeState() (or a --state_file), refused
+  // with pserver.Error (state unchanged) when it is corrupt or for another
+  // worker id, worker count, shard layout or model size.
+  void RestoreState(const py::bytes& record, const std::string& source) {
+    Registered();
+    std::string bytes = record;
+    Call([&] { return client_->RestoreState(bytes, source); });
+  }
+
   uint64_t step() const { return client_->step(); }
+  double residual_norm() const { return client_->ResidualNorm(); }
   uint64_t num_params() const { return client_->num_params(); }
   bool registered() const { return registered_; }
   std::string stage() const {
@@ -261,6 +281,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("out") = py::none())
       .def("step", &PyClient::Step, py::arg("gradient"), py::arg("out"))
       .def("copy_weights_into", &PyClient::CopyWeightsInto, py::arg("out"))
+      .def("serialize_state", &PyClient::SerializeState)
+      .def("restore_state", &PyClient::RestoreState, py::arg("record"),
+           py::arg("source") = "state record")
+      .def_property_readonly("residual_norm", &PyClient::residual_norm)
       .def_property_readonly("global_step", &PyClient::step)
       .def_property_readonly("num_params", &PyClient::num_params)
       .def_property_readonly("registered", &PyClient::registered)
