@@ -21,6 +21,15 @@ from pserver._native import Client
 from pserver.env import init
 
 
+def _as_float(loss):
+    """The closure's loss as a float for pserver_worker_train_loss, or None."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach())
+    if isinstance(loss, (int, float)):
+        return float(loss)
+    return None
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """torch.optim.Optimizer whose step() goes through the pserver shards.
 
@@ -45,7 +54,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Keyword arguments after num_workers go to pserver.Client: warmup_codec,
     block_size, k_fraction, bits, ef_decay, seed, rpc_timeout, pull_timeout,
-    retry_budget. servers/worker_id/num_workers default to pserver.init()
+    retry_budget, metrics_listen ("host:port", port 0 for any free one:
+    serve the worker's Prometheus metrics on http://host:port/metrics, as
+    pserver_worker --metrics_listen does; see metrics_port). servers/worker_id/num_workers default to pserver.init()
     (PSERVER_SERVERS, RANK, WORLD_SIZE).
 
     state_dict()/load_state_dict() carry the client's error-feedback
@@ -121,8 +132,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self.client.global_step
 
     def stats(self):
-        """Bytes up/down, compression ratio, seconds in encode/push/pull."""
+        """The client's counters since construction (worker/client_metrics.h).
+
+        A dict: steps; push_payload_bytes / pull_payload_bytes (encoded
+        tensor payloads sent and received) and push_fp32_bytes /
+        pull_fp32_bytes (what fp32 would have moved); compression_ratio (fp32
+        bytes over payload bytes, both directions); snapshots,
+        checksum_mismatches, retries, rejoins; encode_seconds, push_seconds,
+        pull_seconds. The same counts as the pserver_worker_* series on
+        /metrics (metrics_listen).
+        """
         return self.client.stats()
+
+    @property
+    def metrics_port(self):
+        """The port of http://<metrics_listen host>:<port>/metrics, or None
+        when metrics_listen was not given."""
+        return self.client.metrics_port
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -140,7 +166,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._grad[b:e].copy_(p.grad.reshape(-1))
         # The replica goes into the reused buffer only when the step
         # succeeded (the client checks sizes and writes nothing otherwise).
-        self.client.step(self._grad, self._weights)
+        self.client.step(self._grad, self._weights, loss=_as_float(loss))
         self._load_weights()
         return loss
 
