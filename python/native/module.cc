@@ -27,7 +27,9 @@ PYBIND11_MODULE(_native, m) {
                        std::string warmup_codec, uint32_t block_size,
                        double k_fraction, uint32_t bits, float ef_decay,
                        uint64_t seed, double rpc_timeout, double pull_timeout,
-                       double retry_budget, std::string metrics_listen) {
+                       double retry_budget, std::string metrics_listen,
+                       std::string tls_ca, std::string tls_cert,
+                       std::string tls_key, std::string auth_token_file) {
              PyClientArgs a;
              a.servers = std::move(servers);
              a.worker_id = worker_id;
@@ -43,6 +45,10 @@ PYBIND11_MODULE(_native, m) {
              a.pull_timeout = pull_timeout;
              a.retry_budget = retry_budget;
              a.metrics_listen = std::move(metrics_listen);
+             a.tls_ca = std::move(tls_ca);
+             a.tls_cert = std::move(tls_cert);
+             a.tls_key = std::move(tls_key);
+             a.auth_token_file = std::move(auth_token_file);
              return std::make_unique<PyClient>(a);
            }),
            py::arg("servers"), py::arg("worker_id"), py::arg("num_workers"),
@@ -54,7 +60,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("rpc_timeout") = d.rpc_timeout,
            py::arg("pull_timeout") = d.pull_timeout,
            py::arg("retry_budget") = d.retry_budget,
-           py::arg("metrics_listen") = d.metrics_listen)
+           py::arg("metrics_listen") = d.metrics_listen,
+           py::arg("tls_ca") = d.tls_ca, py::arg("tls_cert") = d.tls_cert,
+           py::arg("tls_key") = d.tls_key,
+           py::arg("auth_token_file") = d.auth_token_file)
       .def("register", &PyClient::Register, py::arg("names"),
            py::arg("shapes"), py::arg("initial_weights"),
            py::arg("out") = py::none())
@@ -70,5 +79,6 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("registered", &PyClient::registered)
       .def_property_readonly("stage", &PyClient::stage)
       .def_property_readonly("metrics_port", &PyClient::metrics_port)
+      .def_property_readonly("security", &PyClient::security)
       .def("stats", &PyClient::Stats);
 }

@@ -54,6 +54,19 @@ PyClient::PyClient(const PyClientArgs& a)
   options_.rpc_timeout = SecondsArg(a.rpc_timeout, "rpc_timeout");
   options_.pull_timeout = SecondsArg(a.pull_timeout, "pull_timeout");
   options_.retry_budget = SecondsArg(a.retry_budget, "retry_budget");
+  absl::StatusOr<TransportSecurity> security = LoadSecurityFromFlags(
+      {a.tls_cert, a.tls_key, a.tls_ca, a.auth_token_file},
+      TransportSecurity::kClient);
+  if (!security.ok()) {
+    // "--tls_key: ...": here the argument tls_key. Never holds a secret.
+    absl::string_view m = security.status().message();
+    absl::ConsumePrefix(&m, "--");
+    if (security.status().code() == absl::StatusCode::kInvalidArgument) {
+      throw py::value_error(std::string(m));
+    }
+    ThrowIfError(absl::Status(security.status().code(), m));
+  }
+  options_.security = *std::move(security);
   // Every argument is checked before the port is taken, as pserver_worker
   // checks every flag before it serves.
   absl::StatusOr<std::unique_ptr<Client>> c =
@@ -102,7 +115,8 @@ void PyClient::Register(const std::vector<std::string>& names,
   Call([&] {
     if (options_.worker_id != 0) {
       if (absl::Status s =
-              WaitForModel(options_.server_addresses, options_.retry_budget);
+              WaitForModel(options_.server_addresses, options_.security,
+                           options_.retry_budget);
           !s.ok()) {
         return s;
       }
@@ -184,6 +198,10 @@ py::dict PyClient::Stats() const {
   d["push_seconds"] = s.push_seconds;
   d["pull_seconds"] = s.pull_seconds;
   return d;
+}
+
+std::string PyClient::security() const {
+  return SecuritySummary(options_.security, TransportSecurity::kClient);
 }
 
 py::object PyClient::metrics_port() const {

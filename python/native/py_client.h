@@ -40,6 +40,13 @@ struct PyClientArgs {
   double retry_budget = 300;
   // host:port for http://host:port/metrics (port 0: any); empty: off.
   std::string metrics_listen;
+  // Transport security, as pserver_worker's --tls_ca, --tls_cert,
+  // --tls_key, --auth_token_file (paths; common/tls.h). tls_ca turns TLS
+  // on; the token file, or else PSERVER_AUTH_TOKEN, needs TLS.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string auth_token_file;
 };
 
 // Thread-compatible like the client it wraps; a second thread calling in
@@ -48,8 +55,10 @@ struct PyClientArgs {
 // threads at any time.
 class PyClient {
  public:
-  // ValueError for a bad codec or timeout; pserver.Error (UNAVAILABLE) when
-  // metrics_listen does not bind. Contacts no shard.
+  // ValueError for a bad codec or timeout or a TLS combination that does
+  // not go together (naming the argument); pserver.Error for a TLS file that
+  // cannot be read (NOT_FOUND, PERMISSION_DENIED) and when metrics_listen
+  // does not bind (UNAVAILABLE). Contacts no shard.
   explicit PyClient(const PyClientArgs& args);
   ~PyClient();
 
@@ -86,6 +95,8 @@ class PyClient {
   double residual_norm() const { return client_->ResidualNorm(); }
   std::string stage() const;
   pybind11::dict Stats() const;
+  // "plaintext", "TLS", "mutual TLS", "TLS+token" or "mutual TLS+token".
+  std::string security() const;
   // The port /metrics is served on, or None when metrics_listen was empty.
   pybind11::object metrics_port() const;
 

@@ -56,7 +56,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     block_size, k_fraction, bits, ef_decay, seed, rpc_timeout, pull_timeout,
     retry_budget, metrics_listen ("host:port", port 0 for any free one:
     serve the worker's Prometheus metrics on http://host:port/metrics, as
-    pserver_worker --metrics_listen does; see metrics_port). servers/worker_id/num_workers default to pserver.init()
+    pserver_worker --metrics_listen does; see metrics_port), tls_ca,
+    tls_cert, tls_key, auth_token_file (paths, as pserver_worker's flags:
+    tls_ca turns TLS on, tls_cert/tls_key add a client certificate for
+    mutual TLS, the token file, or else $PSERVER_AUTH_TOKEN, the bearer
+    token; see client.security). servers/worker_id/num_workers default to pserver.init()
     (PSERVER_SERVERS, RANK, WORLD_SIZE).
 
     state_dict()/load_state_dict() carry the client's error-feedback
