@@ -154,6 +154,7 @@ uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
 
 void PyClient::CopyWeightsInto(const py::handle& out) {
   Registered();
+  NotInCall();
   FloatBuffer dst(out, "out", true,
                   static_cast<long long>(client_->num_params()));
   CopyWeights(dst.mutable_span());
@@ -161,6 +162,7 @@ void PyClient::CopyWeightsInto(const py::handle& out) {
 
 py::bytes PyClient::SerializeState() const {
   Registered();
+  NotInCall();
   absl::StatusOr<std::string> record = client_->SerializeState();
   ThrowIfError(record.status());
   return py::bytes(*record);
@@ -177,7 +179,13 @@ std::string PyClient::stage() const {
   return registered_ ? v1::OptimizerStage_Name(client_->stage()) : "";
 }
 
+double PyClient::residual_norm() const {
+  NotInCall();
+  return client_->ResidualNorm();
+}
+
 py::dict PyClient::Stats() const {
+  NotInCall();
   const ClientStats& s = client_->stats();
   py::dict d;
   d["steps"] = s.steps;
@@ -223,13 +231,17 @@ void PyClient::CopyWeights(absl::Span<float> dst) const {
   std::copy(w.begin(), w.end(), dst.begin());
 }
 
+constexpr char kBusy[] =
+    "pserver Client is already in a call from another thread; a Client "
+    "serves one training loop";
+
+void PyClient::NotInCall() const {
+  if (busy_.load()) throw std::runtime_error(kBusy);
+}
+
 template <typename F>
 void PyClient::Call(F rpc) {
-  if (busy_.exchange(true)) {
-    throw std::runtime_error(
-        "pserver Client is already in a call from another thread; a Client "
-        "serves one training loop");
-  }
+  if (busy_.exchange(true)) throw std::runtime_error(kBusy);
   absl::Status s;
   {
     py::gil_scoped_release release;

@@ -51,7 +51,8 @@ struct PyClientArgs {
 
 // Thread-compatible like the client it wraps; a second thread calling in
 // while an RPC is in flight (GIL released) gets a RuntimeError instead of a
-// data race. Prometheus scrapes read the counters from the exposer's
+// data race, also from the reads of the client's mutable state (weights,
+// residuals, stats). Prometheus scrapes read the counters from the exposer's
 // threads at any time.
 class PyClient {
  public:
@@ -92,7 +93,7 @@ class PyClient {
   uint64_t step() const { return client_->step(); }
   uint64_t num_params() const { return client_->num_params(); }
   bool registered() const { return registered_; }
-  double residual_norm() const { return client_->ResidualNorm(); }
+  double residual_norm() const;
   std::string stage() const;
   pybind11::dict Stats() const;
   // "plaintext", "TLS", "mutual TLS", "TLS+token" or "mutual TLS+token".
@@ -102,6 +103,8 @@ class PyClient {
 
  private:
   void Registered() const;
+  // RuntimeError when another thread is in Call().
+  void NotInCall() const;
   void CopyWeights(absl::Span<float> dst) const;
   // Runs `rpc` (returning absl::Status) without the GIL, one at a time.
   template <typename F>
