@@ -202,7 +202,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ValueError for something that is not such a dict or was saved for
         another model (naming the first differing tensor); pserver.Error
         (code FAILED_PRECONDITION) for another worker id, worker count or
-        shard count, DATA_LOSS for a damaged record.
+        shard count, DATA_LOSS for a damaged record. Without "layout" (a
+        dict holding only a --state_file's bytes) the record's own checks
+        (worker, worker count, shards, sizes) are all there is.
         """
         key = "pserver_client_state"
         if not isinstance(state_dict, dict) or key not in state_dict:
@@ -216,6 +218,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              f"{type(record).__name__}; expected bytes")
         layout = state_dict.get("layout")
         if layout is not None:
+            try:
+                layout = [(str(n), [int(d) for d in shape])
+                          for n, shape in layout]
+            except (TypeError, ValueError):
+                raise ValueError("state_dict['layout'] is not a list of "
+                                 "(name, shape) pairs; expected the layout "
+                                 "of DistributedOptimizer.state_dict()") \
+                    from None
             mine = list(zip(self._names, self._shapes))
             for i, (saved, have) in enumerate(zip(layout, mine)):
                 if (saved[0], list(saved[1])) != (have[0], list(have[1])):

@@ -157,9 +157,14 @@ def test_state_of_another_worker_or_model_is_refused_and_changes_nothing(
             damaged)))
     assert e.value.code == "DATA_LOSS"
     unchanged()
-    for bad in ({}, [], {"pserver_client_state": "text"}):
+    for bad in ({}, [], {"pserver_client_state": "text"},
+                dict(mine, layout=[("w1",)]), dict(mine, layout=7)):
         with pytest.raises(ValueError, match="expected"):
             opts[1].load_state_dict(bad)
     unchanged()
     opts[1].load_state_dict(mine)
+    unchanged()
+    # A bare record (e.g. a pserver_worker --state_file read as bytes).
+    opts[1].load_state_dict({"pserver_client_state":
+                             mine["pserver_client_state"]})
     unchanged()
