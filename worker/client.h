@@ -42,6 +42,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/layout.h"
@@ -142,6 +143,12 @@ class Client {
   // id, worker count, shard layout or model size. Without it a restarted
   // worker starts with zero residuals, as DeepSpeed does on reload.
   absl::Status LoadState(const std::string& path);
+  // The same record as bytes, for callers that keep it themselves (the
+  // Python package's state_dict()). FAILED_PRECONDITION before Register().
+  absl::StatusOr<std::string> SerializeState() const;
+  // Restores a record from SerializeState() or a SaveState() file, with
+  // LoadState's checks; `source` names the record in error messages.
+  absl::Status RestoreState(absl::string_view record, absl::string_view source);
 
  private:
   // The push of the step in progress, for resending it after a rejoin.

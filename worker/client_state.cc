@@ -1,5 +1,6 @@
-// Client::SaveState / LoadState: the worker's error-feedback residuals on
-// disk, in the record format of common/record_io.h. Format (little-endian):
+// Client::SerializeState / RestoreState (and SaveState / LoadState, the same
+// record in a file): the worker's error-feedback residuals, in the record
+// format of common/record_io.h. Format (little-endian):
 // "PSWKST01" | u32 worker_id | u32 num_workers | u32 num_shards | u64 step |
 // u64 num_params | per shard: u64 begin | u64 end | u32 stage | u64 n + n
 // floats (warmup residual) | u64 n + n floats (compression residual) | u64
@@ -31,9 +32,9 @@ absl::Status CheckFinite(const std::vector<float>& v, const std::string& what) {
 
 }  // namespace
 
-absl::Status Client::SaveState(const std::string& path) const {
+absl::StatusOr<std::string> Client::SerializeState() const {
   if (!registered_) {
-    return absl::FailedPreconditionError("SaveState() before Register()");
+    return absl::FailedPreconditionError("SerializeState() before Register()");
   }
   RecordWriter w(kMagic);
   w.Num<uint32_t>(options_.worker_id);
@@ -49,7 +50,13 @@ absl::Status Client::SaveState(const std::string& path) const {
     w.Floats(e.warmup_ef().residual());
     w.Floats(e.push_ef().residual());
   }
-  return WriteFileAtomically(path, std::move(w).Finish());
+  return std::move(w).Finish();
+}
+
+absl::Status Client::SaveState(const std::string& path) const {
+  absl::StatusOr<std::string> record = SerializeState();
+  if (!record.ok()) return record.status();
+  return WriteFileAtomically(path, *std::move(record));
 }
 
 absl::Status Client::LoadState(const std::string& path) {
@@ -58,8 +65,17 @@ absl::Status Client::LoadState(const std::string& path) {
   }
   absl::StatusOr<std::string> read = ReadFileToString(path);
   if (!read.ok()) return read.status();
+  return RestoreState(*read, path);
+}
+
+absl::Status Client::RestoreState(absl::string_view record,
+                                  absl::string_view source) {
+  if (!registered_) {
+    return absl::FailedPreconditionError("RestoreState() before Register()");
+  }
+  const std::string path(source);
   absl::StatusOr<RecordReader> opened =
-      RecordReader::Open(*read, kMagic, "worker state file");
+      RecordReader::Open(record, kMagic, "worker state file");
   if (!opened.ok()) {
     return absl::DataLossError(
         absl::StrCat(path, ": ", opened.status().message()));

@@ -14,11 +14,12 @@
 namespace pserver::python {
 
 absl::Status WaitForModel(const std::vector<std::string>& addresses,
+                          const TransportSecurity& security,
                           absl::Duration timeout, absl::Duration poll) {
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
   for (const std::string& a : addresses) {
     stubs.push_back(v1::ParameterServer::NewStub(
-        grpc::CreateChannel(a, MakeChannelCredentials(TransportSecurity{}))));
+        grpc::CreateChannel(a, MakeChannelCredentials(security))));
   }
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<bool> ready(addresses.size(), false);

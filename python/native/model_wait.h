@@ -9,16 +9,18 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 
 namespace pserver::python {
 
 // Asks every shard's GetStatus until each reports model_registered, every
-// `poll` (unreachable shards are asked again), for at most `timeout`.
-// Plaintext channels only (the Python package has no TLS options yet).
+// `poll` (unreachable shards are asked again), for at most `timeout`, over
+// channels with `security` (common/tls.h), as the client's own.
 // Blocks the calling thread; call it without the GIL.
 // DEADLINE_EXCEEDED naming the shards still without a model after
 // `timeout`; a shard's own refusal (not UNAVAILABLE) is returned as is.
 absl::Status WaitForModel(const std::vector<std::string>& addresses,
+                          const TransportSecurity& security,
                           absl::Duration timeout,
                           absl::Duration poll = absl::Milliseconds(50));
 

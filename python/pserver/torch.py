@@ -21,6 +21,15 @@ from pserver._native import Client
 from pserver.env import init
 
 
+def _as_float(loss):
+    """The closure's loss as a float for pserver_worker_train_loss, or None."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach())
+    if isinstance(loss, (int, float)):
+        return float(loss)
+    return None
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """torch.optim.Optimizer whose step() goes through the pserver shards.
 
@@ -45,11 +54,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Keyword arguments after num_workers go to pserver.Client: warmup_codec,
     block_size, k_fraction, bits, ef_decay, seed, rpc_timeout, pull_timeout,
-    retry_budget. servers/worker_id/num_workers default to pserver.init()
+    retry_budget, metrics_listen ("host:port", port 0 for any free one:
+    serve the worker's Prometheus metrics on http://host:port/metrics, as
+    pserver_worker --metrics_listen does; see metrics_port), tls_ca,
+    tls_cert, tls_key, auth_token_file (paths, as pserver_worker's flags:
+    tls_ca turns TLS on, tls_cert/tls_key add a client certificate for
+    mutual TLS, the token file, or else $PSERVER_AUTH_TOKEN, the bearer
+    token; see client.security). servers/worker_id/num_workers default to pserver.init()
     (PSERVER_SERVERS, RANK, WORLD_SIZE).
 
-    Not yet: state_dict()/load_state_dict() (they raise), per-bucket pushes
-    overlapping backward, parameter groups added after construction.
+    state_dict()/load_state_dict() carry the client's error-feedback
+    residuals, so a restarted worker loses none of the gradient it has not
+    sent yet.
+
+    Not yet: per-bucket pushes overlapping backward, parameter groups added
+    after construction.
     """
 
     def __init__(self, named_parameters, servers=None, worker_id=None,
@@ -95,6 +114,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._grad = torch.zeros(total, dtype=torch.float32)
         self._weights = torch.empty(total, dtype=torch.float32)
         self._copy_params_to(self._weights)
+        self._where = where
         self.client = Client(where["servers"], where["worker_id"],
                              where["num_workers"], push_codec=push_codec,
                              **client_options)
@@ -116,8 +136,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self.client.global_step
 
     def stats(self):
-        """Bytes up/down, compression ratio, seconds in encode/push/pull."""
+        """The client's counters since construction (worker/client_metrics.h).
+
+        A dict: steps; push_payload_bytes / pull_payload_bytes (encoded
+        tensor payloads sent and received) and push_fp32_bytes /
+        pull_fp32_bytes (what fp32 would have moved); compression_ratio (fp32
+        bytes over payload bytes, both directions); snapshots,
+        checksum_mismatches, retries, rejoins; encode_seconds, push_seconds,
+        pull_seconds. The same counts as the pserver_worker_* series on
+        /metrics (metrics_listen).
+        """
         return self.client.stats()
+
+    @property
+    def metrics_port(self):
+        """The port of http://<metrics_listen host>:<port>/metrics, or None
+        when metrics_listen was not given."""
+        return self.client.metrics_port
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -135,19 +170,74 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._grad[b:e].copy_(p.grad.reshape(-1))
         # The replica goes into the reused buffer only when the step
         # succeeded (the client checks sizes and writes nothing otherwise).
-        self.client.step(self._grad, self._weights)
+        self.client.step(self._grad, self._weights, loss=_as_float(loss))
         self._load_weights()
         return loss
 
     def state_dict(self):
-        raise NotImplementedError(
-            "DistributedOptimizer.state_dict: the optimizer's state lives on "
-            "the shards (their checkpoints); saving the client's residuals "
-            "from Python is not supported yet")
+        """The worker's state, for torch.save and a restarted worker.
+
+        Returns a dict of plain values: "pserver_client_state" (bytes: the
+        client's record, the one pserver_worker writes for --state_file:
+        every shard's error-feedback residuals of both stages, the worker
+        id and count, the shard ranges and the step), "layout" (the
+        (name, shape) pairs registered), "worker_id", "num_workers" and
+        "global_step". The optimizer's own state (moments, variance) lives
+        on the shards and is in their checkpoints, not here.
+        """
+        return {
+            "pserver_client_state": self.client.serialize_state(),
+            "layout": [(n, tuple(s)) for n, s in zip(self._names,
+                                                     self._shapes)],
+            "worker_id": self._where["worker_id"],
+            "num_workers": self._where["num_workers"],
+            "global_step": self.client.global_step,
+        }
 
     def load_state_dict(self, state_dict):
-        raise NotImplementedError(
-            "DistributedOptimizer.load_state_dict is not supported yet")
+        """Restores a state_dict() of this worker (after a restart).
+
+        Call it after construction (which registered and loaded the shards'
+        weights) and before the next step(). Refused, with nothing changed:
+        ValueError for something that is not such a dict or was saved for
+        another model (naming the first differing tensor); pserver.Error
+        (code FAILED_PRECONDITION) for another worker id, worker count or
+        shard count, DATA_LOSS for a damaged record. Without "layout" (a
+        dict holding only a --state_file's bytes) the record's own checks
+        (worker, worker count, shards, sizes) are all there is.
+        """
+        key = "pserver_client_state"
+        if not isinstance(state_dict, dict) or key not in state_dict:
+            raise ValueError(
+                f"state_dict is a {type(state_dict).__name__} without "
+                f"{key!r}; expected a dict from "
+                "DistributedOptimizer.state_dict()")
+        record = state_dict[key]
+        if not isinstance(record, (bytes, bytearray)):
+            raise ValueError(f"state_dict[{key!r}] is a "
+                             f"{type(record).__name__}; expected bytes")
+        layout = state_dict.get("layout")
+        if layout is not None:
+            try:
+                layout = [(str(n), [int(d) for d in shape])
+                          for n, shape in layout]
+            except (TypeError, ValueError):
+                raise ValueError("state_dict['layout'] is not a list of "
+                                 "(name, shape) pairs; expected the layout "
+                                 "of DistributedOptimizer.state_dict()") \
+                    from None
+            mine = list(zip(self._names, self._shapes))
+            for i, (saved, have) in enumerate(zip(layout, mine)):
+                if (saved[0], list(saved[1])) != (have[0], list(have[1])):
+                    raise ValueError(
+                        f"state_dict layout[{i}] is {saved[0]!r} with shape "
+                        f"{list(saved[1])}; expected {have[0]!r} with shape "
+                        f"{list(have[1])} (the state of another model)")
+            if len(layout) != len(mine):
+                raise ValueError(f"state_dict layout has {len(layout)} "
+                                 f"tensors; expected {len(mine)} (the state "
+                                 "of another model)")
+        self.client.restore_state(bytes(record), "state_dict")
 
     @torch.no_grad()
     def _copy_params_to(self, flat):

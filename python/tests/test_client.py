@@ -168,6 +168,12 @@ def test_gil_is_released_and_a_second_caller_is_refused(shards):
     assert t.is_alive()  # waiting for rank 1's push
     with pytest.raises(RuntimeError, match="already in a call"):
         cs[0].step(g, outs[0])
+    # Nor may another thread read the state the step is changing.
+    for read in (cs[0].stats, cs[0].serialize_state,
+                 lambda: cs[0].residual_norm,
+                 lambda: cs[0].copy_weights_into(outs[0])):
+        with pytest.raises(RuntimeError, match="already in a call"):
+            read()
     assert cs[1].step(g, outs[1]) == 1
     t.join(30)
     assert not t.is_alive()

@@ -1,4 +1,5 @@
-// Worker residual persistence: Client::SaveState / LoadState round trip
+// Worker residual persistence: Client::SaveState / LoadState (and the same
+// record as bytes, SerializeState / RestoreState) round trip
 // through real in-process shards, the file format, and refusals that leave
 // state unchanged.
 #include <cmath>
@@ -112,6 +113,31 @@ TEST_F(ClientState, SaveLoadRoundTripAndRefusals) {
   EXPECT_EQ(c->LoadState(path + ".short").code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(c->LoadState(path + ".missing").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c->ResidualNorm(), 0.0);
+}
+
+// SerializeState / RestoreState (what the Python state_dict() carries) are
+// the file's record as bytes: the same bytes, the same checks.
+TEST_F(ClientState, SerializedRecordIsTheFile) {
+  auto a = Worker(3);
+  ASSERT_TRUE(a->SaveState(Path("bytes.state")).ok());
+  absl::StatusOr<std::string> record = a->SerializeState();
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(*record, ReadAll(Path("bytes.state")));
+
+  auto b = Worker(0);
+  std::string corrupt = *record;
+  corrupt[corrupt.size() / 2] ^= 1;
+  absl::Status st = b->RestoreState(corrupt, "state_dict");
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("state_dict"), std::string::npos) << st;
+  EXPECT_EQ(b->ResidualNorm(), 0.0);
+  ASSERT_TRUE(b->RestoreState(*record, "state_dict").ok());
+  EXPECT_EQ(b->ResidualNorm(), a->ResidualNorm());
+
+  auto unregistered = Client::Connect(options_);
+  ASSERT_TRUE(unregistered.ok());
+  EXPECT_EQ((*unregistered)->SerializeState().status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // The documented layout, written here byte by byte: LoadState reads it and

@@ -1,0 +1,255 @@
+#include "python/native/py_client.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/codec.h"
+#include "common/daemon/daemon_flags.h"
+#include "common/layout.h"
+#include "python/native/float_buffer.h"
+#include "python/native/model_wait.h"
+#include "python/native/status_error.h"
+
+namespace py = pybind11;
+
+namespace pserver::python {
+namespace {
+
+v1::Codec CodecArg(const std::string& name, const char* arg) {
+  absl::StatusOr<v1::Codec> c = ParseCodecName(name);
+  if (!c.ok()) {
+    throw py::value_error(absl::StrCat(arg, ": ", c.status().message()));
+  }
+  return *c;
+}
+
+absl::Duration SecondsArg(double s, const char* arg) {
+  if (!(s > 0) || s > 86400 * 7) {
+    throw py::value_error(
+        absl::StrCat(arg, " is ", s, "; expected 0 < seconds <= 604800"));
+  }
+  return absl::Seconds(s);
+}
+
+}  // namespace
+
+PyClient::PyClient(const PyClientArgs& a)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  options_.server_addresses = a.servers;
+  options_.worker_id = a.worker_id;
+  options_.num_workers = a.num_workers;
+  options_.push_codec = CodecArg(a.push_codec, "push_codec");
+  options_.warmup_codec = CodecArg(a.warmup_codec, "warmup_codec");
+  options_.push_params.set_block_size(a.block_size);
+  options_.push_params.set_k_fraction(a.k_fraction);
+  options_.push_params.set_bits(a.bits);
+  options_.warmup_params = options_.push_params;
+  options_.ef_decay = a.ef_decay;
+  options_.seed = a.seed;
+  options_.rpc_timeout = SecondsArg(a.rpc_timeout, "rpc_timeout");
+  options_.pull_timeout = SecondsArg(a.pull_timeout, "pull_timeout");
+  options_.retry_budget = SecondsArg(a.retry_budget, "retry_budget");
+  absl::StatusOr<TransportSecurity> security = LoadSecurityFromFlags(
+      {a.tls_cert, a.tls_key, a.tls_ca, a.auth_token_file},
+      TransportSecurity::kClient);
+  if (!security.ok()) {
+    // "--tls_key: ...": here the argument tls_key. Never holds a secret.
+    absl::string_view m = security.status().message();
+    absl::ConsumePrefix(&m, "--");
+    if (security.status().code() == absl::StatusCode::kInvalidArgument) {
+      throw py::value_error(std::string(m));
+    }
+    ThrowIfError(absl::Status(security.status().code(), m));
+  }
+  options_.security = *std::move(security);
+  // Every argument is checked before the port is taken, as pserver_worker
+  // checks every flag before it serves.
+  absl::StatusOr<std::unique_ptr<Client>> c =
+      Client::Connect(options_, registry_.get());
+  ThrowIfError(c.status());
+  client_ = *std::move(c);
+  worker_metrics_ = std::make_unique<WorkerMetrics>(*registry_);
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+      ServeMetrics(a.metrics_listen, registry_);
+  if (!exposer.ok()) {
+    // "--metrics_listen X: cannot listen: ...": here an argument, not a flag.
+    absl::string_view m = exposer.status().message();
+    absl::ConsumePrefix(&m, "--");
+    ThrowIfError(absl::Status(exposer.status().code(), m));
+  }
+  exposer_ = *std::move(exposer);
+}
+
+PyClient::~PyClient() = default;
+
+void PyClient::Register(const std::vector<std::string>& names,
+                        const std::vector<std::vector<uint64_t>>& shapes,
+                        const py::handle& initial_weights,
+                        const py::handle& out) {
+  if (names.size() != shapes.size()) {
+    throw py::value_error(absl::StrCat("names has ", names.size(),
+                                       " entries and shapes ", shapes.size(),
+                                       "; expected one shape per name"));
+  }
+  v1::ModelLayout layout;
+  for (size_t i = 0; i < names.size(); ++i) {
+    v1::TensorSpec* t = layout.add_tensors();
+    t->set_name(names[i]);
+    for (uint64_t d : shapes[i]) t->add_shape(d);
+  }
+  // Layout errors (empty, repeated name, zero dimension) before anything
+  // is sent, with the layout's own message.
+  absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(layout);
+  if (!slots.ok()) throw py::value_error(std::string(slots.status().message()));
+  const long long total = static_cast<long long>(TotalElements(layout));
+  FloatBuffer init(initial_weights, "initial_weights", false, total);
+  std::unique_ptr<FloatBuffer> dst;
+  if (!out.is_none()) {
+    dst = std::make_unique<FloatBuffer>(out, "out", true, total);
+  }
+  Call([&] {
+    if (options_.worker_id != 0) {
+      if (absl::Status s =
+              WaitForModel(options_.server_addresses, options_.security,
+                           options_.retry_budget);
+          !s.ok()) {
+        return s;
+      }
+    }
+    absl::Status s = client_->Register(layout, init.span());
+    if (s.ok() && dst) CopyWeights(dst->mutable_span());
+    return s;
+  });
+  last_step_end_ = absl::Now();
+}
+
+uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
+                        std::optional<double> loss) {
+  Registered();
+  const long long n = static_cast<long long>(client_->num_params());
+  FloatBuffer g(gradient, "gradient", false, n);
+  FloatBuffer dst(out, "out", true, n);
+  Call([&] {
+    absl::Status s = client_->Step(g.span());
+    if (s.ok()) CopyWeights(dst.mutable_span());
+    return s;
+  });
+  // As pserver_worker's loop: the step's time (here since the previous
+  // step returned: the caller's forward and backward, then push and pull),
+  // the step, the loss when known, the residual norm.
+  const absl::Time now = absl::Now();
+  worker_metrics_->ObserveStep(
+      absl::ToDoubleSeconds(now - last_step_end_.value_or(now)),
+      client_->step(), loss.value_or(last_loss_));
+  if (loss) last_loss_ = *loss;
+  worker_metrics_->SetResidualNorm(client_->ResidualNorm());
+  last_step_end_ = now;
+  return client_->step();
+}
+
+void PyClient::CopyWeightsInto(const py::handle& out) {
+  Registered();
+  NotInCall();
+  FloatBuffer dst(out, "out", true,
+                  static_cast<long long>(client_->num_params()));
+  CopyWeights(dst.mutable_span());
+}
+
+py::bytes PyClient::SerializeState() const {
+  Registered();
+  NotInCall();
+  absl::StatusOr<std::string> record = client_->SerializeState();
+  ThrowIfError(record.status());
+  return py::bytes(*record);
+}
+
+void PyClient::RestoreState(const py::bytes& record,
+                            const std::string& source) {
+  Registered();
+  std::string bytes = record;
+  Call([&] { return client_->RestoreState(bytes, source); });
+}
+
+std::string PyClient::stage() const {
+  return registered_ ? v1::OptimizerStage_Name(client_->stage()) : "";
+}
+
+double PyClient::residual_norm() const {
+  NotInCall();
+  return client_->ResidualNorm();
+}
+
+py::dict PyClient::Stats() const {
+  NotInCall();
+  const ClientStats& s = client_->stats();
+  py::dict d;
+  d["steps"] = s.steps;
+  d["push_payload_bytes"] = s.push_payload_bytes;
+  d["pull_payload_bytes"] = s.pull_payload_bytes;
+  d["push_fp32_bytes"] = s.push_fp32_bytes;
+  d["pull_fp32_bytes"] = s.pull_fp32_bytes;
+  uint64_t sent = s.push_payload_bytes + s.pull_payload_bytes;
+  d["compression_ratio"] =
+      sent == 0 ? 0.0
+                : static_cast<double>(s.push_fp32_bytes + s.pull_fp32_bytes) /
+                      static_cast<double>(sent);
+  d["snapshots"] = s.snapshots;
+  d["checksum_mismatches"] = s.checksum_mismatches;
+  d["retries"] = s.retries;
+  d["rejoins"] = s.rejoins;
+  d["encode_seconds"] = s.encode_seconds;
+  d["push_seconds"] = s.push_seconds;
+  d["pull_seconds"] = s.pull_seconds;
+  return d;
+}
+
+std::string PyClient::security() const {
+  return SecuritySummary(options_.security, TransportSecurity::kClient);
+}
+
+py::object PyClient::metrics_port() const {
+  if (exposer_ == nullptr) return py::none();
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) return py::none();
+  return py::int_(ports.front());
+}
+
+void PyClient::Registered() const {
+  if (!registered_) {
+    throw py::value_error("the client is not registered; call register() "
+                          "first");
+  }
+}
+
+void PyClient::CopyWeights(absl::Span<float> dst) const {
+  absl::Span<const float> w = client_->weights();
+  std::copy(w.begin(), w.end(), dst.begin());
+}
+
+constexpr char kBusy[] =
+    "pserver Client is already in a call from another thread; a Client "
+    "serves one training loop";
+
+void PyClient::NotInCall() const {
+  if (busy_.load()) throw std::runtime_error(kBusy);
+}
+
+template <typename F>
+void PyClient::Call(F rpc) {
+  if (busy_.exchange(true)) throw std::runtime_error(kBusy);
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = rpc();
+  }
+  busy_.store(false);
+  if (s.ok()) registered_ = true;
+  ThrowIfError(s);
+}
+
+}  // namespace pserver::python

@@ -1,0 +1,128 @@
+// pserver._native.Client: one pserver::Client (worker/client.h) for Python,
+// with the worker's Prometheus metrics (worker/client_metrics.h and
+// worker/metrics.h on one registry, served on /metrics when asked, as the
+// pserver_worker daemon does).
+#ifndef PSERVER_PYTHON_NATIVE_PY_CLIENT_H_
+#define PSERVER_PYTHON_NATIVE_PY_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "worker/client.h"
+#include "worker/metrics.h"
+
+namespace pserver::python {
+
+// The constructor's arguments, as Python passes them (checked there).
+struct PyClientArgs {
+  std::vector<std::string> servers;
+  uint32_t worker_id = 0;
+  uint32_t num_workers = 1;
+  std::string push_codec = "onebit";
+  std::string warmup_codec = "fp32";
+  uint32_t block_size = 256;
+  double k_fraction = 0.01;
+  uint32_t bits = 8;
+  float ef_decay = 1.0f;
+  uint64_t seed = 1;
+  double rpc_timeout = 30;
+  double pull_timeout = 120;
+  double retry_budget = 300;
+  // host:port for http://host:port/metrics (port 0: any); empty: off.
+  std::string metrics_listen;
+  // Transport security, as pserver_worker's --tls_ca, --tls_cert,
+  // --tls_key, --auth_token_file (paths; common/tls.h). tls_ca turns TLS
+  // on; the token file, or else PSERVER_AUTH_TOKEN, needs TLS.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string auth_token_file;
+};
+
+// Thread-compatible like the client it wraps; a second thread calling in
+// while an RPC is in flight (GIL released) gets a RuntimeError instead of a
+// data race, also from the reads of the client's mutable state (weights,
+// residuals, stats). Prometheus scrapes read the counters from the exposer's
+// threads at any time.
+class PyClient {
+ public:
+  // ValueError for a bad codec or timeout or a TLS combination that does
+  // not go together (naming the argument); pserver.Error for a TLS file that
+  // cannot be read (NOT_FOUND, PERMISSION_DENIED) and when metrics_listen
+  // does not bind (UNAVAILABLE). Contacts no shard.
+  explicit PyClient(const PyClientArgs& args);
+  ~PyClient();
+
+  // Registers the layout (names and shapes, in order) with every shard.
+  // Ranks other than 0 first wait (up to retry_budget) until rank 0 has
+  // installed its weights, so rank 0's initial weights are everyone's.
+  // `out` (optional) receives the shards' weights.
+  void Register(const std::vector<std::string>& names,
+                const std::vector<std::vector<uint64_t>>& shapes,
+                const pybind11::handle& initial_weights,
+                const pybind11::handle& out);
+
+  // Pushes `gradient` for the current step and writes the next weights into
+  // `out`. Both are checked (size num_params) before anything is sent; on
+  // any error `out` and the client's step are unchanged. `loss` (optional)
+  // sets pserver_worker_train_loss. Returns the new step.
+  uint64_t Step(const pybind11::handle& gradient, const pybind11::handle& out,
+                std::optional<double> loss);
+
+  void CopyWeightsInto(const pybind11::handle& out);
+
+  // The client's state (error-feedback residuals of every shard and stage,
+  // worker id, worker count, shard ranges, step) as the record
+  // worker/client_state.cc writes for --state_file.
+  pybind11::bytes SerializeState() const;
+  // Restores a record from SerializeState() (or a --state_file), refused
+  // with pserver.Error (state unchanged) when it is corrupt or for another
+  // worker id, worker count, shard layout or model size.
+  void RestoreState(const pybind11::bytes& record, const std::string& source);
+
+  uint64_t step() const { return client_->step(); }
+  uint64_t num_params() const { return client_->num_params(); }
+  bool registered() const { return registered_; }
+  double residual_norm() const;
+  std::string stage() const;
+  pybind11::dict Stats() const;
+  // "plaintext", "TLS", "mutual TLS", "TLS+token" or "mutual TLS+token".
+  std::string security() const;
+  // The port /metrics is served on, or None when metrics_listen was empty.
+  pybind11::object metrics_port() const;
+
+ private:
+  void Registered() const;
+  // RuntimeError when another thread is in Call().
+  void NotInCall() const;
+  void CopyWeights(absl::Span<float> dst) const;
+  // Runs `rpc` (returning absl::Status) without the GIL, one at a time.
+  template <typename F>
+  void Call(F rpc);
+
+  ClientOptions options_;
+  // Declared before the client and the metrics that count into it, and the
+  // exposer last: destroyed first, so no scrape sees a dead counter.
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<WorkerMetrics> worker_metrics_;
+  bool registered_ = false;
+  std::atomic<bool> busy_{false};
+  std::optional<absl::Time> last_step_end_;  // for the step duration
+  double last_loss_ = 0;  // the last loss given to Step()
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace pserver::python
+
+#endif  // PSERVER_PYTHON_NATIVE_PY_CLIENT_H_
