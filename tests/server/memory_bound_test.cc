@@ -84,10 +84,12 @@ TEST(ShardServer, Hole10OversizedPushesDoNotBuyMemory) {
   }
   // gRPC charges what it buffers to the quota and cancels streams once past
   // it, but reads already in flight still land and the allocator keeps its
-  // own slack: the peak measured 9-39 MiB above the quota for quotas of
-  // 16..256 MiB, hence 48 MiB. Without the quota: the four whole pushes
-  // (~500 MiB).
-  EXPECT_LT(growth_mb, kQuotaMb + 48);
+  // own slack: on a quiet machine the peak measured 9-39 MiB above the quota
+  // for quotas of 16..256 MiB; with the machine loaded (ctest --parallel 2
+  // next to a training run) 66 MiB above it, since the cancellation lags the
+  // reads. Bound: the quota plus one push, well below what the four whole
+  // pushes cost without the quota (483-504 MiB measured).
+  EXPECT_LT(growth_mb, kQuotaMb + static_cast<long>(kPushBytes / kMiB));
   EXPECT_TRUE(Healthy(daemon)) << testing::ReadFile(daemon.log_path());
 }
 
