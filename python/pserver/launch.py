@@ -1,0 +1,342 @@
+"""Run a training script on a local pserver cluster, like torchrun.
+
+    /usr/bin/python3 -m pserver.launch [--shards 2] [--workers 4]
+        [launcher options] [pserver_server flags] script.py [script args]
+
+Starts the shards (pserver_server on 127.0.0.1, a free port each, reported
+through --port_file), waits until every one listens, then starts the workers:
+`python3 script.py args` once per rank with RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE and PSERVER_SERVERS set (what pserver.init() reads), and
+PYTHONPATH extended so the script imports this package. Rank 0's output goes
+to the terminal; every other process writes to a log in the run folder
+(printed in part when it fails).
+
+It stops everything it started when the workers finish, when a worker or a
+shard fails (the other ranks are stopped), and on Ctrl-C or SIGTERM; it exits
+with the script's status: 0 when every rank exited 0, else the first failing
+rank's code (128 + signal when a signal ended it; 130/143 when the launcher
+itself was interrupted/terminated); 2 for bad arguments.
+
+Launcher options:
+  --shards N          shards to start (default 2)
+  --workers N         worker processes (default 4)
+  --server-bin PATH   pserver_server to run (default: $PSERVER_SERVER_BIN, the
+                      build tree's build/server/pserver_server, then PATH)
+  --run-dir DIR       logs and the pid list (default: a new /tmp/pserver-run-*)
+  --python PATH       interpreter for the script (default: this one)
+  --start-timeout S   seconds a shard gets to listen (default 30)
+  --                  ends the options; the script comes next
+Every other option before the script is a pserver_server flag given to every
+shard, as --name=value or --name value (dashes become underscores:
+--pull-codec onebit is --pull_codec=onebit); boolean flags need =true/false.
+The launcher sets --listen, --port_file, --shard_index, --num_shards and
+--num_workers itself, and --metrics_listen= (off) and --drain_seconds=0
+unless given.
+"""
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+_OWN_SERVER_FLAGS = ("listen", "port_file", "shard_index", "num_shards",
+                     "num_workers")
+_TAIL_LINES = 20
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive(name, text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"{name} is {text!r}; expected a positive integer")
+    return value
+
+
+def parse_args(argv):
+    """Returns a dict of the launcher's settings; raises UsageError."""
+    opts = {"shards": 2, "workers": 4, "server_bin": None, "run_dir": None,
+            "python": sys.executable, "start_timeout": 30.0,
+            "server_flags": [], "script": None, "script_args": []}
+    own = {"--shards", "--workers", "--server-bin", "--run-dir", "--python",
+           "--start-timeout"}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            opts["help"] = True
+            return opts
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("--"):
+            if arg.startswith("-") and arg != "-":
+                raise UsageError(f"unknown option {arg!r} (see --help)")
+            break
+        name, eq, value = arg.partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise UsageError(f"{name} needs a value")
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if name in own:
+            key = name[2:].replace("-", "_")
+            if key in ("shards", "workers"):
+                opts[key] = _positive(name, value)
+            elif key == "start_timeout":
+                try:
+                    opts[key] = float(value)
+                except ValueError:
+                    raise UsageError(f"{name} is {value!r}; expected "
+                                     "seconds") from None
+            else:
+                opts[key] = value
+            continue
+        flag = name[2:].replace("-", "_")
+        if not flag:
+            raise UsageError(f"malformed option {arg!r}")
+        if flag in _OWN_SERVER_FLAGS:
+            raise UsageError(f"--{flag} is set by the launcher; use --shards"
+                             "/--workers instead")
+        opts["server_flags"].append(f"--{flag}={value}")
+    if i >= len(argv):
+        raise UsageError("no script given; usage: python3 -m pserver.launch "
+                         "[options] script.py [args]")
+    opts["script"] = argv[i]
+    opts["script_args"] = argv[i + 1:]
+    if not os.path.isfile(opts["script"]):
+        raise UsageError(f"script {opts['script']!r} is not a file")
+    return opts
+
+
+def find_server(explicit):
+    """The pserver_server binary to run; raises UsageError when none."""
+    candidates = [explicit] if explicit else [
+        os.environ.get("PSERVER_SERVER_BIN"),
+        # build/python/pserver/launch.py -> build/server/pserver_server
+        str(pathlib.Path(__file__).resolve().parents[2] / "server" /
+            "pserver_server"),
+        shutil.which("pserver_server")]
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise UsageError(f"no pserver_server at {explicit}" if explicit else
+                     "no pserver_server found; build it (ninja -C build "
+                     "pserver_server_bin), pass --server-bin or set "
+                     "PSERVER_SERVER_BIN")
+
+
+def _say(text):
+    print(f"launch: {text}", file=sys.stderr, flush=True)
+
+
+def _tail(path):
+    try:
+        lines = pathlib.Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-_TAIL_LINES:])
+
+
+def _exit_code(returncode):
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Cluster:
+    """The processes of one run; each in its own session, so stopping one
+    stops whatever it started. Not thread-safe: one launcher thread."""
+
+    def __init__(self, opts, server_bin, run_dir):
+        self.opts = opts
+        self.server_bin = server_bin
+        self.run_dir = pathlib.Path(run_dir)
+        self.shards = []   # (Popen, log path)
+        self.workers = []  # (Popen, log path or None)
+
+    def _record(self, role, proc):
+        with open(self.run_dir / "pids", "a") as f:
+            f.write(f"{role} {proc.pid}\n")
+
+    def start_shards(self):
+        n = self.opts["shards"]
+        flags = list(self.opts["server_flags"])
+        if not any(f.startswith("--metrics_listen=") for f in flags):
+            flags.append("--metrics_listen=")
+        if not any(f.startswith("--drain_seconds=") for f in flags):
+            flags.append("--drain_seconds=0")
+        port_files = []
+        for i in range(n):
+            port_file = self.run_dir / f"shard{i}.port"
+            log = self.run_dir / f"shard{i}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(
+                    [self.server_bin, f"--shard_index={i}",
+                     f"--num_shards={n}",
+                     f"--num_workers={self.opts['workers']}",
+                     "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                     *flags],
+                    stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True)
+            self.shards.append((proc, log))
+            self._record(f"shard{i}", proc)
+            port_files.append(port_file)
+        deadline = time.monotonic() + self.opts["start_timeout"]
+        addrs = []
+        for i, ((proc, log), port_file) in enumerate(zip(self.shards,
+                                                         port_files)):
+            while not port_file.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"shard {i} exited with status {proc.returncode} "
+                        f"before listening; {log}:\n{_tail(log)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"shard {i} did not listen within "
+                        f"{self.opts['start_timeout']:g} s; {log}:\n"
+                        f"{_tail(log)}")
+                time.sleep(0.02)
+            addrs.append(f"127.0.0.1:{port_file.read_text().strip()}")
+        return addrs
+
+    def start_workers(self, addrs):
+        n = self.opts["workers"]
+        package_root = str(pathlib.Path(__file__).resolve().parents[1])
+        path = os.environ.get("PYTHONPATH", "")
+        for rank in range(n):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n),
+                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+                       PSERVER_SERVERS=",".join(addrs),
+                       PYTHONPATH=os.pathsep.join(
+                           p for p in (package_root, path) if p))
+            cmd = [self.opts["python"], self.opts["script"],
+                   *self.opts["script_args"]]
+            if rank == 0:
+                proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+                log = None
+            else:
+                log = self.run_dir / f"worker{rank}.log"
+                with open(log, "wb") as out:
+                    proc = subprocess.Popen(
+                        cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                        stderr=subprocess.STDOUT, start_new_session=True)
+            self.workers.append((proc, log))
+            self._record(f"worker{rank}", proc)
+
+    def wait(self):
+        """Until every worker is done or one process fails; returns the exit
+        code for the launcher."""
+        while True:
+            running = 0
+            for rank, (proc, log) in enumerate(self.workers):
+                code = proc.poll()
+                if code is None:
+                    running += 1
+                elif code != 0:
+                    where = f"; {log}:\n{_tail(log)}" if log else ""
+                    _say(f"rank {rank} exited with status {code}; stopping "
+                         f"the others{where}")
+                    return _exit_code(code)
+            if running == 0:
+                return 0
+            for i, (proc, log) in enumerate(self.shards):
+                if proc.poll() is not None:
+                    _say(f"shard {i} exited with status {proc.returncode} "
+                         f"while workers ran; {log}:\n{_tail(log)}")
+                    return 1
+            time.sleep(0.05)
+
+    def stop(self, grace=10.0):
+        """Stops the workers, then the shards: SIGTERM to each process group,
+        SIGKILL after `grace` seconds."""
+        for group in (self.workers, self.shards):
+            procs = [p for p, _ in group]
+            for p in procs:
+                _signal_group(p, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            for p in procs:
+                # The group too: a child the process left behind.
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+
+
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        opts = parse_args(argv)
+        if opts.get("help"):
+            print(__doc__)
+            return 0
+        server_bin = find_server(opts["server_bin"])
+        run_dir = opts["run_dir"]
+        if run_dir:
+            os.makedirs(run_dir, exist_ok=True)
+        else:
+            run_dir = tempfile.mkdtemp(prefix="pserver-run-")
+    except (UsageError, OSError) as e:
+        print(f"launch: error: {e}", file=sys.stderr)
+        return 2
+
+    def interrupted(signum, _frame):
+        raise _Interrupted(signum)
+
+    old = {s: signal.signal(s, interrupted)
+           for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = Cluster(opts, server_bin, run_dir)
+    code = 1
+    try:
+        try:
+            addrs = cluster.start_shards()
+            _say(f"run folder {run_dir}; {opts['shards']} shards at "
+                 f"{','.join(addrs)}; {opts['workers']} workers of "
+                 f"{opts['script']} (rank 0 below, the others in "
+                 "worker<rank>.log)")
+            cluster.start_workers(addrs)
+            code = cluster.wait()
+        except RuntimeError as e:
+            _say(str(e))
+            code = 1
+        except _Interrupted as e:
+            _say(f"{signal.Signals(e.signum).name}: stopping everything")
+            code = 128 + e.signum
+    finally:
+        # A second signal during teardown must not leave processes behind.
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)
+        cluster.stop()
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if code == 0:
+        _say(f"all {opts['workers']} workers exited 0; logs in {run_dir}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

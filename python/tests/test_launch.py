@@ -1,0 +1,135 @@
+"""python3 -m pserver.launch: starts real shards and worker processes, exits
+with the script's status, and leaves no process behind (on success, on a
+failing rank, on SIGTERM); bad arguments exit 2 with one line."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+import pserver  # noqa: E402
+from conftest import server_binary  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+WORKER = str(HERE / "launch_worker.py")
+PACKAGE_ROOT = str(pathlib.Path(pserver.__file__).resolve().parents[1])
+
+
+def launcher(run_dir, *args, **popen):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pserver.launch", "--server-bin",
+         server_binary(), "--run-dir", str(run_dir), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+
+
+def started_pids(run_dir):
+    lines = (run_dir / "pids").read_text().split()
+    return dict(zip(lines[0::2], map(int, lines[1::2])))
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def no_process_left(run_dir):
+    pids = started_pids(run_dir)
+    assert not [r for r, p in pids.items() if alive(p)], pids
+    # Nothing else whose command line names the run folder (the shards'
+    # --port_file does).
+    p = subprocess.run(["pgrep", "-f", str(run_dir)], stdout=subprocess.PIPE)
+    assert p.stdout.decode().strip() == "", p.stdout
+    return pids
+
+
+def test_trains_through_the_launcher_and_exits_0(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    p = launcher(run_dir, "--shards", "2", "--workers", "3",
+                 "--optimizer", "adam", "--pull-codec=fp32",
+                 WORKER, str(out), "5")
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 0, text
+    assert "rank 0 done at step 5" in text, text       # rank 0 on the terminal
+    assert "rank 1 done" not in text, text             # the others in logs
+    assert "rank 1 done at step 5" in (run_dir / "worker1.log").read_text()
+    for rank in range(3):
+        seen = (out / f"rank{rank}.txt").read_text().split()
+        assert seen == [str(rank), "3", str(rank), "2", "5"], seen
+    shard_log = (run_dir / "shard0.log").read_text()
+    assert "optimizer adam" in shard_log and "pull codec fp32" in shard_log
+    pids = no_process_left(run_dir)
+    assert sorted(pids) == ["shard0", "shard1", "worker0", "worker1",
+                            "worker2"]
+
+
+def test_a_failing_rank_stops_everything_and_fails(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    # Rank 1 exits 3 after registering; rank 0 and 2 wait in the round it
+    # never joins until the launcher stops them.
+    p = launcher(run_dir, "--shards", "1", "--workers", "3", WORKER,
+                 str(out), "1000000", "1")
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 3, text
+    assert "rank 1 exited with status 3" in text, text
+    assert "rank 1 failing on purpose" in text, text  # its log's tail
+    no_process_left(run_dir)
+
+
+def test_sigterm_tears_everything_down(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    p = launcher(run_dir, "--shards", "2", "--workers", "2", WORKER,
+                 str(out), "1000000", "1", "hang")
+    deadline = time.monotonic() + 60
+    while not (run_dir / "pids").exists() or \
+            len(started_pids(run_dir)) < 4:
+        assert p.poll() is None, p.communicate()[0].decode()
+        assert time.monotonic() < deadline, "launcher did not start 4"
+        time.sleep(0.05)
+    time.sleep(1)  # the workers are running (rank 1 hangs)
+    p.send_signal(signal.SIGTERM)
+    text = p.communicate(timeout=60)[0].decode()
+    assert p.returncode == 128 + signal.SIGTERM, text
+    assert "SIGTERM: stopping everything" in text, text
+    no_process_left(run_dir)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--workers", "0", WORKER], "--workers is '0'; expected a positive"),
+    (["--shards"], "--shards needs a value"),
+    (["--workers", "2"], "no script given"),
+    (["/nonexistent/train.py"], "script '/nonexistent/train.py' is not a"),
+    (["--num_workers=3", WORKER], "--num_workers is set by the launcher"),
+    (["-x", WORKER], "unknown option '-x'"),
+])
+def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
+    p = launcher(tmp_path / "run", *args)
+    text = p.communicate(timeout=30)[0].decode()
+    assert p.returncode == 2, text
+    assert text.count("\n") == 1 and text.startswith("launch: error: "), text
+    assert message in text, text
+    assert not (tmp_path / "run" / "pids").exists()
+
+
+def test_a_missing_server_binary_is_one_line(tmp_path):
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT)
+    p = subprocess.run([sys.executable, "-m", "pserver.launch",
+                        "--server-bin", str(tmp_path / "none"), WORKER],
+                       env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=30)
+    text = p.stdout.decode()
+    assert p.returncode == 2 and text.count("\n") == 1, text
+    assert "no pserver_server at" in text, text
