@@ -25,6 +25,10 @@
 #                 stdin is a terminal, Prometheus and the shards stay up after
 #                 training until Ctrl-C. [PROMETHEUS_PORT=9090]
 #   SERVER_FLAGS / WORKER_FLAGS: extra flags passed to every daemon.
+#   --script FILE [ARGS...]  instead of pserver_worker, run a PyTorch script
+#                 (e.g. python/examples/fashion_cnn.py) once per worker through
+#                 `python3 -m pserver.launch` (docs/python.md), with the shard
+#                 options above; everything after FILE is the script's.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +52,8 @@ RUN_DIR="${RUN_DIR:-}"
 MONITOR="${MONITOR:-0}"
 PROMETHEUS_PORT="${PROMETHEUS_PORT:-9090}"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+SCRIPT=""
+SCRIPT_ARGS=()
 
 die() { echo "local.sh: $*" >&2; exit 2; }
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
@@ -70,7 +76,8 @@ while [[ $# -gt 0 ]]; do
     --run-dir) need_value "$@"; RUN_DIR="$2"; shift 2 ;;
     --prometheus-port) need_value "$@"; PROMETHEUS_PORT="$2"; shift 2 ;;
     --monitor) MONITOR=1; shift ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --script) need_value "$@"; SCRIPT="$2"; shift 2; SCRIPT_ARGS=("$@"); break ;;
+    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -83,6 +90,7 @@ done
 source "$ROOT/deploy/packages.sh"
 packages=("${PSERVER_BUILD_PACKAGES[@]}" "${PSERVER_RUN_PACKAGES[@]}")
 [[ "$MONITOR" == 1 ]] && packages+=(prometheus curl)
+[[ -n "$SCRIPT" ]] && packages+=(pybind11-dev python3-dev python3-numpy python3-torch)
 pserver_install_packages "${packages[@]}"
 
 echo "local.sh: building in $BUILD_DIR"
@@ -92,6 +100,18 @@ fi
 cmake --build "$BUILD_DIR" --target pserver_server_bin pserver_worker_bin -- -j"$(nproc)" \
   | grep -E "error:|FAILED" || true
 SERVER="$BUILD_DIR/server/pserver_server"
+if [[ -n "$SCRIPT" ]]; then
+  cmake --build "$BUILD_DIR" --target pserver_python -- -j"$(nproc)" \
+    | grep -E "error:|FAILED" || true
+  [[ -x "$SERVER" && -d "$BUILD_DIR/python/pserver" ]] || die "build failed"
+  launch=(--shards "$SHARDS" --workers "$WORKERS" --server-bin "$SERVER"
+    --optimizer "$OPTIMIZER" --lr "$LR" --freeze_step "$FREEZE_STEP"
+    --pull_codec "$PULL_CODEC" --pull_k_fraction "$K_FRACTION")
+  [[ -n "$RUN_DIR" ]] && launch+=(--run-dir "$RUN_DIR")
+  # shellcheck disable=SC2086
+  PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" exec /usr/bin/python3 \
+    -m pserver.launch "${launch[@]}" ${SERVER_FLAGS:-} -- "$SCRIPT" "${SCRIPT_ARGS[@]}"
+fi
 WORKER="$BUILD_DIR/worker/pserver_worker"
 [[ -x "$SERVER" && -x "$WORKER" ]] || die "build failed"
 
