@@ -292,7 +292,7 @@ def main(argv=None):
     try:
         opts = parse_args(argv)
         if opts.get("help"):
-            print(__doc__)
+            sys.stdout.write(__doc__)
             return 0
         server_bin = find_server(opts["server_bin"])
         run_dir = opts["run_dir"]

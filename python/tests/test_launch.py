@@ -1,6 +1,6 @@
 """python3 -m pserver.launch: starts real shards and worker processes, exits
 with the script's status, and leaves no process behind (on success, on a
-failing rank, on SIGTERM); bad arguments exit 2 with one line."""
+failing rank, on SIGTERM and SIGINT); bad arguments exit 2 with one line."""
 
 import os
 import pathlib
@@ -88,7 +88,8 @@ def test_a_failing_rank_stops_everything_and_fails(tmp_path):
     no_process_left(run_dir)
 
 
-def test_sigterm_tears_everything_down(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_tears_everything_down(tmp_path, sig):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     p = launcher(run_dir, "--shards", "2", "--workers", "2", WORKER,
@@ -100,10 +101,10 @@ def test_sigterm_tears_everything_down(tmp_path):
         assert time.monotonic() < deadline, "launcher did not start 4"
         time.sleep(0.05)
     time.sleep(1)  # the workers are running (rank 1 hangs)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(sig)  # SIGINT: what Ctrl-C sends
     text = p.communicate(timeout=60)[0].decode()
-    assert p.returncode == 128 + signal.SIGTERM, text
-    assert "SIGTERM: stopping everything" in text, text
+    assert p.returncode == 128 + sig, text
+    assert f"{signal.Signals(sig).name}: stopping everything" in text, text
     no_process_left(run_dir)
 
 
