@@ -34,6 +34,7 @@ The launcher sets --listen, --port_file, --shard_index, --num_shards and
 unless given.
 """
 
+import ctypes
 import os
 import pathlib
 import shutil
@@ -46,6 +47,10 @@ import time
 _OWN_SERVER_FLAGS = ("listen", "port_file", "shard_index", "num_shards",
                      "num_workers")
 _TAIL_LINES = 20
+try:
+    _PRCTL = ctypes.CDLL(None).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
 
 
 class UsageError(Exception):
@@ -192,7 +197,8 @@ class Cluster:
                      "--listen=127.0.0.1:0", f"--port_file={port_file}",
                      *flags],
                     stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT, start_new_session=True)
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=_die_with_launcher)
             self.shards.append((proc, log))
             self._record(f"shard{i}", proc)
             port_files.append(port_file)
@@ -227,14 +233,16 @@ class Cluster:
             cmd = [self.opts["python"], self.opts["script"],
                    *self.opts["script_args"]]
             if rank == 0:
-                proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+                proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                        preexec_fn=_die_with_launcher)
                 log = None
             else:
                 log = self.run_dir / f"worker{rank}.log"
                 with open(log, "wb") as out:
                     proc = subprocess.Popen(
                         cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                        stderr=subprocess.STDOUT, start_new_session=True)
+                        stderr=subprocess.STDOUT, start_new_session=True,
+                        preexec_fn=_die_with_launcher)
             self.workers.append((proc, log))
             self._record(f"worker{rank}", proc)
 
@@ -278,6 +286,13 @@ class Cluster:
                 # The group too: a child the process left behind.
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
+
+
+def _die_with_launcher():
+    """In the child before exec: SIGTERM when the launcher dies, even by
+    SIGKILL (Linux's PR_SET_PDEATHSIG; nothing on other systems)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
 def _signal_group(proc, sig):

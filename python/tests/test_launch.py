@@ -1,6 +1,7 @@
 """python3 -m pserver.launch: starts real shards and worker processes, exits
 with the script's status, and leaves no process behind (on success, on a
-failing rank, on SIGTERM and SIGINT); bad arguments exit 2 with one line."""
+failing rank, on SIGTERM and SIGINT, when a shard dies,
+even when the launcher is SIGKILLed); bad arguments exit 2 with one line."""
 
 import os
 import pathlib
@@ -19,6 +20,21 @@ from conftest import server_binary  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = str(HERE / "launch_worker.py")
 PACKAGE_ROOT = str(pathlib.Path(pserver.__file__).resolve().parents[1])
+
+
+@pytest.fixture(autouse=True)
+def kill_leftovers(tmp_path):
+    """After a failed test, nothing the launcher started stays running."""
+    yield
+    pids_file = tmp_path / "run" / "pids"
+    if pids_file.exists():
+        for pid in started_pids(tmp_path / "run").values():
+            if not alive(pid):
+                continue
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def launcher(run_dir, *args, **popen):
@@ -88,19 +104,47 @@ def test_a_failing_rank_stops_everything_and_fails(tmp_path):
     no_process_left(run_dir)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_tears_everything_down(tmp_path, sig):
+def start_hanging_run(tmp_path, shards=2, workers=2):
+    """A launcher whose rank 1 hangs after registering; returns it once all
+    its processes run."""
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
-    p = launcher(run_dir, "--shards", "2", "--workers", "2", WORKER,
-                 str(out), "1000000", "1", "hang")
+    p = launcher(run_dir, "--shards", str(shards), "--workers", str(workers),
+                 WORKER, str(out), "1000000", "1", "hang")
     deadline = time.monotonic() + 60
     while not (run_dir / "pids").exists() or \
-            len(started_pids(run_dir)) < 4:
+            len(started_pids(run_dir)) < shards + workers:
         assert p.poll() is None, p.communicate()[0].decode()
-        assert time.monotonic() < deadline, "launcher did not start 4"
+        assert time.monotonic() < deadline, "launcher did not start them"
         time.sleep(0.05)
     time.sleep(1)  # the workers are running (rank 1 hangs)
+    return p, run_dir
+
+
+def test_a_shard_dying_stops_everything_and_fails(tmp_path):
+    p, run_dir = start_hanging_run(tmp_path)
+    os.kill(started_pids(run_dir)["shard1"], signal.SIGKILL)
+    text = p.communicate(timeout=60)[0].decode()
+    assert p.returncode == 1, text
+    assert "shard 1 exited with status -9 while workers ran" in text, text
+    no_process_left(run_dir)
+
+
+def test_sigkill_of_the_launcher_takes_its_processes_along(tmp_path):
+    p, run_dir = start_hanging_run(tmp_path)
+    p.kill()  # no handler runs: the children's parent-death signal does it
+    p.communicate(timeout=30)
+    pids = started_pids(run_dir)
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids.values()):
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
+    no_process_left(run_dir)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_tears_everything_down(tmp_path, sig):
+    p, run_dir = start_hanging_run(tmp_path)
     p.send_signal(sig)  # SIGINT: what Ctrl-C sends
     text = p.communicate(timeout=60)[0].decode()
     assert p.returncode == 128 + sig, text
