@@ -166,7 +166,9 @@ awk -F'|' -v W=640 -v H=400 '
         printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"none\" stroke=\"#ff7f0e\"/>\n", x, ys
       }
       printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#1f77b4\"/>\n", x, y
-      printf "<text x=\"%.1f\" y=\"%.1f\">%s (%.2f%% mean of %d)</text>\n", x + 8, y - 6, name[i], acc[i], k
+      # Labels right of the point, or left of it in the right half.
+      printf "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">%s (%.2f%% mean of %d)</text>\n",
+        (x > (L + R) / 2 ? x - 8 : x + 8), y - 6, (x > (L + R) / 2 ? "end" : "start"), name[i], acc[i], k
     }
     print "</svg>"
   }' <<<"$summary" >"$RESULTS/fidelity.svg"
