@@ -202,7 +202,7 @@ TEST(Mlp, PyTorchInitStatistics) {
     EXPECT_NEAR(sq / n / var, 1.0, 4 * std::sqrt(0.8 / n)) << t.name;
     EXPECT_NEAR(half / n, 0.5, 4 * std::sqrt(0.25 / n)) << t.name;
     EXPECT_GT(top, std::pow(1e-6, 1.0 / n) * bound) << t.name;
-    // Biases are drawn too, not zero (He-normal's rule).
+    // Biases are drawn too (He-normal sets them to 0).
     EXPECT_TRUE(std::all_of(p, p + t.size, [](float v) { return v != 0; }))
         << t.name;
   }
