@@ -37,6 +37,10 @@ ABSL_FLAG(int32_t, epochs, 5, "passes over the training set");
 ABSL_FLAG(int64_t, steps, 0, "if > 0, stop after this many steps");
 ABSL_FLAG(int32_t, batch_size, 32, "examples per step per worker");
 ABSL_FLAG(uint64_t, seed, 1, "model initialisation and data order");
+ABSL_FLAG(std::string, init, "pytorch",
+          "mlp initial weights: pytorch (nn.Linear's default, weights and "
+          "biases uniform in +-1/sqrt(fan_in)) or he_normal (N(0, 2/fan_in) "
+          "weights, zero biases)");
 ABSL_FLAG(int64_t, train_subset, 0, "if > 0, train on the first N examples");
 ABSL_FLAG(int64_t, test_subset, 0, "if > 0, test on the first N examples");
 ABSL_FLAG(uint64_t, synthetic_params, 1 << 20, "synthetic model: parameters");
@@ -137,14 +141,16 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
   const ClientStats& s = r.stats;
   out << absl::StrFormat(
       "{\"worker_id\": %u, \"num_workers\": %u, \"shards\": %d, "
-      "\"model\": \"%s\", \"push_codec\": \"%s\", \"warmup_codec\": \"%s\", "
+      "\"model\": \"%s\", \"init\": \"%s\", \"seed\": %d, "
+      "\"push_codec\": \"%s\", \"warmup_codec\": \"%s\", "
       "\"steps\": %d, \"wall_seconds\": %.3f, \"test_accuracy\": %.6f, "
       "\"test_loss\": %.6f, \"last_loss\": %.6f, "
       "\"push_bytes\": %d, \"pull_bytes\": %d, \"push_fp32_bytes\": %d, "
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
       "\"encode_seconds\": %.4f}\n",
       c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
-      t.model, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
+      t.model, t.init == InitScheme::kPyTorch ? "pytorch" : "he_normal",
+      t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
       r.wall_seconds, r.test_accuracy, r.test_loss, r.last_loss,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
       s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds);
@@ -209,6 +215,12 @@ int Run() {
   t.steps = absl::GetFlag(FLAGS_steps);
   t.batch_size = absl::GetFlag(FLAGS_batch_size);
   t.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<InitScheme> init = ParseEnumFlag<InitScheme>(
+      "init", absl::GetFlag(FLAGS_init),
+      {{"pytorch", InitScheme::kPyTorch},
+       {"he_normal", InitScheme::kHeNormal}});
+  if (!init.ok()) return Fail(init.status().message());
+  t.init = *init;
   t.train_subset = absl::GetFlag(FLAGS_train_subset);
   t.test_subset = absl::GetFlag(FLAGS_test_subset);
   t.synthetic_params = absl::GetFlag(FLAGS_synthetic_params);

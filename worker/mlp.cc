@@ -72,26 +72,36 @@ Mlp::Mlp(std::vector<int> sizes) : sizes_(std::move(sizes)) {
   acts_.resize(num_layers());
 }
 
-void Mlp::InitParams(uint64_t seed, absl::Span<float> params) const {
+void Mlp::InitParams(uint64_t seed, absl::Span<float> params,
+                     InitScheme scheme) const {
   assert(params.size() == num_params_);
   for (size_t t = 0; t < layout_.size(); ++t) {
     const ParamTensor& tensor = layout_[t];
     float* p = params.data() + tensor.offset;
-    if (tensor.shape.size() == 1) {  // bias
-      std::fill(p, p + tensor.size, 0.0f);
-      continue;
-    }
-    const double stddev = std::sqrt(2.0 / static_cast<double>(tensor.shape[1]));
+    const bool bias = tensor.shape.size() == 1;
+    // A bias [out] follows its weight [out, in]: fan_in is that weight's in.
+    const double fan_in = static_cast<double>(
+        bias ? layout_[t - 1].shape[1] : tensor.shape[1]);
     SplitMix64 rng(DeriveSeed(seed, t));
-    for (uint64_t i = 0; i < tensor.size; ++i) {
-      p[i] = static_cast<float>(stddev * rng.Normal());
+    if (scheme == InitScheme::kPyTorch) {
+      const double bound = 1.0 / std::sqrt(fan_in);
+      for (uint64_t i = 0; i < tensor.size; ++i) {
+        p[i] = static_cast<float>(bound * (2.0 * rng.NextDouble() - 1.0));
+      }
+    } else if (bias) {
+      std::fill(p, p + tensor.size, 0.0f);
+    } else {
+      const double stddev = std::sqrt(2.0 / fan_in);
+      for (uint64_t i = 0; i < tensor.size; ++i) {
+        p[i] = static_cast<float>(stddev * rng.Normal());
+      }
     }
   }
 }
 
-std::vector<float> Mlp::InitParams(uint64_t seed) const {
+std::vector<float> Mlp::InitParams(uint64_t seed, InitScheme scheme) const {
   std::vector<float> params(num_params_);
-  InitParams(seed, absl::MakeSpan(params));
+  InitParams(seed, absl::MakeSpan(params), scheme);
   return params;
 }
 

@@ -34,6 +34,17 @@ namespace pserver {
 void SetBlasThreads(int threads);
 int BlasThreads();
 
+// How InitParams draws the initial weights.
+enum class InitScheme {
+  // PyTorch's nn.Linear default (kaiming_uniform_ with a = sqrt(5), and its
+  // bias rule): weights and biases uniform in [-1/sqrt(fan_in),
+  // 1/sqrt(fan_in)), standard deviation 1/sqrt(3 fan_in).
+  kPyTorch,
+  // He (Kaiming) normal (He et al., ICCV 2015): weights ~ N(0, 2 / fan_in),
+  // biases 0.
+  kHeNormal,
+};
+
 // One named tensor of the flat parameter vector.
 struct ParamTensor {
   std::string name;             // "fc1.weight", "fc1.bias", ...
@@ -73,12 +84,14 @@ class Mlp {
   int num_inputs() const { return sizes_.front(); }
   int num_classes() const { return sizes_.back(); }
 
-  // He (Kaiming) normal initialisation (He et al., ICCV 2015): every weight
-  // ~ N(0, 2 / fan_in), biases 0. Deterministic given the seed; tensor i draws
-  // from its own stream DeriveSeed(seed, i). REQUIRES: params.size() ==
-  // num_params().
-  void InitParams(uint64_t seed, absl::Span<float> params) const;
-  std::vector<float> InitParams(uint64_t seed) const;
+  // Initial weights by `scheme` (see InitScheme; fan_in is a layer's input
+  // count, for its bias too). Deterministic given the seed and scheme: tensor
+  // i draws from its own stream DeriveSeed(seed, i). REQUIRES: params.size()
+  // == num_params().
+  void InitParams(uint64_t seed, absl::Span<float> params,
+                  InitScheme scheme = InitScheme::kPyTorch) const;
+  std::vector<float> InitParams(uint64_t seed,
+                                InitScheme scheme = InitScheme::kPyTorch) const;
 
   // Mean softmax cross-entropy over the batch, and its gradient with respect
   // to the parameters written (not added) into `grad`.

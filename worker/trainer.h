@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "worker/client.h"
 #include "worker/metrics.h"
+#include "worker/mlp.h"
 
 namespace pserver {
 
@@ -26,6 +27,7 @@ struct TrainerOptions {
   int64_t steps = 0;  // > 0: stop after this many steps instead
   int batch_size = 32;
   uint64_t seed = 1;  // model initialisation and data order
+  InitScheme init = InitScheme::kPyTorch;  // the MLP's initial weights
   int64_t train_subset = 0;  // > 0: use only the first N training examples
   int64_t test_subset = 0;   // > 0: evaluate on the first N test examples
   // Synthetic model: this many parameters in this many equal tensors, with

@@ -36,6 +36,7 @@ class MlpWorkload : public Workload {
   MlpWorkload(const TrainerOptions& o, Dataset train, Dataset test, Mlp mlp,
               Batcher batcher)
       : seed_(o.seed),
+        init_(o.init),
         batch_size_(o.batch_size),
         train_(std::move(train)),
         test_(std::move(test)),
@@ -48,7 +49,7 @@ class MlpWorkload : public Workload {
 
   const v1::ModelLayout& layout() const override { return layout_; }
   std::vector<float> InitialWeights() const override {
-    return mlp_.InitParams(seed_);
+    return mlp_.InitParams(seed_, init_);
   }
   int64_t total_steps() const override { return total_; }
   int64_t steps_per_epoch() const override {
@@ -71,6 +72,7 @@ class MlpWorkload : public Workload {
 
  private:
   const uint64_t seed_;
+  const InitScheme init_;
   const int batch_size_;
   Dataset train_, test_;
   Mlp mlp_;

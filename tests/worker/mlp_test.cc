@@ -143,7 +143,7 @@ TEST(Mlp, CheckDataComparesShapes) {
 TEST(Mlp, HeInitStatistics) {
   absl::StatusOr<Mlp> mlp = Mlp::Create({784, 256, 128, 10});
   ASSERT_TRUE(mlp.ok());
-  const std::vector<float> params = mlp->InitParams(42);
+  const std::vector<float> params = mlp->InitParams(42, InitScheme::kHeNormal);
   for (const ParamTensor& t : mlp->layout()) {
     const float* p = params.data() + t.offset;
     if (t.shape.size() == 1) {
@@ -169,12 +169,71 @@ TEST(Mlp, HeInitStatistics) {
   }
 }
 
+// PyTorch's nn.Linear default: weights and biases uniform in
+// [-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in the layer's inputs, so
+// variance bound^2 / 3 and about half the values inside bound / 2.
+TEST(Mlp, PyTorchInitStatistics) {
+  absl::StatusOr<Mlp> mlp = Mlp::Create({784, 256, 128, 10});
+  ASSERT_TRUE(mlp.ok());
+  const std::vector<float> params = mlp->InitParams(42, InitScheme::kPyTorch);
+  EXPECT_EQ(params, mlp->InitParams(42));  // the default scheme
+  for (size_t k = 0; k < mlp->layout().size(); ++k) {
+    const ParamTensor& t = mlp->layout()[k];
+    const uint64_t fan_in = mlp->layout()[k & ~size_t{1}].shape[1];
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    const float* p = params.data() + t.offset;
+    double sum = 0, sq = 0, top = 0;
+    int64_t half = 0;
+    for (uint64_t i = 0; i < t.size; ++i) {
+      ASSERT_LE(std::abs(p[i]), static_cast<float>(bound))
+          << t.name << "[" << i << "]";
+      sum += p[i];
+      sq += double{p[i]} * p[i];
+      top = std::max(top, std::abs(double{p[i]}));
+      half += std::abs(p[i]) < bound / 2;
+    }
+    const double n = static_cast<double>(t.size);
+    const double var = bound * bound / 3;
+    // Mean within 4 standard errors; variance within 4 of its relative
+    // standard errors (sqrt(0.8 / n) for a uniform); half the values inside
+    // bound / 2; the largest |value| above c * bound, where c^n = 1e-6 is
+    // the chance that all n fall inside c * bound.
+    EXPECT_NEAR(sum / n, 0.0, 4 * std::sqrt(var / n)) << t.name;
+    EXPECT_NEAR(sq / n / var, 1.0, 4 * std::sqrt(0.8 / n)) << t.name;
+    EXPECT_NEAR(half / n, 0.5, 4 * std::sqrt(0.25 / n)) << t.name;
+    EXPECT_GT(top, std::pow(1e-6, 1.0 / n) * bound) << t.name;
+    // Biases are drawn too (He-normal sets them to 0).
+    EXPECT_TRUE(std::all_of(p, p + t.size, [](float v) { return v != 0; }))
+        << t.name;
+  }
+}
+
+// The two schemes give different weights for the same seed, and He-normal's
+// spread (sqrt(2 / fan_in)) is sqrt(6) times PyTorch's (1 / sqrt(3 fan_in)).
+TEST(Mlp, InitSchemesDiffer) {
+  absl::StatusOr<Mlp> mlp = Mlp::Create({784, 256, 128, 10});
+  ASSERT_TRUE(mlp.ok());
+  const std::vector<float> he = mlp->InitParams(5, InitScheme::kHeNormal);
+  const std::vector<float> pt = mlp->InitParams(5, InitScheme::kPyTorch);
+  const ParamTensor& w = mlp->layout()[0];  // fc1.weight, 200704 values
+  double he_sq = 0, pt_sq = 0;
+  for (uint64_t i = w.offset; i < w.offset + w.size; ++i) {
+    he_sq += double{he[i]} * he[i];
+    pt_sq += double{pt[i]} * pt[i];
+  }
+  EXPECT_NEAR(std::sqrt(he_sq / pt_sq), std::sqrt(6.0), 0.02);
+  EXPECT_NE(he, pt);
+}
+
 TEST(Mlp, InitIsDeterministicGivenSeed) {
   absl::StatusOr<Mlp> mlp = Mlp::Create({784, 256, 128, 10});
   ASSERT_TRUE(mlp.ok());
   const std::vector<float> a = mlp->InitParams(7);
   EXPECT_EQ(a, mlp->InitParams(7));
   EXPECT_NE(a, mlp->InitParams(8));
+  const std::vector<float> he = mlp->InitParams(7, InitScheme::kHeNormal);
+  EXPECT_EQ(he, mlp->InitParams(7, InitScheme::kHeNormal));
+  EXPECT_NE(he, mlp->InitParams(8, InitScheme::kHeNormal));
   // Pinned values: a change here changes every seeded run.
   SplitMix64 rng(0);
   EXPECT_EQ(rng.Next(), 0xE220A8397B1DCDAFULL);

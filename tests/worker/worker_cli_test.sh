@@ -35,6 +35,7 @@ bad --value_format "expected fp32 or fp16$" --value_format=int8
 bad --rounding "expected nearest or stochastic$" --rounding=up
 bad --quantize_range "expected linear or adaptive$" --quantize_range=log
 bad --model "'cnn'; expected mlp or synthetic$" --model=cnn
+bad --init "'xavier'; expected pytorch or he_normal$" --init=xavier
 bad --progress "expected auto, bar or lines$" --progress=fancy
 # Other checks of the same shape.
 bad --worker_id "expected 0..num_workers-1" --worker_id=4 --num_workers=4
