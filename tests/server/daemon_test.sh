@@ -29,37 +29,23 @@ fail() {
   FAILED=1
 }
 
+# shellcheck source=../test_util/cli_checks.sh
+CLI_CHECKS_NO_SETUP=1 source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_checks.sh"
+
 # --- --help ---------------------------------------------------------------
-"$BIN" --help >"$WORK/help.out" 2>&1
-rc=$?
-[ "$rc" -eq 0 ] || fail "--help exited $rc, expected 0"
-for flag in listen metrics_listen shard_index num_shards num_workers optimizer \
-            lr beta1 beta2 eps weight_decay freeze_step variance_floor \
-            onebit_mode pull_codec max_message_mb grpc_memory_mb \
-            max_model_elements drain_seconds tls_cert tls_key tls_ca \
-            auth_token_file; do
-  grep -q -- "--$flag " "$WORK/help.out" ||
-    fail "--help does not list --$flag"
-done
-grep -q 'default: ' "$WORK/help.out" || fail "--help shows no defaults"
+check_help "$BIN" listen metrics_listen shard_index num_shards num_workers \
+  optimizer lr beta1 beta2 eps weight_decay freeze_step variance_floor \
+  onebit_mode pull_codec max_message_mb grpc_memory_mb max_model_elements \
+  drain_seconds tls_cert tls_key tls_ca auth_token_file
 
 # --- invalid combinations ---------------------------------------------------
-# Each: the arguments, then the flag name its one-line error must mention.
+# Each: the flag its one-line error must name, then the arguments; every one
+# exits 2 at once (cli_checks.sh's check_invalid).
 check_invalid() {
   local flag=$1
   shift
-  timeout 10 "$BIN" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "$@" \
-    >"$WORK/out" 2>"$WORK/err"
-  local rc=$?
-  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
-    fail "$* exited $rc, expected a non-zero exit at once"
-    return
-  fi
-  local lines
-  lines=$(wc -l <"$WORK/err")
-  [ "$lines" -eq 1 ] || fail "$*: $lines lines on stderr, expected 1: $(cat "$WORK/err")"
-  grep -q -- "$flag" "$WORK/err" || fail "$*: message does not name $flag: $(cat "$WORK/err")"
-  [ -s "$WORK/out" ] && fail "$*: unexpected stdout: $(cat "$WORK/out")"
+  check_invalid_exit 2 "$BIN" "$flag" "" --listen=127.0.0.1:0 \
+    --metrics_listen=127.0.0.1:0 "$@"
 }
 check_invalid --shard_index --shard_index=2 --num_shards=2
 check_invalid --num_shards --num_shards=0

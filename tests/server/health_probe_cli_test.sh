@@ -7,33 +7,22 @@
 set -u
 
 BIN=${1:?usage: health_probe_cli_test.sh /path/to/pserver_health_probe}
-WORK=$(mktemp -d /tmp/pserver_probe_cli_test.XXXXXX)
-FAILED=0
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  FAILED=1
-}
 # shellcheck source=../test_util/cli_checks.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_checks.sh"
 
 check_help "$BIN" address service timeout tls_ca tls_cert tls_key \
   tls_server_name auth_token_file
 
-check_invalid 1 "$BIN" --timeout "expected > 0" --timeout=0
+check_invalid_exit 1 "$BIN" --timeout "expected > 0" --timeout=0
 # Transport security goes through the shared helper (common/daemon).
-check_invalid 1 "$BIN" --tls_ca "empty while --tls_cert is set" \
+check_invalid_exit 1 "$BIN" --tls_ca "empty while --tls_cert is set" \
   --tls_cert=/nonexistent.pem --tls_key=/nonexistent.key
-check_invalid 1 "$BIN" --auth_token_file "cannot read" \
+check_invalid_exit 1 "$BIN" --auth_token_file "cannot read" \
   --auth_token_file=/nonexistent.token
-PSERVER_AUTH_TOKEN=secret check_invalid 1 "$BIN" PSERVER_AUTH_TOKEN \
+PSERVER_AUTH_TOKEN=secret check_invalid_exit 1 "$BIN" PSERVER_AUTH_TOKEN \
   "needs TLS \\(--tls_ca\\)"
-check_invalid 1 "$BIN" "'extra'" "unexpected argument" extra
-check_invalid 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_flag=1
-check_invalid 1 "$BIN" timeout "Illegal value" --timeout=soon
+check_invalid_exit 1 "$BIN" "'extra'" "unexpected argument" extra
+check_invalid_exit 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_flag=1
+check_invalid_exit 1 "$BIN" timeout "Illegal value" --timeout=soon
 
-if [ "$FAILED" -ne 0 ]; then
-  echo "health_probe_cli_test: FAILED" >&2
-  exit 1
-fi
-echo "health_probe_cli_test: passed"
+cli_finish health_probe_cli_test

@@ -8,13 +8,6 @@
 set -u
 
 BIN=${1:?usage: worker_cli_test.sh /path/to/pserver_worker}
-WORK=$(mktemp -d /tmp/pserver_worker_cli_test.XXXXXX)
-FAILED=0
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  FAILED=1
-}
 # shellcheck source=../test_util/cli_checks.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_checks.sh"
 
@@ -25,7 +18,7 @@ check_help "$BIN" servers worker_id num_workers model hidden epochs steps \
 
 # Nothing listens on port 1: a flag error must come before any connection
 # (the worker would otherwise retry for --retry_budget).
-bad() { check_invalid 2 "$BIN" "$@" --servers=127.0.0.1:1 --retry_budget=30; }
+bad() { check_invalid_exit 2 "$BIN" "$@" --servers=127.0.0.1:1 --retry_budget=30; }
 codecs='expected fp32, fp16, bf16, onebit, topk, randomk, quantize or topk_quantize$'
 bad --push_codec "$codecs" --push_codec=zip
 bad --warmup_codec "$codecs" --warmup_codec=gzip
@@ -45,16 +38,12 @@ bad --tls_key "expected the certificate's private key" --tls_cert=/nonexistent.p
 bad --metrics_listen "cannot listen" --metrics_listen=bogus
 bad "'extra'" "unexpected argument" extra
 # absl's own errors: one line, exit 1.
-check_invalid 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_flag=1
-check_invalid 1 "$BIN" num_workers "Illegal value" --num_workers=abc
+check_invalid_exit 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_flag=1
+check_invalid_exit 1 "$BIN" num_workers "Illegal value" --num_workers=abc
 # Spelled in another case, an enum value is still accepted: the run gets past
 # the flags and fails on the connection instead.
-check_invalid 2 "$BIN" "shard 0" "Register to shard 0 \\(127.0.0.1:1\\)" \
+check_invalid_exit 2 "$BIN" "shard 0" "Register to shard 0 \\(127.0.0.1:1\\)" \
   --servers=127.0.0.1:1 --retry_budget=1 --rpc_timeout=1 --model=SYNTHETIC \
   --synthetic_params=64 --steps=1 --push_codec=FP32 --progress=LINES
 
-if [ "$FAILED" -ne 0 ]; then
-  echo "worker_cli_test: FAILED" >&2
-  exit 1
-fi
-echo "worker_cli_test: passed"
+cli_finish worker_cli_test
