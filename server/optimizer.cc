@@ -11,15 +11,6 @@
 
 namespace pserver {
 
-absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
-  std::string n = absl::AsciiStrToLower(name);
-  if (n == "onebit_adam") return OptimizerKind::kOneBitAdam;
-  if (n == "adam") return OptimizerKind::kAdam;
-  if (n == "sgd") return OptimizerKind::kSgd;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "optimizer is '", name, "'; expected onebit_adam, adam or sgd"));
-}
-
 std::string OptimizerName(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::kOneBitAdam: return "onebit_adam";

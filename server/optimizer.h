@@ -48,7 +48,6 @@ struct OptimizerConfig {
   bool preconditioned = true;     // compress D g (robust) or g (DeepSpeed)
 };
 
-absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
 std::string OptimizerName(OptimizerKind kind);
 // INVALID_ARGUMENT naming the field for out-of-range hyper-parameters.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);

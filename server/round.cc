@@ -42,8 +42,6 @@ std::optional<Round::Batch> Round::BeginSum(
   return batch;
 }
 
-void Round::Sum(const Batch& batch) { sum_->Add(batch); }
-
 void Round::EndSum(const Batch& batch) {
   const uint32_t n = batch.b != nullptr ? 2 : 1;
   next_ = batch.first + n;

@@ -93,9 +93,8 @@ class Round {
   // another thread is summing.
   std::optional<Batch> BeginSum(absl::FunctionRef<bool(uint32_t)> waits_for);
   // The round's sum buffer; the thread holding a batch adds it there
-  // (sum()->Add(batch)) without the owner's mutex. Same as sum()->Add().
+  // (sum()->Add(batch)) without the owner's mutex.
   RoundSum* sum() { return sum_.get(); }
-  void Sum(const Batch& batch);
   // Records the batch as summed; ends the summing thread's turn.
   void EndSum(const Batch& batch);
 

@@ -1,24 +1,23 @@
 #include "worker/preconditioner.h"
 
 #include <cmath>
-#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/codec.h"
+#include "common/validated_tensor.h"
 
 namespace pserver {
 
 absl::StatusOr<Preconditioner> Preconditioner::FromFrozenVariance(
     const v1::GetFrozenVarianceResponse& resp, size_t n) {
   std::vector<float> v(n);
-  absl::StatusOr<std::unique_ptr<Codec>> dec = MakeDecoderFor(resp.variance());
-  if (!dec.ok()) return dec.status();
-  if (absl::Status d = (*dec)->Decode(resp.variance(), absl::MakeSpan(v));
-      !d.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("frozen variance: ", d.message()));
+  absl::StatusOr<ValidatedTensor> valid = ValidateTensor(resp.variance(), n);
+  if (!valid.ok()) {
+    return absl::Status(valid.status().code(),
+                        absl::StrCat("frozen variance: ",
+                                     valid.status().message()));
   }
+  valid->DecodeInto(absl::MakeSpan(v));
   Preconditioner p;
   p.d_.resize(n);
   for (size_t i = 0; i < n; ++i) {

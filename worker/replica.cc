@@ -7,7 +7,7 @@
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
-#include "common/codec.h"
+#include "common/validated_tensor.h"
 
 namespace pserver {
 
@@ -30,20 +30,21 @@ absl::Status Replica::Stage(size_t s, const v1::PullResponse& resp) {
   staged_[s] = false;
   const ShardRange& r = ranges_[s];
   absl::Span<float> out = absl::MakeSpan(staging_).subspan(r.begin, r.size());
-  const v1::EncodedTensor& w = resp.weights();
-  absl::StatusOr<std::unique_ptr<Codec>> dec = MakeDecoderFor(w);
-  if (!dec.ok()) return dec.status();
-  absl::Status st;
+  if (resp.kind() != v1::PULL_KIND_SNAPSHOT &&
+      resp.kind() != v1::PULL_KIND_DELTA) {
+    return absl::InvalidArgumentError("pull response kind is unspecified");
+  }
+  // Checked once, then decoded with the codec's shared decoder: nothing is
+  // allocated per pull.
+  absl::StatusOr<ValidatedTensor> valid = ValidateTensor(resp.weights(), r.size());
+  if (!valid.ok()) return valid.status();
   if (resp.kind() == v1::PULL_KIND_SNAPSHOT) {
-    st = (*dec)->Decode(w, out);
-  } else if (resp.kind() == v1::PULL_KIND_DELTA) {
+    valid->DecodeInto(out);
+  } else {
     absl::Span<const float> now = slice(s);
     std::copy(now.begin(), now.end(), out.begin());
-    st = (*dec)->DecodeAccumulate(w, 1.0f, out);
-  } else {
-    st = absl::InvalidArgumentError("pull response kind is unspecified");
+    valid->AccumulateInto(1.0f, out);
   }
-  if (!st.ok()) return st;
   if (ChecksumOf(out) != resp.replica_checksum()) {
     return absl::DataLossError(absl::StrCat(
         "replica of shard ", s, " does not match the shard's checksum"));

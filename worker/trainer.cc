@@ -122,6 +122,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   }
   if (!made.ok()) return made.status();
   Workload& model = **made;
+  // The residual norm is a pass over every residual: only when exported.
+  const bool exported = metrics != nullptr;
   std::unique_ptr<WorkerMetrics> unexported;
   if (metrics == nullptr) {
     unexported = WorkerMetrics::Unexported();
@@ -163,7 +165,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     result.last_loss = *loss;
     const int64_t done = static_cast<int64_t>(client->step());
     metrics->ObserveStep(absl::ToDoubleSeconds(absl::Now() - t0), done, *loss);
-    metrics->SetResidualNorm(client->ResidualNorm());
+    if (exported) metrics->SetResidualNorm(client->ResidualNorm());
     progress.Update(done, per_epoch > 0 ? step / per_epoch : 0, *loss,
                     client->stats(), done >= total);
     SaveWorkerState(o, *client, log, done >= total);

@@ -147,7 +147,10 @@ uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
       absl::ToDoubleSeconds(now - last_step_end_.value_or(now)),
       client_->step(), loss.value_or(last_loss_));
   if (loss) last_loss_ = *loss;
-  worker_metrics_->SetResidualNorm(client_->ResidualNorm());
+  // A pass over every residual: only when the metrics are served.
+  if (exposer_ != nullptr) {
+    worker_metrics_->SetResidualNorm(client_->ResidualNorm());
+  }
   last_step_end_ = now;
   return client_->step();
 }

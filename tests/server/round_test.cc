@@ -38,7 +38,7 @@ std::vector<uint32_t> DrainAll(Round& r,
   std::vector<uint32_t> sizes;
   while (std::optional<Round::Batch> b = r.BeginSum(waits_for)) {
     EXPECT_TRUE(r.summing());
-    r.Sum(*b);
+    r.sum()->Add(*b);
     r.EndSum(*b);
     EXPECT_FALSE(r.summing());
     sizes.push_back(b->b != nullptr ? 2 : 1);
@@ -121,13 +121,13 @@ TEST(Round, PassedOverWorkersAreNotContributors) {
   EXPECT_EQ(b->skipped, 0u);
   // A second thread gets nothing while the first holds a batch.
   EXPECT_FALSE(r.BeginSum(waits).has_value());
-  r.Sum(*b);
+  r.sum()->Add(*b);
   r.EndSum(*b);
   b = r.BeginSum(waits);
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->first, 2u);
   EXPECT_EQ(b->skipped, 1u);  // worker 1 passed over
-  r.Sum(*b);
+  r.sum()->Add(*b);
   r.EndSum(*b);
   // Worker 3 is passed over at the end; the round is complete.
   EXPECT_FALSE(r.BeginSum(waits).has_value());
