@@ -1,8 +1,7 @@
 #include "common/record_io.h"
 
-#include <algorithm>
+#include <cstring>
 
-#include "absl/base/config.h"
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -11,25 +10,16 @@
 namespace pserver {
 namespace {
 
-#if defined(ABSL_IS_BIG_ENDIAN)
-constexpr bool kHostIsLittleEndian = false;
-#else
-constexpr bool kHostIsLittleEndian = true;
-#endif
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "record files are little-endian, as this host must be");
 
 constexpr size_t kTrailer = sizeof(uint64_t);
 
-// Copies `count` values of `width` bytes, reversing each value's bytes on a
-// big-endian host (the file is little-endian either way).
+// Copies `count` values of `width` bytes: the file and the host are both
+// little-endian (asserted above), so values are copied as they are.
 void CopyValues(char* dst, const char* src, size_t width, size_t count) {
   if (count == 0) return;  // src may be null for an empty span
-  if (kHostIsLittleEndian || width == 1) {
-    std::memcpy(dst, src, width * count);
-    return;
-  }
-  for (size_t i = 0; i < count; ++i) {
-    std::reverse_copy(src + i * width, src + (i + 1) * width, dst + i * width);
-  }
+  std::memcpy(dst, src, width * count);
 }
 
 }  // namespace

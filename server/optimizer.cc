@@ -2,11 +2,8 @@
 
 #include "server/moment_optimizer.h"
 
-#include <algorithm>
 #include <cmath>
-#include <thread>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace pserver {

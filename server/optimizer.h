@@ -17,7 +17,6 @@
 #define PSERVER_SERVER_OPTIMIZER_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>

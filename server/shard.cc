@@ -4,9 +4,7 @@
 // variance) and shard_state.cc (status, checkpoints, shutdown).
 #include "server/shard.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

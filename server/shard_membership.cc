@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/rejection.h"
+#include "common/validated_tensor.h"
 #include "server/internal/shard_common.h"
 #include "server/shard.h"
 
@@ -130,21 +131,14 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                           " bytes; expected ", n, " elements in ",
                           Fp32Bytes(n), " bytes (this shard's slice)")));
       }
-      absl::StatusOr<std::unique_ptr<Codec>> codec = MakeDecoderFor(init);
-      if (!codec.ok()) {
+      absl::StatusOr<ValidatedTensor> valid = ValidateTensor(init, n);
+      if (!valid.ok()) {
         return Reject(v1::REJECT_REASON_INVALID_PAYLOAD,
                       absl::InvalidArgumentError(absl::StrCat(
-                          "initial_weights: ", codec.status().message())));
-      }
-      if (absl::Status s = (*codec)->Validate(init, n); !s.ok()) {
-        return Reject(v1::REJECT_REASON_INVALID_PAYLOAD,
-                      absl::InvalidArgumentError(
-                          absl::StrCat("initial_weights: ", s.message())));
+                          "initial_weights: ", valid.status().message())));
       }
       std::vector<float> x(n);
-      if (absl::Status s = (*codec)->Decode(init, absl::MakeSpan(x)); !s.ok()) {
-        return Reject(v1::REJECT_REASON_INVALID_PAYLOAD, s);
-      }
+      valid->DecodeInto(absl::MakeSpan(x));
       InstallModel(req.layout(), slots, std::move(x));
       resp.set_initialized_model(true);
     }

@@ -2,10 +2,8 @@
 #ifndef PSERVER_SERVER_INTERNAL_SHARD_COMMON_H_
 #define PSERVER_SERVER_INTERNAL_SHARD_COMMON_H_
 
-#include <cstring>
 
 #include "absl/status/status.h"
-#include "absl/types/span.h"
 #include "common/rejection.h"
 #include "pserver/v1/codec.pb.h"
 
