@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/codec_test_util.h"
+#include "tests/test_util/test_helpers.h"
 
 namespace pserver {
 namespace {
@@ -35,9 +36,8 @@ static_assert(CanValidate<v1::EncodedTensor&>::value);
 static_assert(!CanValidate<v1::EncodedTensor&&>::value);
 static_assert(!CanValidate<v1::EncodedTensor>::value);
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+bool SameBits(absl::Span<const float> a, absl::Span<const float> b) {
+  return testing_util::BitEqual(a, b);
 }
 
 class ValidatedTensorAllCodecs : public ::testing::TestWithParam<CodecCase> {};

@@ -16,6 +16,7 @@
 #include "common/validated_tensor.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
+#include "tests/test_util/test_helpers.h"
 
 namespace pserver {
 namespace {
@@ -52,10 +53,7 @@ std::vector<float> MeanOf(Round& r) {
   return out;
 }
 
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing_util::BitEqual;
 
 TEST(Round, SumsInWorkerIdOrderWhateverTheArrivalOrder) {
   // Values whose float sum depends on the order of additions.

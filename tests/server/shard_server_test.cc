@@ -23,6 +23,7 @@
 #include "pserver/v1/parameter_server.grpc.pb.h"
 #include "server/shard_server.h"
 #include "tests/server/server_test_util.h"
+#include "tests/test_util/test_helpers.h"
 
 namespace pserver {
 namespace {
@@ -34,22 +35,7 @@ using testing_util::RegisterRequestFor;
 
 // A loopback port that was free a moment ago (the server must have its port
 // before it listens, so that clients can already be knocking).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
+using testing_util::FreePort;
 
 // Sends `req` the moment `port` listens: a fresh channel per attempt, since
 // gRPC waits at least 100 ms before it reconnects a channel whose connection

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
+#include "tests/test_util/test_helpers.h"
 
 namespace pserver {
 namespace {
@@ -84,9 +85,8 @@ std::vector<float> Snapshot(Shard& shard, uint64_t step) {
   return DecodeAll(r->weights());
 }
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+bool SameBits(absl::Span<const float> a, absl::Span<const float> b) {
+  return testing_util::BitEqual(a, b);
 }
 
 TEST(Shard, RoundResultDoesNotDependOnArrivalOrder) {

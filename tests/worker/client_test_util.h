@@ -20,6 +20,7 @@
 #include "prometheus/registry.h"
 #include "server/shard_server.h"
 #include "worker/client.h"
+#include "tests/test_util/test_helpers.h"
 
 namespace pserver {
 namespace testing_util {
@@ -62,28 +63,6 @@ inline uint64_t OneBitBytes(uint64_t n) {
   return 4 * ((n + 255) / 256) + (n + 7) / 8;
 }
 
-inline bool BitEqual(absl::Span<const float> a, absl::Span<const float> b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// A port that was free a moment ago (for a server started later).
-inline int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return 0;
-  }
-  int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
 
 inline OptimizerConfig ExactSgd() {
   OptimizerConfig o;
