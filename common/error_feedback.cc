@@ -39,26 +39,41 @@ absl::Status EncodeWithFeedback(const Codec& codec, absl::Span<const float> g,
 }
 
 ErrorFeedback::ErrorFeedback(const Codec* codec, size_t n, float decay)
-    : codec_(codec), decay_(decay), residual_(n, 0.0f), scratch_(n, 0.0f) {}
+    : codec_(codec), decay_(decay), size_(n) {}
 
 ErrorFeedback::ErrorFeedback(std::unique_ptr<Codec> codec, size_t n,
                              float decay)
-    : owned_(std::move(codec)),
-      codec_(owned_.get()),
-      decay_(decay),
-      residual_(n, 0.0f),
-      scratch_(n, 0.0f) {}
+    : owned_(std::move(codec)), codec_(owned_.get()), decay_(decay), size_(n) {}
 
 absl::Status ErrorFeedback::Encode(absl::Span<const float> g, uint64_t seed,
                                    v1::EncodedTensor* out) {
-  if (g.size() != residual_.size()) {
+  if (g.size() != size_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradient has ", g.size(), " elements; expected ", residual_.size()));
+        "gradient has ", g.size(), " elements; expected ", size_));
   }
-  absl::Status s = EncodeWithFeedback(*codec_, g, residual_, decay_, seed,
-                                      out, absl::MakeSpan(scratch_));
+  return EncodeAt(0, g, seed, out);
+}
+
+absl::Status ErrorFeedback::EncodeAt(uint64_t offset, absl::Span<const float> g,
+                                     uint64_t seed, v1::EncodedTensor* out) {
+  if (offset > size_ || g.size() > size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "piece [", offset, ", ", offset + g.size(), ") is outside the ",
+        size_, " elements of the residual"));
+  }
+  if (residual_.empty() && codec_->id() == v1::CODEC_FP32) {
+    // Lossless: u = g and u - decode(encode(u)) = 0, so the residual stays
+    // all zeros and is never allocated. Encode refuses non-finite input.
+    return codec_->Encode(g, seed, out);
+  }
+  if (residual_.empty()) residual_.assign(size_, 0.0f);
+  if (scratch_.size() < g.size()) scratch_.resize(g.size());
+  absl::Span<float> e = absl::MakeSpan(residual_).subspan(offset, g.size());
+  absl::Span<float> next = absl::MakeSpan(scratch_).subspan(0, g.size());
+  absl::Status s =
+      EncodeWithFeedback(*codec_, g, e, decay_, seed, out, next);
   if (!s.ok()) return s;
-  residual_.swap(scratch_);
+  std::copy(next.begin(), next.end(), e.begin());
   return absl::OkStatus();
 }
 
@@ -69,9 +84,13 @@ double ErrorFeedback::ResidualNorm() const {
 }
 
 absl::Status ErrorFeedback::SetResidual(absl::Span<const float> e) {
-  if (e.size() != residual_.size()) {
+  if (e.empty()) {
+    Reset();
+    return absl::OkStatus();
+  }
+  if (e.size() != size_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "residual has ", e.size(), " elements; expected ", residual_.size()));
+        "residual has ", e.size(), " elements; expected ", size_));
   }
   for (size_t i = 0; i < e.size(); ++i) {
     if (!std::isfinite(e[i])) {
@@ -83,6 +102,9 @@ absl::Status ErrorFeedback::SetResidual(absl::Span<const float> e) {
   return absl::OkStatus();
 }
 
-void ErrorFeedback::Reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
+void ErrorFeedback::Reset() {
+  residual_.clear();
+  residual_.shrink_to_fit();
+}
 
 }  // namespace pserver

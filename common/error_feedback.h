@@ -54,16 +54,23 @@ class ErrorFeedback {
   // residual is then unchanged, byte for byte.
   absl::Status Encode(absl::Span<const float> g, uint64_t seed,
                       v1::EncodedTensor* out);
+  // The same for the piece [offset, offset + g.size()) of the stream (one
+  // chunk of a push): only that piece of the residual is read and written,
+  // through a scratch buffer of the piece's size (reused across calls).
+  absl::Status EncodeAt(uint64_t offset, absl::Span<const float> g,
+                        uint64_t seed, v1::EncodedTensor* out);
 
+  // The residual; empty while it is all zeros and was never needed (a
+  // lossless codec such as fp32 never needs one, so it costs no memory).
   absl::Span<const float> residual() const { return residual_; }
   // ||e||_2, accumulated in double.
   double ResidualNorm() const;
-  // For checkpoints. INVALID_ARGUMENT on a size mismatch or non-finite
-  // values, leaving the residual unchanged.
+  // For checkpoints (empty: all zeros). INVALID_ARGUMENT on a size mismatch
+  // or non-finite values, leaving the residual unchanged.
   absl::Status SetResidual(absl::Span<const float> e);
   void Reset();  // e = 0
 
-  size_t size() const { return residual_.size(); }
+  size_t size() const { return size_; }
   float decay() const { return decay_; }
   const Codec& codec() const { return *codec_; }
 
@@ -71,8 +78,9 @@ class ErrorFeedback {
   std::unique_ptr<Codec> owned_;
   const Codec* codec_;
   float decay_;
-  std::vector<float> residual_;
-  std::vector<float> scratch_;  // next residual; swapped in on success
+  size_t size_;
+  std::vector<float> residual_;  // empty: all zeros
+  std::vector<float> scratch_;   // the piece's next residual
 };
 
 }  // namespace pserver

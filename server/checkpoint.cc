@@ -16,7 +16,7 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
 absl::string_view Magic() { return absl::string_view(kMagic, sizeof(kMagic)); }
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr char kPrefix[] = "ckpt-";
 constexpr char kSuffix[] = ".pserver";
 
@@ -91,14 +91,18 @@ std::string SerializeShardState(const ShardState& s) {
   w.Num<uint32_t>(s.optimizer_kind);
   w.Num<uint8_t>(s.frozen ? 1 : 0);
   w.Num<uint8_t>(s.preconditioned ? 1 : 0);
-  w.Num<uint8_t>(s.delta.has_value() ? 1 : 0);
+  w.Num<uint8_t>(s.delta.empty() ? 0 : 1);
   w.Num<uint8_t>(0);
   w.Num<uint64_t>(s.step);
   w.Num<uint64_t>(s.freeze_step);
   w.Num<uint64_t>(s.prev_replica_checksum);
   w.Num<uint64_t>(s.replica_checksum);
   w.Blob(s.layout.SerializeAsString());
-  w.Blob(s.delta.has_value() ? s.delta->SerializeAsString() : std::string());
+  {
+    v1::EncodedChunks chunks;
+    for (const v1::EncodedTensor& t : s.delta) *chunks.add_chunks() = t;
+    w.Blob(s.delta.empty() ? std::string() : chunks.SerializeAsString());
+  }
   w.Floats(s.x);
   w.Floats(s.m);
   w.Floats(s.v);
@@ -144,11 +148,11 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
         absl::StrCat("checkpoint layout: ", st.message()));
   }
   if (has_delta) {
-    v1::EncodedTensor t;
+    v1::EncodedChunks t;
     if (!t.ParseFromString(delta)) {
       return absl::InvalidArgumentError("checkpoint delta does not parse");
     }
-    s.delta = std::move(t);
+    s.delta.assign(t.chunks().begin(), t.chunks().end());
   }
   if (s.num_shards == 0 || s.shard_index >= s.num_shards ||
       s.num_workers == 0) {

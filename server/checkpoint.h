@@ -2,12 +2,12 @@
 // including its compression state (the replica x_hat that workers hold and
 // the last pull delta), so a restart loses no error-feedback memory.
 //
-// File format (version 1), all numbers little-endian:
+// File format (version 2), all numbers little-endian:
 //   "PSCKPT\0\1" | u32 version | u32 shard_index | u32 num_shards |
 //   u32 num_workers | u32 optimizer kind | u8 frozen | u8 preconditioned |
 //   u8 has_delta | u8 0 | u64 step | u64 freeze_step |
 //   u64 prev_replica_checksum | u64 replica_checksum |
-//   blob layout (pserver.v1.ModelLayout) | blob delta (pserver.v1.EncodedTensor)
+//   blob layout (pserver.v1.ModelLayout) | blob delta (pserver.v1.EncodedChunks)
 //   | floats x | floats m | floats v | floats x_hat | i64s last_pushed |
 //   u64 Checksum64 of every byte before it
 // where blob = u64 length + bytes, floats/i64s = u64 count + values (the
@@ -42,7 +42,7 @@ struct ShardState {
   uint64_t prev_replica_checksum = 0;
   uint64_t replica_checksum = 0;
   v1::ModelLayout layout;
-  std::optional<v1::EncodedTensor> delta;
+  std::vector<v1::EncodedTensor> delta;  // per chunk; empty: none
   std::vector<float> x, m, v, x_hat;
   std::vector<int64_t> last_pushed;
 };

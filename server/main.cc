@@ -59,6 +59,9 @@ ABSL_FLAG(uint32_t, grpc_memory_mb, 2048,
           "what gRPC may buffer for all calls together, in MiB (0: no "
           "quota; else at least --max_message_mb); calls past it are "
           "refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint64_t, chunk_elements, pserver::kDefaultChunkElements,
+          "pushes and pulls move the shard's slice in chunks of this many "
+          "elements, several in flight per worker (1024..67108864)");
 ABSL_FLAG(uint64_t, max_model_elements, pserver::kDefaultMaxModelElements,
           "largest model, in elements over all shards, that a Register may "
           "install (1 up to the default, the layout format's own cap); a "
@@ -142,6 +145,7 @@ int Run() {
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
+  config.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
   double lease = absl::GetFlag(FLAGS_lease_timeout_seconds);
   if (!(lease >= 0) || lease > 86400) {
     return Fail(absl::StrCat("--lease_timeout_seconds is ", lease,

@@ -11,12 +11,10 @@
 
 #include "absl/status/status.h"
 #include "pserver/v1/parameter_server.pb.h"
+#include "server/pull_answer.h"
 
 namespace pserver {
 
-// A pull's answer: shared and immutable, so every pull of a step holds the
-// same bytes instead of a copy each.
-using PullAnswer = std::shared_ptr<const v1::PullResponse>;
 // Called exactly once, without the shard's lock; `answer` is null on error.
 using PullDone = std::function<void(absl::Status, PullAnswer)>;
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/checksum.h"
+#include "common/validated_tensor.h"
 #include "common/fp32_tensor.h"
 #include "common/mix.h"
 #include "server/optimizer.h"
@@ -40,30 +41,37 @@ ReplicaTracker::ReplicaTracker(uint32_t shard_index, v1::Codec pull_codec,
       pool_(pool) {}
 
 void ReplicaTracker::DropAnswers() {
-  delta_answer_.reset();
-  snapshot_answer_.reset();
+  delta_answers_.assign(plan_.num_chunks(), nullptr);
+  snapshot_answers_.assign(plan_.num_chunks(), nullptr);
 }
 
-void ReplicaTracker::Reset(absl::Span<const float> x) {
+void ReplicaTracker::Reset(absl::Span<const float> x, uint64_t chunk_elements) {
+  plan_.n = x.size();
+  plan_.chunk_elements = chunk_elements;
   x_hat_.assign(x.begin(), x.end());
-  delta_.reset();
+  delta_.clear();
   checksum_ = ChecksumOf(x_hat_);
   prev_checksum_ = checksum_;
   DropAnswers();
 }
 
 void ReplicaTracker::Restore(std::vector<float> x_hat,
-                             std::optional<v1::EncodedTensor> delta,
+                             std::vector<v1::EncodedTensor> delta,
                              uint64_t checksum, uint64_t prev_checksum) {
   x_hat_ = std::move(x_hat);
-  delta_ = std::move(delta);
+  plan_.n = x_hat_.size();
+  bool fits = delta.size() == plan_.num_chunks();
+  for (uint32_t c = 0; fits && c < delta.size(); ++c) {
+    fits = ValidateTensor(delta[c], plan_.size(c)).ok();
+  }
+  delta_ = fits ? std::move(delta) : std::vector<v1::EncodedTensor>();
   checksum_ = checksum;
   prev_checksum_ = prev_checksum;
   DropAnswers();
 }
 
 void ReplicaTracker::Invalidate() {
-  delta_.reset();
+  delta_.clear();
   prev_checksum_ = checksum_;
   DropAnswers();
 }
@@ -76,7 +84,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
   const uint64_t n = x.size();
   if (pull_codec_id_ == v1::CODEC_FP32) {
     x_hat_.assign(x.begin(), x.end());
-    delta_.reset();
+    delta_.clear();
   } else {
     const float* xp = x.data();
     const float* hat = x_hat_.data();
@@ -84,17 +92,46 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
     pool_->ParallelFor(n, kMinParallelChunk, [=](uint64_t b, uint64_t e) {
       for (uint64_t i = b; i < e; ++i) diff[i] = xp[i] - hat[i];
     });
-    v1::EncodedTensor d;
-    absl::Status s = codec_->Encode(scratch, PullSeed(shard_index_, step), &d);
-    if (s.ok()) s = codec_->DecodeAccumulate(d, 1.0f, absl::MakeSpan(x_hat_));
+    // Each chunk is encoded on its own (and decoded into x_hat) on the
+    // pool's threads; the seed depends on the chunk, so the result does not
+    // depend on which thread ran it.
+    const uint32_t chunks = plan_.num_chunks();
+    std::vector<v1::EncodedTensor> d(chunks);
+    std::vector<absl::Status> status(chunks);
+    pool_->ParallelFor(chunks, 1, [&](uint64_t b, uint64_t e) {
+      for (uint64_t c = b; c < e; ++c) {
+        const uint32_t ci = static_cast<uint32_t>(c);
+        const uint64_t seed =
+            c == 0 ? PullSeed(shard_index_, step)
+                   : Mix64(PullSeed(shard_index_, step) ^ (c << 20));
+        status[c] = codec_->Encode(scratch.subspan(plan_.begin(ci), plan_.size(ci)),
+                                   seed, &d[c]);
+      }
+    });
+    absl::Status s;
+    for (const absl::Status& st : status) {
+      if (!st.ok()) {
+        s = st;
+        break;
+      }
+    }
     if (s.ok()) {
+      absl::Span<float> hat_out = absl::MakeSpan(x_hat_);
+      pool_->ParallelFor(chunks, 1, [&](uint64_t b, uint64_t e) {
+        for (uint64_t c = b; c < e; ++c) {
+          const uint32_t ci = static_cast<uint32_t>(c);
+          // The codec's own output: accumulating it cannot fail.
+          status[c] = codec_->DecodeAccumulate(
+              d[c], 1.0f, hat_out.subspan(plan_.begin(ci), plan_.size(ci)));
+        }
+      });
       delta_ = std::move(d);
     } else {
       // Non-finite weights (a diverged run): pulls fall back to snapshots.
       std::fprintf(stderr, "pserver: shard %u step %lu: pull encode failed: %s\n",
                    shard_index_, static_cast<unsigned long>(step),
                    std::string(s.message()).c_str());
-      delta_.reset();
+      delta_.clear();
     }
     for (uint64_t i = 0; i < n; ++i) {
       double r = double{x[i]} - x_hat_[i];
@@ -113,24 +150,36 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
     answers_step_ = step;
     answers_stage_ = stage;
   }
-  const bool delta_ok = delta_.has_value() && !req.want_snapshot() &&
+  const uint32_t c = req.chunk();
+  const bool delta_ok = !delta_.empty() && !req.want_snapshot() &&
                         req.step() == step &&
                         req.replica_step() == static_cast<int64_t>(step) - 1 &&
                         req.replica_checksum() == prev_checksum_;
-  PullAnswer& cached = delta_ok ? delta_answer_ : snapshot_answer_;
+  PullAnswer& cached = delta_ok ? delta_answers_[c] : snapshot_answers_[c];
   if (cached == nullptr) {
-    auto resp = std::make_shared<v1::PullResponse>();
-    resp->set_step(step);
-    resp->set_stage(stage);
-    resp->set_replica_checksum(checksum_);
+    v1::PullResponse header;
+    header.set_step(step);
+    header.set_stage(stage);
+    header.set_replica_checksum(checksum_);
+    header.set_chunk(c);
     if (delta_ok) {
-      resp->set_kind(v1::PULL_KIND_DELTA);
-      *resp->mutable_weights() = *delta_;
+      header.set_kind(v1::PULL_KIND_DELTA);
+      v1::EncodedTensor head;
+      head.set_codec(delta_[c].codec());
+      head.set_num_elements(delta_[c].num_elements());
+      *head.mutable_params() = delta_[c].params();
+      cached = MakePullAnswer(header, head, delta_[c].payload());
     } else {
-      resp->set_kind(v1::PULL_KIND_SNAPSHOT);
-      SetFp32(x_hat_, resp->mutable_weights());
+      header.set_kind(v1::PULL_KIND_SNAPSHOT);
+      v1::EncodedTensor head;
+      head.set_codec(v1::CODEC_FP32);
+      head.set_num_elements(plan_.size(c));
+      const float* begin = x_hat_.data() + plan_.begin(c);
+      cached = MakePullAnswer(
+          header, head,
+          absl::string_view(reinterpret_cast<const char*>(begin),
+                            Fp32Bytes(plan_.size(c))));
     }
-    cached = std::move(resp);
   }
   return cached;
 }

@@ -3,7 +3,9 @@
 // shard encodes d = encode(x - x_hat), adds decode(d) to x_hat and serves d
 // as the pull delta (the residual x - x_hat is the downlink's error
 // feedback). A worker whose replica is not x_hat(step - 1), by step or by
-// checksum, gets a full fp32 snapshot instead.
+// checksum, gets a full fp32 snapshot instead. Both are cut into the
+// slice's chunks (common/chunking.h): each chunk is encoded on its own and
+// answered, serialized once, to every pull of that chunk.
 #ifndef PSERVER_SERVER_REPLICA_TRACKER_H_
 #define PSERVER_SERVER_REPLICA_TRACKER_H_
 
@@ -14,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/chunking.h"
 #include "common/codec.h"
 #include "common/thread_pool.h"
 #include "pserver/v1/parameter_server.pb.h"
@@ -29,10 +32,14 @@ class ReplicaTracker {
       uint32_t shard_index, v1::Codec pull_codec,
       const v1::CodecParams& pull_params, ThreadPool* pool);
 
-  // Starts from the weights themselves: x_hat = x, no delta.
-  void Reset(absl::Span<const float> x);
-  // From a checkpoint. REQUIRES: the checksum was verified by the loader.
-  void Restore(std::vector<float> x_hat, std::optional<v1::EncodedTensor> delta,
+  // Starts from the weights themselves: x_hat = x, no delta; pulls are
+  // answered in chunks of `chunk_elements`.
+  void Reset(absl::Span<const float> x,
+             uint64_t chunk_elements = kDefaultChunkElements);
+  // From a checkpoint, after Reset. REQUIRES: the checksum was verified by
+  // the loader. A delta whose chunks do not match this shard's chunking
+  // (another --chunk_elements) is dropped: pulls get snapshots.
+  void Restore(std::vector<float> x_hat, std::vector<v1::EncodedTensor> delta,
                uint64_t checksum, uint64_t prev_checksum);
   // After the optimizer's step to `step`: x_hat follows x through the pull
   // codec. `scratch` (x's length) is overwritten. Returns ||x - x_hat||.
@@ -42,14 +49,17 @@ class ReplicaTracker {
   // pulls get snapshots until the next Advance.
   void Invalidate();
 
-  // The answer to a pull of the current step `step` in stage `stage`: the
-  // delta when the request proves the worker holds x_hat(step - 1), else a
-  // snapshot. Answers are built once per step and shared.
+  // The answer to a pull of chunk req.chunk() of the current step `step` in
+  // stage `stage`: the delta when the request proves the worker holds
+  // x_hat(step - 1), else a snapshot. Answers are built once per step and
+  // chunk and shared. REQUIRES: req.chunk() < plan().num_chunks().
   PullAnswer Answer(const v1::PullRequest& req, uint64_t step,
                     v1::OptimizerStage stage);
 
   absl::Span<const float> x_hat() const { return x_hat_; }
-  const std::optional<v1::EncodedTensor>& delta() const { return delta_; }
+  // The delta's chunks (empty: none).
+  const std::vector<v1::EncodedTensor>& delta() const { return delta_; }
+  const ChunkPlan& plan() const { return plan_; }
   uint64_t checksum() const { return checksum_; }
   uint64_t prev_checksum() const { return prev_checksum_; }
 
@@ -62,14 +72,16 @@ class ReplicaTracker {
   const v1::Codec pull_codec_id_;
   const std::unique_ptr<Codec> codec_;
   ThreadPool* const pool_;
+  ChunkPlan plan_;
   std::vector<float> x_hat_;
-  // The delta that takes x_hat(step - 1) to x_hat(step), if there is one.
-  std::optional<v1::EncodedTensor> delta_;
+  // The delta that takes x_hat(step - 1) to x_hat(step), chunk by chunk, if
+  // there is one.
+  std::vector<v1::EncodedTensor> delta_;
   uint64_t prev_checksum_ = 0;
   uint64_t checksum_ = 0;
   // Answers of the current step, shared by every pull that gets them.
-  PullAnswer delta_answer_;
-  PullAnswer snapshot_answer_;
+  std::vector<PullAnswer> delta_answers_;     // per chunk, built on demand
+  std::vector<PullAnswer> snapshot_answers_;
   uint64_t answers_step_ = 0;
   v1::OptimizerStage answers_stage_ = v1::OPTIMIZER_STAGE_UNSPECIFIED;
 };

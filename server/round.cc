@@ -7,97 +7,176 @@
 
 namespace pserver {
 
-Round::Round(uint32_t num_workers, ThreadPool* pool)
-    : num_workers_(num_workers),
-      pending_(num_workers),
-      sum_(std::make_unique<RoundSum>(pool)) {}
-
-void Round::Resize(uint64_t n) {
-  sum_->Resize(n);
-  Clear();
+Round::Push Round::Push::CopyOf(const ValidatedTensor& v) {
+  auto copy = std::make_shared<v1::EncodedTensor>();
+  Push p;
+  p.valid = v.CopyInto(copy.get());
+  p.owner = std::move(copy);
+  return p;
 }
 
-void Round::Queue(uint32_t w, Push push) {
-  pending_[w] = std::move(push);
+Round::Push Round::Push::Own(std::shared_ptr<const v1::PushRequest> request,
+                             const ValidatedTensor& v,
+                             std::function<void()> on_done) {
+  Push p;
+  p.valid = v;
+  p.owner = std::move(request);
+  p.on_done = std::move(on_done);
+  return p;
+}
+
+Round::Round(uint32_t num_workers, ThreadPool* pool)
+    : num_workers_(num_workers),
+      queued_(1),
+      next_(1, 0),
+      count_(1, 0),
+      busy_(1, false),
+      queued_count_(num_workers, 0),
+      contributed_(num_workers, false),
+      in_(num_workers, false),
+      sum_(std::make_unique<RoundSum>(pool)) {}
+
+std::vector<std::function<void()>> Round::Resize(uint64_t n,
+                                                 uint64_t chunk_elements) {
+  std::vector<std::function<void()>> dropped = Clear();
+  plan_.n = n;
+  plan_.chunk_elements = chunk_elements;
+  num_chunks_ = plan_.num_chunks();
+  queued_.assign(num_chunks_, {});
+  next_.assign(num_chunks_, 0);
+  count_.assign(num_chunks_, 0);
+  busy_.assign(num_chunks_, false);
+  chunks_done_ = 0;
+  sum_->Resize(plan_);
+  return dropped;
+}
+
+bool Round::started() const {
+  if (received_ > 0) return true;
+  for (uint32_t n : next_) {
+    if (n > 0) return true;
+  }
+  return false;
+}
+
+void Round::Queue(uint32_t w, Push push, uint32_t c) {
+  queued_[c].emplace(w, std::move(push));
+  ++queued_count_[w];
   ++received_;
+  if (!in_[w]) {
+    in_[w] = true;
+    ++workers_in_;
+  }
+}
+
+void Round::Skip(uint32_t c, absl::FunctionRef<bool(uint32_t)> waits_for) {
+  if (next_[c] == num_workers_ || busy_[c]) return;
+  while (next_[c] < num_workers_ && !queued(next_[c], c) &&
+         !waits_for(next_[c])) {
+    ++next_[c];  // passed over
+  }
+  if (next_[c] == num_workers_) ++chunks_done_;
 }
 
 std::optional<Round::Batch> Round::BeginSum(
     absl::FunctionRef<bool(uint32_t)> waits_for) {
-  if (summing_) return std::nullopt;
-  Batch batch;
-  while (next_ < num_workers_ && !queued(next_)) {
-    if (waits_for(next_)) return std::nullopt;  // the round waits for it
-    ++next_;                                    // passed over
-    ++batch.skipped;
+  for (uint32_t c = 0; c < num_chunks_; ++c) {
+    if (busy_[c] || next_[c] == num_workers_) continue;
+    const uint32_t before = next_[c];
+    Skip(c, waits_for);
+    if (next_[c] == num_workers_ || !queued(next_[c], c)) continue;
+    Batch batch;
+    batch.chunk = c;
+    batch.first = next_[c];
+    batch.skipped = next_[c] - before;
+    batch.a = &queued_[c].at(next_[c]);
+    busy_[c] = true;
+    ++busy_count_;
+    return batch;
   }
-  if (next_ == num_workers_) return std::nullopt;
-  batch.first = next_;
-  batch.a = &pending_[next_];
-  if (next_ + 1 < num_workers_ && queued(next_ + 1) &&
-      batch.a->tensor->num_elements() >= kPairedMinElements) {
-    batch.b = &pending_[next_ + 1];
-  }
-  summing_ = true;
-  return batch;
+  return std::nullopt;
 }
 
-void Round::EndSum(const Batch& batch) {
-  const uint32_t n = batch.b != nullptr ? 2 : 1;
-  next_ = batch.first + n;
-  contributors_ += n;
-  if (n == 2) ++paired_sums_;
-  summing_ = false;
+std::function<void()> Round::EndSum(const Batch& batch) {
+  const uint32_t c = batch.chunk;
+  const uint32_t w = batch.first;
+  auto it = queued_[c].find(w);
+  std::function<void()> done = std::move(it->second.on_done);
+  queued_[c].erase(it);
+  --queued_count_[w];
+  ++count_[c];
+  if (!contributed_[w]) {
+    contributed_[w] = true;
+    ++contributors_;
+  }
+  next_[c] = w + 1;
+  busy_[c] = false;
+  --busy_count_;
+  if (next_[c] == num_workers_) ++chunks_done_;
+  return done;
 }
 
 void Round::WithMean(absl::FunctionRef<void(absl::Span<float>)> fn) {
-  sum_->WithMean(contributors_, fn);
+  sum_->WithMean(count_, fn);
 }
 
-void Round::Clear() {
+std::vector<std::function<void()>> Round::Clear() {
+  std::vector<std::function<void()>> dropped;
+  for (auto& chunk : queued_) {
+    for (auto& [w, push] : chunk) {
+      if (push.on_done) dropped.push_back(std::move(push.on_done));
+    }
+    chunk.clear();
+  }
   sum_->Zero();
-  for (Push& p : pending_) p = Push();
+  std::fill(next_.begin(), next_.end(), 0);
+  std::fill(count_.begin(), count_.end(), 0);
+  std::fill(busy_.begin(), busy_.end(), false);
+  std::fill(queued_count_.begin(), queued_count_.end(), 0);
+  std::fill(contributed_.begin(), contributed_.end(), false);
+  std::fill(in_.begin(), in_.end(), false);
   received_ = 0;
-  next_ = 0;
+  workers_in_ = 0;
   contributors_ = 0;
-  summing_ = false;
+  chunks_done_ = 0;
+  busy_count_ = 0;
+  return dropped;
 }
 
-void RoundSum::Resize(uint64_t n) {
+void Round::Restart() {
+  std::fill(next_.begin(), next_.end(), 0);
+  chunks_done_ = 0;
+}
+
+void RoundSum::Resize(const ChunkPlan& plan) {
   absl::MutexLock l(&mu_);
-  sum_.assign(n, 0.0f);
-  scratch_.clear();
-  scratch_.shrink_to_fit();
+  plan_ = plan;
+  sum_.assign(plan.n, 0.0f);
 }
 
 void RoundSum::Add(const Round::Batch& batch) {
-  absl::MutexLock l(&mu_);
-  const absl::Span<float> sum = absl::MakeSpan(sum_);
-  if (batch.b == nullptr) {
-    batch.a->valid->AccumulateInto(1.0f, sum);
-    return;
-  }
-  scratch_.resize(sum_.size());
-  const absl::Span<float> scratch = absl::MakeSpan(scratch_);
-  pool_->RunBoth([&] { batch.a->valid->AccumulateInto(1.0f, sum); },
-                 [&] { batch.b->valid->DecodeInto(scratch); });
-  float* acc = sum.data();
-  const float* add = scratch.data();
-  pool_->ParallelFor(sum.size(), kMinParallelChunk,
-                     [acc, add](uint64_t b, uint64_t e) {
-                       for (uint64_t i = b; i < e; ++i) acc[i] += add[i];
-                     });
+  absl::ReaderMutexLock l(&mu_);
+  // Round gives chunk c to one thread at a time: the ranges written under
+  // the shared lock never overlap.
+  float* base = const_cast<float*>(sum_.data());
+  absl::Span<float> chunk(base + plan_.begin(batch.chunk),
+                          plan_.size(batch.chunk));
+  batch.a->valid->AccumulateInto(1.0f, chunk);
 }
 
-void RoundSum::WithMean(uint32_t contributors,
+void RoundSum::WithMean(const std::vector<uint32_t>& counts,
                         absl::FunctionRef<void(absl::Span<float>)> fn) {
   absl::MutexLock l(&mu_);
-  const float inv = 1.0f / static_cast<float>(contributors);
   float* acc = sum_.data();
-  pool_->ParallelFor(sum_.size(), kMinParallelChunk,
-                     [acc, inv](uint64_t b, uint64_t e) {
-                       for (uint64_t i = b; i < e; ++i) acc[i] *= inv;
-                     });
+  for (uint32_t c = 0; c < counts.size(); ++c) {
+    const float inv =
+        counts[c] == 0 ? 0.0f : 1.0f / static_cast<float>(counts[c]);
+    float* chunk = acc + plan_.begin(c);
+    pool_->ParallelFor(plan_.size(c), kMinParallelChunk,
+                       [chunk, inv](uint64_t b, uint64_t e) {
+                         for (uint64_t i = b; i < e; ++i) chunk[i] *= inv;
+                       });
+  }
   fn(absl::MakeSpan(sum_));
 }
 

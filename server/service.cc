@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/rejection.h"
+#include "server/pull_answer_bytes.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 
 namespace pserver {
@@ -52,18 +53,51 @@ absl::Status SerializeResponse(const Response& msg, grpc::ByteBuffer* out) {
                                           ": ", s.error_message()));
 }
 
+// A Push whose chunk was queued behind an earlier worker's: answered when
+// the shard has summed (or dropped) it. Finish() runs once both the shard's
+// Push returned and, for a queued chunk, the shard called back (which may
+// happen first, on the same thread).
+class PushReactor final : public grpc::ServerUnaryReactor {
+ public:
+  PushReactor(grpc::CallbackServerContext* ctx, Shard* shard,
+              ServerMetrics* metrics,
+              std::shared_ptr<const v1::PushRequest> req,
+              grpc::ByteBuffer* resp)
+      : ctx_(ctx), metrics_(metrics) {
+    bool queued = false;
+    absl::StatusOr<v1::PushResponse> r =
+        shard->Push(std::move(req), [this] { Arrive(); }, &queued);
+    status_ = r.ok() ? SerializeResponse(*r, resp) : r.status();
+    if (!queued) left_.store(1);
+    Arrive();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Arrive() {
+    if (left_.fetch_sub(1) != 1) return;
+    metrics_->CountRequest(RpcMethod::kPush, status_);
+    Finish(ToGrpcStatus(status_, ctx_));
+  }
+
+  grpc::CallbackServerContext* const ctx_;
+  ServerMetrics* const metrics_;
+  absl::Status status_;  // written before the last Arrive()
+  std::atomic<int> left_{2};
+};
+
 // A Pull that may wait: the shard calls back exactly once, and only then is
 // Finish() called; OnDone() (after Finish) frees the reactor. Every pull
 // answered with the same shared answer sends the same serialized bytes.
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
   PullReactor(grpc::CallbackServerContext* ctx, Shard* shard,
-              ServerMetrics* metrics, PullAnswerBytes* bytes,
-              const v1::PullRequest& req, grpc::ByteBuffer* resp)
+              ServerMetrics* metrics, const v1::PullRequest& req,
+              grpc::ByteBuffer* resp)
       : ctx_(ctx), shard_(shard), metrics_(metrics) {
-    uint64_t id = shard_->Pull(req, [this, bytes, resp](absl::Status s,
-                                                        PullAnswer answer) {
-      if (s.ok()) *resp = bytes->Get(answer);
+    uint64_t id = shard_->Pull(req, [this, resp](absl::Status s,
+                                                 PullAnswer answer) {
+      if (s.ok()) *resp = PullAnswerBuffer(std::move(answer));
       metrics_->CountRequest(RpcMethod::kPull, s);
       Finish(ToGrpcStatus(s, ctx_));
     });
@@ -122,12 +156,10 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
 grpc::ServerUnaryReactor* ParameterServerService::Push(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* resp) {
-  v1::PushRequest req;
-  absl::Status s = ParseRequest(RpcMethod::kPush, *raw, &req);
+  auto req = std::make_shared<v1::PushRequest>();
+  absl::Status s = ParseRequest(RpcMethod::kPush, *raw, req.get());
   if (!s.ok()) return Answer(ctx, RpcMethod::kPush, s);
-  absl::StatusOr<v1::PushResponse> r = shard_->Push(req);
-  s = r.ok() ? SerializeResponse(*r, resp) : r.status();
-  return Answer(ctx, RpcMethod::kPush, s);
+  return new PushReactor(ctx, shard_, metrics_, std::move(req), resp);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
@@ -136,7 +168,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
   v1::PullRequest req;
   absl::Status s = ParseRequest(RpcMethod::kPull, *raw, &req);
   if (!s.ok()) return Answer(ctx, RpcMethod::kPull, s);
-  return new PullReactor(ctx, shard_, metrics_, &pull_bytes_, req, resp);
+  return new PullReactor(ctx, shard_, metrics_, req, resp);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::GetFrozenVariance(

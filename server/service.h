@@ -9,8 +9,10 @@
 // (CallbackUnaryHandler::RunHandler drops the parse status), which clients
 // read as "no such method". Parsing ourselves lets such a request be refused
 // INVALID_ARGUMENT with the method and the expected type, counted like every
-// other refusal. Raw responses also let every waiting pull of a step send the
-// same serialized bytes (server/pull_answer_bytes.h).
+// other refusal. Raw responses also let every waiting pull of a chunk send
+// the same serialized bytes (server/pull_answer_bytes.h). A Push of a chunk
+// that must wait for an earlier worker's chunk is answered once it is summed,
+// so a worker's chunk calls in flight bound what the shard holds for it.
 #ifndef PSERVER_SERVER_SERVICE_H_
 #define PSERVER_SERVER_SERVICE_H_
 
@@ -66,7 +68,6 @@ class ParameterServerService final : public RawParameterServerService {
   Shard* const shard_;
   ServerMetrics* const metrics_;
   const std::function<void()> on_registered_;
-  PullAnswerBytes pull_bytes_;
 };
 
 }  // namespace pserver

@@ -50,6 +50,12 @@ absl::Status ValidateShardConfig(const ShardConfig& c) {
         absl::StrCat("max_model_elements is ", c.max_model_elements,
                      "; expected 1..", kDefaultMaxModelElements));
   }
+  if (c.chunk_elements < kMinChunkElements ||
+      c.chunk_elements > kMaxChunkElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_elements is ", c.chunk_elements, "; expected ",
+                     kMinChunkElements, "..", kMaxChunkElements));
+  }
   return ValidateOptimizerConfig(c.optimizer);
 }
 
@@ -130,6 +136,15 @@ absl::Status Shard::CheckWorker(uint32_t worker_id) const {
 }
 
 absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
+  bool queued = false;
+  return Push(std::make_shared<const v1::PushRequest>(req), nullptr, &queued);
+}
+
+absl::StatusOr<v1::PushResponse> Shard::Push(
+    std::shared_ptr<const v1::PushRequest> request,
+    std::function<void()> on_summed, bool* queued) {
+  *queued = false;
+  const v1::PushRequest& req = *request;
   if (absl::Status s = CheckWorker(req.worker_id()); !s.ok()) return s;
   if (!v1::GradientSpace_IsValid(req.space())) {
     return Reject(v1::REJECT_REASON_INVALID_FIELD,
@@ -138,6 +153,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
                       "; expected GRADIENT_SPACE_RAW (1) or "
                       "GRADIENT_SPACE_PRECONDITIONED (2)")));
   }
+  const uint32_t c = req.chunk();
   uint64_t n;
   {
     absl::MutexLock lock(&mu_);
@@ -149,7 +165,15 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
                         "worker_id ", req.worker_id(),
                         " has not registered; call Register first")));
     }
-    n = range_.size();
+    if (c >= round_.num_chunks()) {
+      return Reject(v1::REJECT_REASON_INVALID_FIELD,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "chunk is ", c, "; expected 0..",
+                        round_.num_chunks() - 1, " (the slice's ",
+                        range_.size(), " elements in chunks of ",
+                        config_.chunk_elements, ")")));
+    }
+    n = round_.plan().size(c);
   }
   // Payload checks need no state: run them before taking the lock.
   absl::StatusOr<ValidatedTensor> valid = ValidateTensor(req.gradient(), n);
@@ -160,8 +184,8 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
         MakeCodec(req.gradient().codec(), req.gradient().params()).ok();
     return Reject(wrong_size ? v1::REJECT_REASON_WRONG_SIZE
                              : v1::REJECT_REASON_INVALID_PAYLOAD,
-                  absl::InvalidArgumentError(
-                      absl::StrCat("gradient: ", valid.status().message())));
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "gradient (chunk ", c, "): ", valid.status().message())));
   }
 
   std::vector<Ready> ready;
@@ -173,7 +197,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
     const v1::GradientSpace space = req.space() == v1::GRADIENT_SPACE_UNSPECIFIED
                                         ? v1::GRADIENT_SPACE_RAW
                                         : req.space();
-    if (req.step() == step_ && !leases_.live(w) && !round_.queued(w)) {
+    if (req.step() == step_ && !leases_.live(w) && !round_.queued(w, c)) {
       return Reject(
           v1::REJECT_REASON_DROPPED_WORKER,
           absl::AbortedError(absl::StrCat(
@@ -196,7 +220,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
                     absl::FailedPreconditionError(absl::StrCat(
                         "step is ", req.step(), "; the shard is at step ", step_,
                         " (pull step ", step_, " first)")));
-    } else if (round_.pushed(w)) {
+    } else if (round_.pushed(w, c)) {
       resp.set_duplicate(true);
     } else if (space != optimizer_->expected_space()) {
       return Reject(v1::REJECT_REASON_WRONG_SPACE,
@@ -209,7 +233,10 @@ absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
       metrics_->AddReceived(req.gradient().codec(),
                             req.gradient().payload().size(),
                             Fp32Bytes(req.gradient().num_elements()));
-      round_.Queue(w, Round::Push::CopyOf(*valid));
+      round_.Queue(w, Round::Push::Own(std::move(request), *valid,
+                                       std::move(on_summed)),
+                   c);
+      *queued = true;
       last_pushed_[w] = static_cast<int64_t>(req.step());
       ready = Drain();
     }
@@ -224,27 +251,32 @@ std::vector<Shard::Ready> Shard::Drain() {
   auto waits_for = [this](uint32_t w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return policy_.WaitsFor(w, leases_);
   };
+  std::vector<Ready> ready;  // acknowledgements of the chunks summed
   while (std::optional<Round::Batch> batch = round_.BeginSum(waits_for)) {
-    // This thread holds the round's only batch until EndSum (BeginSum
-    // hands out one at a time) and its pushes stay queued until then:
+    // This thread holds the batch's chunk until EndSum (BeginSum hands each
+    // chunk to one thread at a time) and its push stays queued until then:
     // decode into the thread-safe sum without mu_ so other pushes are
-    // validated and queued meanwhile.
+    // validated, queued and summed (other chunks) meanwhile.
     RoundSum* const sum = round_.sum();
-    const uint64_t elements =
-        batch->a->tensor->num_elements() +
-        (batch->b != nullptr ? batch->b->tensor->num_elements() : 0);
+    const uint64_t elements = batch->a->valid->num_elements();
     mu_.Unlock();
     const absl::Time start = clock_->Now();
     sum->Add(*batch);
     metrics_->ObserveAggregation(absl::ToDoubleSeconds(clock_->Now() - start));
     metrics_->AddDecodedElements(elements);
     mu_.Lock();
-    round_.EndSum(*batch);
+    if (std::function<void()> done = round_.EndSum(*batch)) {
+      ready.push_back(std::move(done));
+    }
   }
-  if (!round_.all_in() || round_.summing()) return {};
-  if (round_.contributors() > 0) return CompleteRound();
+  if (!round_.all_in() || round_.summing()) return ready;
+  if (round_.contributors() > 0) {
+    std::vector<Ready> more = CompleteRound();
+    for (Ready& r : more) ready.push_back(std::move(r));
+    return ready;
+  }
   round_.Restart();  // every worker was dropped: wait for one to come back
-  return {};
+  return ready;
 }
 
 std::vector<Shard::Ready> Shard::CompleteRound() {
@@ -271,13 +303,14 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   metrics_->SetStage(optimizer_->stage());
   metrics_->SetNorms(update_norm, L2Norm(optimizer_->m()), residual_norm);
 
-  round_.Clear();
+  std::vector<Ready> ready = round_.Clear();  // none: every chunk was summed
   if (writer_ != nullptr && config_.checkpoint_every > 0 &&
       step_ % config_.checkpoint_every == 0) {
     writer_->Submit(CaptureState());
   }
   if (leases_.PromoteRejoined()) PublishLiveness();
-  return WakeWaiters();
+  for (Ready& r : WakeWaiters()) ready.push_back(std::move(r));
+  return ready;
 }
 
 }  // namespace pserver

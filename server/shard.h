@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/chunking.h"
 #include "common/clock.h"
 #include "common/layout.h"
 #include "common/thread_pool.h"
@@ -81,6 +82,9 @@ struct ShardConfig {
   // whose slice's fp32 snapshot would not fit is refused at Register, so
   // the limits can never disagree at run time.
   uint64_t max_response_bytes = 0;
+  // Pushes and pulls move the slice in chunks of this many elements
+  // (announced in RegisterResponse; common/chunking.h bounds it).
+  uint64_t chunk_elements = kDefaultChunkElements;
 };
 
 absl::Status ValidateShardConfig(const ShardConfig& c);
@@ -113,9 +117,21 @@ class Shard {
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Applies one worker's push for the current step. Blocks while the push
-  // is decoded and, for the round's last push, while the optimizer runs.
-  // Returns duplicate=true for a (worker, step) already received.
+  // Takes one chunk of one worker's push for the current step. Sums it
+  // (and any queued chunks it unblocks) on the calling thread when it is
+  // the chunk's next in worker order, and for the round's last chunk runs
+  // the optimizer, so it may block that long. Returns duplicate=true for a
+  // (worker, step, chunk) already received.
+  // When the chunk was queued (*queued set true), `on_summed` runs exactly
+  // once, without the shard's lock, when the chunk has been summed or
+  // dropped (possibly before Push returns); otherwise it never runs. The
+  // transport answers the call only then, so the chunks a worker has in
+  // flight bound what the shard holds for it. The request is kept, not
+  // copied, until then.
+  absl::StatusOr<v1::PushResponse> Push(
+      std::shared_ptr<const v1::PushRequest> req,
+      std::function<void()> on_summed, bool* queued) ABSL_LOCKS_EXCLUDED(mu_);
+  // For tests and tools: a copy of `req`, nothing to notify.
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -163,9 +179,7 @@ class Shard {
   const std::vector<std::string>& startup_log() const { return startup_log_; }
   const ShardConfig& config() const { return config_; }
 
-  // For tests: times two pushes were decoded at once on two cores, and
-  // times Status() hashed the big arrays.
-  uint64_t paired_sums() ABSL_LOCKS_EXCLUDED(mu_);
+  // For tests: times Status() hashed the big arrays.
   uint64_t status_hashes() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -58,16 +58,19 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
   }
   const uint64_t slice =
       ShardRangeFor(total, config_.num_shards, config_.shard_index).size();
+  // Pulls are answered chunk by chunk: the largest answer is one chunk's
+  // fp32 snapshot, whatever the model size.
+  const uint64_t chunk = std::min(slice, config_.chunk_elements);
   const uint64_t snapshot_bytes =
-      Fp32Bytes(slice) + kPullResponseOverheadBytes;
+      Fp32Bytes(chunk) + kPullResponseOverheadBytes;
   if (config_.max_response_bytes > 0 &&
       snapshot_bytes > config_.max_response_bytes) {
     return Reject(v1::REJECT_REASON_MODEL_TOO_LARGE,
                   absl::ResourceExhaustedError(absl::StrCat(
-                      "this shard's slice of ", slice, " elements needs ",
+                      "this shard's chunks of ", chunk, " elements need ",
                       snapshot_bytes, "-byte snapshots; the message limit is ",
                       config_.max_response_bytes,
-                      " bytes (--max_message_mb); use more shards")));
+                      " bytes (--max_message_mb); lower --chunk_elements")));
   }
   return absl::OkStatus();
 }
@@ -150,10 +153,10 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                      "pserver: shard %u drops %u pushes queued for step %lu\n",
                      config_.shard_index, round_.received(),
                      static_cast<unsigned long>(step_));
-        round_.Clear();
+        ready = round_.Clear();
       }
       FastForward(req.resume_step());
-      ready = WakeWaiters();
+      for (Ready& r : WakeWaiters()) ready.push_back(std::move(r));
     }
     worker_registered_[w] = true;
     leases_.Touch(w);
@@ -173,6 +176,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     resp.set_compression_space(config_.optimizer.preconditioned
                                    ? v1::GRADIENT_SPACE_PRECONDITIONED
                                    : v1::GRADIENT_SPACE_RAW);
+    resp.set_chunk_elements(config_.chunk_elements);
     return resp;
   }();
   for (Ready& r : ready) r();
@@ -194,8 +198,9 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   layout_ = layout;
   range_ = range;
   x_ = std::move(x);
-  replica_->Reset(x_);
-  round_.Resize(range.size());
+  replica_->Reset(x_, config_.chunk_elements);
+  // No push can be queued before a model is installed: nothing to answer.
+  round_.Resize(range.size(), config_.chunk_elements);
   optimizer_ = MakeOptimizer(config_.optimizer, range.size(),
                              std::move(segments), pool_);
   registered_ = true;
@@ -231,7 +236,7 @@ std::vector<Shard::Ready> Shard::ReapLeases() {
   if (!registered_ || !leases_.enabled()) return {};
   auto busy = [this](uint32_t w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // Called by leases_ inside Expire, i.e. with mu_ held.
-    return round_.pushed(w) || waiters_.IsWaiting(w);
+    return round_.pushed_any(w) || waiters_.IsWaiting(w);
   };
   auto dropped = leases_.Expire(busy);
   if (dropped.empty()) return {};

@@ -28,9 +28,8 @@ std::vector<Shard::Ready> Shard::WakeWaiters() {
 
 PullAnswer Shard::AnswerPull(const v1::PullRequest& req) {
   PullAnswer answer = replica_->Answer(req, step_, optimizer_->stage());
-  metrics_->AddSent(answer->weights().codec(),
-                    answer->weights().payload().size(),
-                    Fp32Bytes(answer->weights().num_elements()));
+  metrics_->AddSent(answer->codec, answer->payload_bytes,
+                    Fp32Bytes(answer->num_elements));
   return answer;
 }
 
@@ -46,6 +45,13 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
       error = NotRegistered();
     } else if (absl::Status s = CheckWorker(w); !s.ok()) {
       error = s;
+    } else if (req.chunk() >= round_.num_chunks()) {
+      error = Reject(v1::REJECT_REASON_INVALID_FIELD,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "chunk is ", req.chunk(), "; expected 0..",
+                         round_.num_chunks() - 1, " (the slice's ",
+                         range_.size(), " elements in chunks of ",
+                         config_.chunk_elements, ")")));
     } else if (leases_.Touch(w),
                req.step() > step_ + policy_.max_pull_ahead()) {
       error = Reject(v1::REJECT_REASON_FUTURE_STEP,
@@ -54,7 +60,7 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
                          step_, ", so at most step ",
                          step_ + policy_.max_pull_ahead(), " can be pulled")));
     } else if (req.step() == step_ + 1 && leases_.live(w) &&
-               !round_.queued(w) &&
+               !round_.queued_any(w) &&
                last_pushed_[w] < static_cast<int64_t>(step_)) {
       // The round cannot complete without this worker's push: waiting would
       // deadlock. Happens when a restart lost the push.
@@ -110,7 +116,7 @@ absl::StatusOr<v1::PullResponse> Shard::PullBlocking(const v1::PullRequest& req,
     result->mu.Await(absl::Condition(&is_done));
   }
   if (!result->status.ok()) return result->status;
-  return *result->answer;
+  return result->answer->Parse();
 }
 
 absl::StatusOr<v1::GetFrozenVarianceResponse> Shard::GetFrozenVariance(

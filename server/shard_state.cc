@@ -22,7 +22,7 @@ v1::GetStatusResponse Shard::Status() {
   r.set_current_step(step_);
   r.set_optimizer(OptimizerName(config_.optimizer.kind));
   r.set_workers_registered(RegisteredCount());
-  r.set_pushes_pending(round_.received());
+  r.set_pushes_pending(round_.workers_in());
   r.set_workers_live(leases_.live_count());
   if (registered_) {
     r.set_stage(optimizer_->stage());
@@ -42,11 +42,6 @@ bool Shard::registered() {
 uint64_t Shard::StateChecksum() {
   absl::MutexLock lock(&mu_);
   return StateChecksumLocked();
-}
-
-uint64_t Shard::paired_sums() {
-  absl::MutexLock lock(&mu_);
-  return round_.paired_sums();
 }
 
 uint64_t Shard::status_hashes() {
@@ -76,7 +71,7 @@ uint64_t Shard::StateChecksumLocked() {
   h.Update(&arrays_hash_, sizeof(arrays_hash_));
   h.Update(last_pushed_.data(), last_pushed_.size() * sizeof(int64_t));
   for (uint32_t w = 0; w < config_.num_workers; ++w) {
-    const bool p = round_.queued(w);
+    const bool p = round_.queued_any(w);
     h.Update(&p, 1);
   }
   return h.Finish();
@@ -84,12 +79,17 @@ uint64_t Shard::StateChecksumLocked() {
 
 void Shard::Shutdown() {
   std::vector<PullWaiters::Waiter> waiters;
+  std::vector<Ready> dropped;
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     reaper_stop_ = true;
     waiters = waiters_.TakeAll();
+    // Queued chunks are acknowledged (their calls end); a checkpoint taken
+    // after this holds the completed rounds only.
+    if (!round_.summing()) dropped = round_.Clear();
   }
+  for (Ready& r : dropped) r();
   if (reaper_) {
     reaper_->join();
     reaper_.reset();

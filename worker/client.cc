@@ -104,6 +104,9 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
     min_step = std::min<uint64_t>(min_step, r.current_step());
     max_step = std::max<uint64_t>(max_step, r.current_step());
   }
+  plans_.assign(n, ChunkPlan());
+  sent_.assign(n, {});
+  sent_space_.assign(n, v1::GRADIENT_SPACE_RAW);
   for (size_t s = 0; s < n; ++s) {
     const v1::RegisterResponse& r = resps[s];
     if (r.shard_begin() != ranges[s].begin || r.shard_end() != ranges[s].end) {
@@ -111,6 +114,8 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
           "shard ", s, " owns [", r.shard_begin(), ", ", r.shard_end(),
           "); expected [", ranges[s].begin, ", ", ranges[s].end, ")"));
     }
+    plans_[s].n = ranges[s].size();
+    if (absl::Status st = SetChunking(s, r); !st.ok()) return st;
   }
   if (max_step > min_step + 1) {
     return absl::FailedPreconditionError(
@@ -151,11 +156,24 @@ v1::OptimizerStage Client::stage() const {
   return v1::OPTIMIZER_STAGE_COMPRESSION;
 }
 
+absl::Status Client::SetChunking(size_t s, const v1::RegisterResponse& resp) {
+  const uint64_t c = resp.chunk_elements();
+  if (c < kMinChunkElements || c > kMaxChunkElements) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", s, " (", calls_->address(s), ") announced chunk_elements ",
+        c, "; expected ", kMinChunkElements, "..", kMaxChunkElements,
+        " (a shard of another pserver version?)"));
+  }
+  plans_[s].chunk_elements = c;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> Client::Rejoin(size_t s, uint64_t resume_step) {
   v1::RegisterRequest req = RegisterRequestFor(s, replica_.slice(s),
                                                resume_step);
   v1::RegisterResponse resp;
   if (absl::Status st = calls_->Register(s, req, &resp); !st.ok()) return st;
+  if (absl::Status st = SetChunking(s, resp); !st.ok()) return st;
   metrics_.CountRejoin();
   if (absl::Status st = SetStage(s, resp.stage()); !st.ok()) return st;
   return resp.current_step();
@@ -190,15 +208,31 @@ absl::Status Client::SetStage(size_t s, v1::OptimizerStage stage) {
   return encoders_[s]->SetStage(stage, *std::move(d));
 }
 
-absl::Status Client::Encode(size_t s, absl::Span<const float> gradient,
-                            v1::PushRequest* req) {
+absl::Status Client::EncodeChunk(size_t s, uint32_t c,
+                                 absl::Span<const float> gradient,
+                                 v1::PushRequest* req) {
   const ShardRange& r = replica_.range(s);
+  const ChunkPlan& plan = plans_[s];
   const uint64_t step = replica_.step();
   req->set_worker_id(options_.worker_id);
   req->set_step(step);
-  const uint64_t seed = MixPair(MixPair(options_.seed, options_.worker_id),
-                                MixPair(step, s));
-  return encoders_[s]->Encode(gradient.subspan(r.begin, r.size()), seed, req);
+  req->set_chunk(c);
+  uint64_t seed = MixPair(MixPair(options_.seed, options_.worker_id),
+                          MixPair(step, s));
+  if (c > 0) seed = MixPair(seed, c);
+  absl::Status st = encoders_[s]->EncodeChunk(
+      gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
+      seed, req);
+  if (!st.ok()) return st;
+  std::vector<v1::EncodedTensor>& kept = sent_[s];
+  if (kept.size() != plan.num_chunks()) kept.resize(plan.num_chunks());
+  if (req->gradient().codec() != v1::CODEC_FP32) {
+    kept[c] = req->gradient();
+  } else {
+    kept[c].Clear();
+  }
+  sent_space_[s] = req->space();
+  return absl::OkStatus();
 }
 
 absl::Status Client::Step(absl::Span<const float> gradient) {
@@ -217,20 +251,32 @@ absl::Status Client::Step(absl::Span<const float> gradient) {
     }
   }
   const size_t n = calls_->size();
-  std::vector<v1::PushRequest> reqs(n);
-  std::vector<v1::PushResponse> resps(n);
-  absl::Time start = absl::Now();
   std::vector<size_t> all(n);
+  std::vector<uint32_t> chunks(n);
   for (size_t s = 0; s < n; ++s) {
     all[s] = s;
-    if (absl::Status st = Encode(s, gradient, &reqs[s]); !st.ok()) return st;
-    metrics_.CountPush(reqs[s].gradient().payload().size(),
-                       Fp32Bytes(replica_.range(s).size()));
+    chunks[s] = plans_[s].num_chunks();
   }
-  metrics_.AddEncodeSeconds(absl::ToDoubleSeconds(absl::Now() - start));
-  start = absl::Now();
-  const PendingPush push{gradient, &reqs};
-  std::vector<absl::Status> pushed = calls_->Push(all, reqs, &resps);
+  // Chunks are encoded just before they are sent, while earlier chunks are
+  // on the wire: the encode time is counted apart from the push time.
+  absl::Duration encoding;
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> pushed = calls_->PushChunks(
+      all, chunks,
+      [&](size_t s, uint32_t c, v1::PushRequest* req) {
+        const absl::Time t = absl::Now();
+        absl::Status st = EncodeChunk(s, c, gradient, req);
+        encoding += absl::Now() - t;
+        if (st.ok()) {
+          metrics_.CountPush(req->gradient().payload().size(),
+                             Fp32Bytes(plans_[s].size(c)));
+        }
+        return st;
+      },
+      [](size_t, uint32_t, const v1::PushResponse&) {
+        return absl::OkStatus();
+      });
+  const PendingPush push{gradient};
   std::vector<bool> snapshot(n, false);
   for (size_t s = 0; s < n; ++s) {
     if (pushed[s].ok()) continue;
@@ -239,10 +285,11 @@ absl::Status Client::Step(absl::Span<const float> gradient) {
     if (absl::Status st = Recover(s, r, push); !st.ok()) return st;
     snapshot[s] = true;  // its replica is not ours any more
   }
-  metrics_.AddPushSeconds(absl::ToDoubleSeconds(absl::Now() - start));
-  start = absl::Now();
+  metrics_.AddEncodeSeconds(absl::ToDoubleSeconds(encoding));
+  metrics_.AddPushSeconds(absl::ToDoubleSeconds(absl::Now() - start - encoding));
+  const absl::Time pull_start = absl::Now();
   absl::Status st = PullAll(replica_.step() + 1, std::move(snapshot), &push);
-  metrics_.AddPullSeconds(absl::ToDoubleSeconds(absl::Now() - start));
+  metrics_.AddPullSeconds(absl::ToDoubleSeconds(absl::Now() - pull_start));
   if (!st.ok()) return st;
   metrics_.CountStep();
   return absl::OkStatus();
@@ -263,14 +310,33 @@ absl::Status Client::Recover(size_t s, Recovery recovery,
   // Another worker already brought the shard past this step: the round
   // this push was for is over (lost on that shard); just pull.
   if (*now > step) return absl::OkStatus();
-  v1::PushRequest& req = (*push.reqs)[s];
-  // A shard that came back in warmup expects the warmup codec in RAW space.
-  if (req.space() != v1::GRADIENT_SPACE_RAW &&
-      encoders_[s]->stage() != v1::OPTIMIZER_STAGE_COMPRESSION) {
-    if (absl::Status e = Encode(s, push.gradient, &req); !e.ok()) return e;
-  }
-  v1::PushResponse resp;
-  return calls_->Push(s, req, &resp);
+  // The same chunks again. A shard that came back in warmup expects the
+  // warmup codec in RAW space: then every chunk is encoded anew, as is an
+  // fp32 chunk (not kept; the same bytes) or any chunk when the shard's
+  // chunking changed.
+  const bool reencode = sent_space_[s] != v1::GRADIENT_SPACE_RAW &&
+                        encoders_[s]->stage() != v1::OPTIMIZER_STAGE_COMPRESSION;
+  const uint32_t chunks = plans_[s].num_chunks();
+  const std::vector<v1::EncodedTensor> kept =
+      sent_[s].size() == chunks ? sent_[s] : std::vector<v1::EncodedTensor>();
+  const v1::GradientSpace space = sent_space_[s];
+  return calls_->PushChunks(
+      {s}, {chunks},
+      [&](size_t, uint32_t c, v1::PushRequest* req) {
+        if (reencode || kept.empty() ||
+            kept[c].codec() == v1::CODEC_UNSPECIFIED) {
+          return EncodeChunk(s, c, push.gradient, req);
+        }
+        req->set_worker_id(options_.worker_id);
+        req->set_step(step);
+        req->set_chunk(c);
+        req->set_space(space);
+        *req->mutable_gradient() = kept[c];
+        return absl::OkStatus();
+      },
+      [](size_t, uint32_t, const v1::PushResponse&) {
+        return absl::OkStatus();
+      })[0];
 }
 
 absl::Status Client::CheckAnswer(size_t s, uint64_t step, bool registering,
@@ -290,32 +356,98 @@ absl::Status Client::CheckAnswer(size_t s, uint64_t step, bool registering,
 absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
                              const PendingPush* push) {
   const size_t n = calls_->size();
-  // Every shard's answer, kept until all verified; the replica stages the
-  // decoded slices (worker/replica.h).
-  std::vector<v1::PullResponse> resps(n);
-  std::vector<bool> ahead(n, false);
+  // What the first chunk of each shard's answer said; every other chunk
+  // must agree (one step, one kind, one checksum).
+  struct Head {
+    bool seen = false;
+    v1::PullKind kind = v1::PULL_KIND_UNSPECIFIED;
+    uint64_t step = 0;
+    uint64_t checksum = 0;
+    v1::OptimizerStage stage = v1::OPTIMIZER_STAGE_UNSPECIFIED;
+    bool ahead = false;
+  };
+  std::vector<Head> head(n);
+  // The replica stages the decoded slices (worker/replica.h); nothing
+  // changes unless every shard's answer verified.
   replica_.BeginUpdate();
   std::vector<size_t> todo(n);
   for (size_t s = 0; s < n; ++s) todo[s] = s;
   for (int attempt = 0; attempt < 4 && !todo.empty(); ++attempt) {
-    std::vector<v1::PullRequest> reqs(n);
+    std::vector<uint32_t> chunks;
     for (size_t s : todo) {
-      v1::PullRequest& q = reqs[s];
-      q.set_worker_id(options_.worker_id);
-      q.set_step(step);
-      q.set_want_snapshot(snapshot[s]);
-      if (!snapshot[s]) {
-        q.set_replica_step(static_cast<int64_t>(replica_.step()));
-        // Verified against the shard when the replica was last committed.
-        q.set_replica_checksum(replica_.checksum(s));
-      } else {
-        q.set_replica_step(-1);
-      }
+      chunks.push_back(plans_[s].num_chunks());
+      head[s] = Head();
     }
-    std::vector<absl::Status> pulled = calls_->Pull(todo, reqs, &resps);
+    // A refusal no retry fixes, per shard (set by `finish`).
+    std::vector<absl::Status> fatal(n);
+    std::vector<absl::Status> pulled = calls_->PullChunks(
+        todo, chunks,
+        [&](size_t s, uint32_t c, v1::PullRequest* q) {
+          q->Clear();
+          q->set_worker_id(options_.worker_id);
+          q->set_step(step);
+          q->set_chunk(c);
+          q->set_want_snapshot(snapshot[s]);
+          if (!snapshot[s]) {
+            q->set_replica_step(static_cast<int64_t>(replica_.step()));
+            // Verified against the shard when the replica was last
+            // committed.
+            q->set_replica_checksum(replica_.checksum(s));
+          } else {
+            q->set_replica_step(-1);
+          }
+          return absl::OkStatus();
+        },
+        [&](size_t s, uint32_t c, const v1::PullResponse& resp) {
+          bool is_ahead = false;
+          if (absl::Status a = CheckAnswer(s, step, push == nullptr, resp,
+                                           &is_ahead);
+              !a.ok()) {
+            fatal[s] = a;
+            return a;
+          }
+          Head& h = head[s];
+          if (!h.seen) {
+            h = Head{true, resp.kind(), resp.step(), resp.replica_checksum(),
+                     resp.stage(), is_ahead};
+          } else if (resp.kind() != h.kind || resp.step() != h.step ||
+                     resp.replica_checksum() != h.checksum) {
+            // The shard moved on between chunks: take a snapshot.
+            return absl::DataLossError(absl::StrCat(
+                "shard ", s, "'s chunks answer different steps or kinds"));
+          }
+          const ChunkPlan& plan = plans_[s];
+          if (resp.chunk() != c) {
+            fatal[s] = absl::InvalidArgumentError(absl::StrCat(
+                "pull from shard ", s, " (", calls_->address(s),
+                "): answered chunk ", resp.chunk(), " for chunk ", c));
+            return fatal[s];
+          }
+          metrics_.CountPull(resp.weights().payload().size(),
+                             Fp32Bytes(plan.size(c)));
+          if (c == 0 && resp.kind() == v1::PULL_KIND_SNAPSHOT) {
+            metrics_.CountSnapshot();
+          }
+          if (absl::Status st =
+                  replica_.StageChunk(s, plan.begin(c), plan.size(c), resp);
+              !st.ok()) {
+            fatal[s] = absl::Status(
+                st.code(), absl::StrCat("pull from shard ", s, " (",
+                                        calls_->address(s), ") chunk ", c,
+                                        ": ", st.message()));
+            return fatal[s];
+          }
+          return absl::OkStatus();
+        });
     std::vector<size_t> again;
     for (size_t i = 0; i < todo.size(); ++i) {
       const size_t s = todo[i];
+      if (!fatal[s].ok()) return fatal[s];
+      if (absl::IsDataLoss(pulled[i])) {
+        metrics_.CountChecksumMismatch();
+        again.push_back(s);
+        continue;
+      }
       if (!pulled[i].ok()) {
         // At Register there is no push to resend: every refusal fails.
         const Recovery r =
@@ -325,26 +457,12 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         again.push_back(s);
         continue;
       }
-      bool is_ahead = false;
-      const v1::PullResponse& resp = resps[s];
-      if (absl::Status a = CheckAnswer(s, step, push == nullptr, resp,
-                                       &is_ahead);
-          !a.ok()) {
-        return a;
-      }
-      ahead[s] = is_ahead;
-      metrics_.CountPull(resp.weights().payload().size(),
-                         Fp32Bytes(replica_.range(s).size()));
-      if (resp.kind() == v1::PULL_KIND_SNAPSHOT) metrics_.CountSnapshot();
-      absl::Status st = replica_.Stage(s, resp);
+      absl::Status st = replica_.FinishStage(s, head[s].checksum);
       if (absl::IsDataLoss(st)) {
         metrics_.CountChecksumMismatch();
         again.push_back(s);
       } else if (!st.ok()) {
-        return absl::Status(st.code(),
-                            absl::StrCat("pull from shard ", s, " (",
-                                         calls_->address(s), "): ",
-                                         st.message()));
+        return st;
       }
     }
     todo = std::move(again);
@@ -360,16 +478,16 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
   // past the freeze; the next push follows the lagging shards.
   std::vector<std::optional<Preconditioner>> d(n);
   for (size_t s = 0; s < n; ++s) {
-    if (ahead[s]) continue;
+    if (head[s].ahead) continue;
     absl::StatusOr<std::optional<Preconditioner>> p =
-        PrepareStage(s, resps[s].stage());
+        PrepareStage(s, head[s].stage);
     if (!p.ok()) return p.status();
     d[s] = *std::move(p);
   }
   replica_.Commit(step);
   for (size_t s = 0; s < n; ++s) {
-    if (ahead[s]) continue;
-    if (absl::Status st = encoders_[s]->SetStage(resps[s].stage(),
+    if (head[s].ahead) continue;
+    if (absl::Status st = encoders_[s]->SetStage(head[s].stage,
                                                  std::move(d[s]));
         !st.ok()) {
       return st;

@@ -45,6 +45,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/chunking.h"
 #include "common/layout.h"
 #include "common/tls.h"
 #include "prometheus/registry.h"
@@ -151,15 +152,21 @@ class Client {
   absl::Status RestoreState(absl::string_view record, absl::string_view source);
 
  private:
-  // The push of the step in progress, for resending it after a rejoin.
+  // The push of the step in progress, for resending it after a rejoin
+  // (its encoded chunks are in sent_).
   struct PendingPush {
     absl::Span<const float> gradient;
-    std::vector<v1::PushRequest>* reqs;
   };
 
   Client(const ClientOptions& options, prometheus::Registry* registry);
-  absl::Status Encode(size_t s, absl::Span<const float> gradient,
-                      v1::PushRequest* req);
+  // Fills req with chunk c of shard s's slice of `gradient`, encoded (the
+  // residual of that piece moves on), and keeps a lossy encoding in sent_.
+  absl::Status EncodeChunk(size_t s, uint32_t c,
+                           absl::Span<const float> gradient,
+                           v1::PushRequest* req);
+  // Sets chunk_elements announced by shard s; FAILED_PRECONDITION when out
+  // of the bounds in common/chunking.h.
+  absl::Status SetChunking(size_t s, const v1::RegisterResponse& resp);
   // Carries out `recovery` for shard s, which refused a call of the step in
   // progress: registers again (and for kRejoinAndResend pushes `push` again,
   // re-encoded if the shard's stage changed). The shard is then pulled as a
@@ -194,6 +201,12 @@ class Client {
   ClientMetrics metrics_;
   std::unique_ptr<ShardCalls> calls_;
   std::vector<std::unique_ptr<PushEncoder>> encoders_;  // per shard
+  std::vector<ChunkPlan> plans_;                         // per shard
+  // Per shard: the step's encoded chunks, kept to resend them unchanged to
+  // a shard that restarted (a lossy codec's residual has moved on); an
+  // fp32 chunk is not kept (re-encoding it gives the same bytes).
+  std::vector<std::vector<v1::EncodedTensor>> sent_;
+  std::vector<v1::GradientSpace> sent_space_;
   Replica replica_;
   bool registered_ = false;
   v1::ModelLayout layout_;

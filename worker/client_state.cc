@@ -105,8 +105,9 @@ absl::Status Client::RestoreState(absl::string_view record,
     const ShardRange& r = replica_.range(s);
     if (!c.Num(&b) || !c.Num(&e) || !c.Num(&stage) || b != r.begin ||
         e != r.end || !c.Floats(&warm[s]) || !c.Floats(&push[s]) ||
-        warm[s].size() != enc.warmup_ef().size() ||
-        push[s].size() != enc.push_ef().size()) {
+        // An empty residual is all zeros (error_feedback.h).
+        (!warm[s].empty() && warm[s].size() != enc.warmup_ef().size()) ||
+        (!push[s].empty() && push[s].size() != enc.push_ef().size())) {
       return absl::DataLossError(
           absl::StrCat(path, ": shard ", s, " does not match this model"));
     }

@@ -28,13 +28,15 @@ absl::StatusOr<Preconditioner> Preconditioner::FromFrozenVariance(
           resp.eps(), "; expected v >= 0 and sqrt(v) + eps > 0"));
     }
   }
-  p.scratch_.resize(n);
   return p;
 }
 
-absl::Span<const float> Preconditioner::Apply(absl::Span<const float> g) {
-  for (size_t i = 0; i < g.size(); ++i) scratch_[i] = d_[i] * g[i];
-  return scratch_;
+absl::Span<const float> Preconditioner::Apply(absl::Span<const float> g,
+                                              size_t offset) {
+  if (scratch_.size() < g.size()) scratch_.resize(g.size());
+  const float* d = d_.data() + offset;
+  for (size_t i = 0; i < g.size(); ++i) scratch_[i] = d[i] * g[i];
+  return absl::MakeConstSpan(scratch_).subspan(0, g.size());
 }
 
 void Preconditioner::ScaleInPlace(absl::Span<float> v) const {

@@ -26,15 +26,16 @@ class Preconditioner {
       const v1::GetFrozenVarianceResponse& resp, size_t n);
 
   size_t size() const { return d_.size(); }
-  // D ⊙ g, in a buffer this object owns (valid until the next Apply).
-  // REQUIRES: g.size() == size().
-  absl::Span<const float> Apply(absl::Span<const float> g);
+  // D[offset, offset + g.size()) ⊙ g, in a buffer this object owns (valid
+  // until the next Apply; it grows to the largest piece asked for).
+  // REQUIRES: offset + g.size() <= size().
+  absl::Span<const float> Apply(absl::Span<const float> g, size_t offset = 0);
   // v = D ⊙ v. REQUIRES: v.size() == size().
   void ScaleInPlace(absl::Span<float> v) const;
 
  private:
   std::vector<float> d_;
-  std::vector<float> scratch_;  // D ⊙ g
+  std::vector<float> scratch_;  // D ⊙ g of the last piece
 };
 
 }  // namespace pserver

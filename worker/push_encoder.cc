@@ -40,16 +40,26 @@ PushEncoder::PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
 
 absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t seed,
                                  v1::PushRequest* req) {
+  if (g.size() != n_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient slice has ", g.size(), " elements; expected ", n_));
+  }
+  return EncodeChunk(g, 0, seed, req);
+}
+
+absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
+                                      uint64_t offset, uint64_t seed,
+                                      v1::PushRequest* req) {
   const bool compressing = stage_ == v1::OPTIMIZER_STAGE_COMPRESSION;
   if (compressing && space_ == v1::GRADIENT_SPACE_PRECONDITIONED) {
     // No D only for an empty slice (needs_preconditioner() is false).
-    if (d_.has_value()) g = d_->Apply(g);
+    if (d_.has_value()) g = d_->Apply(g, offset);
     req->set_space(v1::GRADIENT_SPACE_PRECONDITIONED);
   } else {
     req->set_space(v1::GRADIENT_SPACE_RAW);
   }
   ErrorFeedback& ef = !freezes_ || compressing ? *push_ef_ : *warmup_ef_;
-  return ef.Encode(g, seed, req->mutable_gradient());
+  return ef.EncodeAt(offset, g, seed, req->mutable_gradient());
 }
 
 absl::Status PushEncoder::SetStage(v1::OptimizerStage stage,
@@ -59,9 +69,10 @@ absl::Status PushEncoder::SetStage(v1::OptimizerStage stage,
     if (d.has_value()) {
       // Carry the warmup residual over into the compression-stage residual
       // (in its space), so nothing the warmup codec dropped is lost.
+      // (An empty residual is all zeros: nothing to carry.)
       absl::Span<const float> e = warmup_ef_->residual();
       std::vector<float> moved(e.begin(), e.end());
-      if (space_ == v1::GRADIENT_SPACE_PRECONDITIONED) {
+      if (space_ == v1::GRADIENT_SPACE_PRECONDITIONED && !moved.empty()) {
         d->ScaleInPlace(absl::MakeSpan(moved));
       }
       if (absl::Status s = push_ef_->SetResidual(moved); !s.ok()) return s;

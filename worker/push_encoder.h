@@ -48,6 +48,10 @@ class PushEncoder {
   // REQUIRES: g.size() == n.
   absl::Status Encode(absl::Span<const float> g, uint64_t seed,
                       v1::PushRequest* req);
+  // The same for one chunk: `g` is the slice's elements [offset, offset +
+  // g.size()); only that piece of the residual changes.
+  absl::Status EncodeChunk(absl::Span<const float> g, uint64_t offset,
+                           uint64_t seed, v1::PushRequest* req);
 
   v1::OptimizerStage stage() const { return stage_; }
   // Whether entering the compression stage needs the shard's frozen

@@ -28,28 +28,50 @@ void Replica::BeginUpdate() {
 
 absl::Status Replica::Stage(size_t s, const v1::PullResponse& resp) {
   staged_[s] = false;
+  if (absl::Status st = StageChunk(s, 0, ranges_[s].size(), resp); !st.ok()) {
+    return st;
+  }
+  return FinishStage(s, resp.replica_checksum());
+}
+
+absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
+                                 const v1::PullResponse& resp) {
+  staged_[s] = false;
   const ShardRange& r = ranges_[s];
-  absl::Span<float> out = absl::MakeSpan(staging_).subspan(r.begin, r.size());
+  if (offset > r.size() || size > r.size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk [", offset, ", ", offset + size, ") is outside shard ", s,
+        "'s ", r.size(), " elements"));
+  }
+  absl::Span<float> out =
+      absl::MakeSpan(staging_).subspan(r.begin + offset, size);
   if (resp.kind() != v1::PULL_KIND_SNAPSHOT &&
       resp.kind() != v1::PULL_KIND_DELTA) {
     return absl::InvalidArgumentError("pull response kind is unspecified");
   }
   // Checked once, then decoded with the codec's shared decoder: nothing is
   // allocated per pull.
-  absl::StatusOr<ValidatedTensor> valid = ValidateTensor(resp.weights(), r.size());
+  absl::StatusOr<ValidatedTensor> valid = ValidateTensor(resp.weights(), size);
   if (!valid.ok()) return valid.status();
   if (resp.kind() == v1::PULL_KIND_SNAPSHOT) {
     valid->DecodeInto(out);
   } else {
-    absl::Span<const float> now = slice(s);
+    absl::Span<const float> now = slice(s).subspan(offset, size);
     std::copy(now.begin(), now.end(), out.begin());
     valid->AccumulateInto(1.0f, out);
   }
-  if (ChecksumOf(out) != resp.replica_checksum()) {
+  return absl::OkStatus();
+}
+
+absl::Status Replica::FinishStage(size_t s, uint64_t checksum) {
+  const ShardRange& r = ranges_[s];
+  absl::Span<const float> out =
+      absl::MakeConstSpan(staging_).subspan(r.begin, r.size());
+  if (ChecksumOf(out) != checksum) {
     return absl::DataLossError(absl::StrCat(
         "replica of shard ", s, " does not match the shard's checksum"));
   }
-  staged_checksums_[s] = resp.replica_checksum();
+  staged_checksums_[s] = checksum;
   staged_[s] = true;
   return absl::OkStatus();
 }

@@ -54,6 +54,13 @@ class Replica {
   // does not decode (or its kind is unspecified); DATA_LOSS when the result
   // does not match resp.replica_checksum(). On error shard s is not staged.
   absl::Status Stage(size_t s, const v1::PullResponse& resp);
+  // The same in chunks: StageChunk decodes one chunk's answer (elements
+  // [offset, offset + size) of slice s) into the staging buffer; once every
+  // chunk is in, FinishStage checks the staged slice against `checksum` and
+  // marks it staged. INVALID_ARGUMENT / DATA_LOSS as Stage.
+  absl::Status StageChunk(size_t s, uint64_t offset, uint64_t size,
+                          const v1::PullResponse& resp);
+  absl::Status FinishStage(size_t s, uint64_t checksum);
   bool staged(size_t s) const { return staged_[s]; }
   // Makes every staged slice the replica, at `step`. REQUIRES: every shard
   // staged since BeginUpdate().

@@ -1,10 +1,12 @@
 #include "worker/shard_calls.h"
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/rejection.h"
@@ -35,6 +37,21 @@ ShardCalls::ShardCalls(const ShardCallOptions& options, ClientMetrics* metrics)
     stubs_.push_back(v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
         address, MakeChannelCredentials(options.security), args)));
   }
+}
+
+ShardCalls::~ShardCalls() = default;
+
+absl::Status ShardCalls::CallError(const char* method, size_t s,
+                                   const grpc::Status& status,
+                                   const grpc::ClientContext& ctx) const {
+  absl::Status st = FromGrpcStatus(status, ctx);
+  absl::Status prefixed(st.code(),
+                        absl::StrCat(method, " to shard ", s, " (", address(s),
+                                     "): ", st.message()));
+  const v1::RejectReason reason = ReasonOf(st);
+  return reason == v1::REJECT_REASON_UNSPECIFIED
+             ? prefixed
+             : Reject(reason, std::move(prefixed));
 }
 
 std::vector<absl::Status> ShardCalls::CallEach(
@@ -69,14 +86,7 @@ std::vector<absl::Status> ShardCalls::CallEach(
       } else if (Retriable(result[i]) && absl::Now() < give_up) {
         again.push_back(pending[i]);
       } else {
-        absl::Status st = FromGrpcStatus(result[i], *ctx[i]);
-        absl::Status prefixed(
-            st.code(), absl::StrCat(method, " to shard ", shard, " (",
-                                    address(shard), "): ", st.message()));
-        const v1::RejectReason reason = ReasonOf(st);
-        out[pending[i]] = reason == v1::REJECT_REASON_UNSPECIFIED
-                              ? std::move(prefixed)
-                              : Reject(reason, std::move(prefixed));
+        out[pending[i]] = CallError(method, shard, result[i], *ctx[i]);
       }
     }
     if (again.empty()) break;
@@ -144,6 +154,164 @@ absl::Status ShardCalls::GetFrozenVariance(
                     stubs_[s]->async()->GetFrozenVariance(ctx, &req, resp,
                                                           std::move(done));
                   })[0];
+}
+
+template <class Req, class Resp>
+struct ShardCalls::Slots {
+  struct Slot {
+    Req req;
+    Resp resp;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    uint32_t chunk = 0;
+    bool busy = false;   // holds a chunk: in flight or waiting to be resent
+    bool retry = false;  // waiting to be resent at retry_at
+    absl::Time retry_at;
+    absl::Duration backoff = absl::Milliseconds(50);
+  };
+  Slot slot[kWindow];
+};
+
+template <class Req, class Resp, class Issue>
+std::vector<absl::Status> ShardCalls::CallChunks(
+    const char* method, absl::Duration attempt_timeout,
+    const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
+    std::vector<std::unique_ptr<Slots<Req, Resp>>>* slots,
+    absl::FunctionRef<absl::Status(size_t, uint32_t, Req*)> prepare,
+    absl::FunctionRef<absl::Status(size_t, uint32_t, const Resp&)> finish,
+    Issue issue) {
+  struct Event {
+    size_t i;  // index into shards
+    int k;     // slot
+    grpc::Status status;
+  };
+  // Filled by gRPC's threads, drained by this one.
+  absl::Mutex mu;
+  absl::CondVar cv;
+  std::deque<Event> events;
+
+  const size_t m = shards.size();
+  if (slots->size() < stubs_.size()) slots->resize(stubs_.size());
+  for (size_t s : shards) {
+    if ((*slots)[s] == nullptr) (*slots)[s] = std::make_unique<Slots<Req, Resp>>();
+  }
+  std::vector<absl::Status> out(m);
+  std::vector<uint32_t> next(m, 0);
+  std::vector<int> in_flight(m, 0);
+  const absl::Time give_up = absl::Now() + options_.retry_budget;
+  auto slot_of = [&](size_t i, int k) -> typename Slots<Req, Resp>::Slot& {
+    return (*slots)[shards[i]]->slot[k];
+  };
+  auto send = [&](size_t i, int k) {
+    auto& slot = slot_of(i, k);
+    slot.ctx = std::make_unique<grpc::ClientContext>();
+    slot.ctx->set_deadline(absl::ToChronoTime(absl::Now() + attempt_timeout));
+    slot.ctx->set_wait_for_ready(true);
+    ++in_flight[i];
+    issue(shards[i], slot.ctx.get(), &slot.req, &slot.resp,
+          [&mu, &cv, &events, i, k](grpc::Status st) {
+            absl::MutexLock l(&mu);
+            events.push_back(Event{i, k, std::move(st)});
+            cv.Signal();
+          });
+  };
+  auto fail = [&](size_t i, absl::Status st) {
+    if (!out[i].ok()) return;
+    out[i] = std::move(st);
+    // Stop what is still in flight for this shard: its step failed.
+    for (int k = 0; k < kWindow; ++k) {
+      auto& slot = slot_of(i, k);
+      if (slot.busy && !slot.retry && slot.ctx != nullptr) slot.ctx->TryCancel();
+    }
+  };
+  while (true) {
+    const absl::Time now = absl::Now();
+    absl::Time wake = absl::InfiniteFuture();
+    bool waiting = false;
+    for (size_t i = 0; i < m; ++i) {
+      for (int k = 0; k < kWindow; ++k) {
+        auto& slot = slot_of(i, k);
+        if (!slot.busy || !slot.retry) continue;
+        if (!out[i].ok()) {
+          slot.retry = slot.busy = false;
+        } else if (slot.retry_at <= now) {
+          slot.retry = false;
+          send(i, k);
+        } else {
+          wake = std::min(wake, slot.retry_at);
+          waiting = true;
+        }
+      }
+      for (int k = 0; k < kWindow && out[i].ok() && next[i] < chunks[i]; ++k) {
+        auto& slot = slot_of(i, k);
+        if (slot.busy) continue;
+        slot.chunk = next[i];
+        slot.backoff = absl::Milliseconds(50);
+        if (absl::Status st = prepare(shards[i], next[i], &slot.req); !st.ok()) {
+          fail(i, std::move(st));
+          break;
+        }
+        slot.busy = true;
+        ++next[i];
+        send(i, k);
+      }
+      if (in_flight[i] > 0) waiting = true;
+    }
+    if (!waiting) break;
+    Event ev;
+    {
+      absl::MutexLock l(&mu);
+      while (events.empty()) {
+        if (cv.WaitWithDeadline(&mu, wake)) break;  // a retry is due
+      }
+      if (events.empty()) continue;
+      ev = std::move(events.front());
+      events.pop_front();
+    }
+    --in_flight[ev.i];
+    auto& slot = slot_of(ev.i, ev.k);
+    if (ev.status.ok()) {
+      slot.busy = false;
+      if (out[ev.i].ok()) {
+        if (absl::Status st = finish(shards[ev.i], slot.chunk, slot.resp);
+            !st.ok()) {
+          fail(ev.i, std::move(st));
+        }
+      }
+    } else if (out[ev.i].ok() && Retriable(ev.status) && absl::Now() < give_up) {
+      slot.retry = true;
+      slot.retry_at = absl::Now() + slot.backoff;
+      slot.backoff = std::min(slot.backoff * 2, absl::Seconds(2));
+      metrics_->CountRetries(1);
+    } else {
+      slot.busy = false;
+      fail(ev.i, CallError(method, shards[ev.i], ev.status, *slot.ctx));
+    }
+  }
+  return out;
+}
+
+std::vector<absl::Status> ShardCalls::PushChunks(
+    const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
+    PreparePush prepare, FinishPush finish) {
+  return CallChunks<v1::PushRequest, v1::PushResponse>(
+      "Push", options_.rpc_timeout, shards, chunks, &push_slots_, prepare,
+      finish,
+      [this](size_t s, grpc::ClientContext* ctx, const v1::PushRequest* req,
+             v1::PushResponse* resp, Done done) {
+        stubs_[s]->async()->Push(ctx, req, resp, std::move(done));
+      });
+}
+
+std::vector<absl::Status> ShardCalls::PullChunks(
+    const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
+    PreparePull prepare, FinishPull finish) {
+  return CallChunks<v1::PullRequest, v1::PullResponse>(
+      "Pull", options_.pull_timeout, shards, chunks, &pull_slots_, prepare,
+      finish,
+      [this](size_t s, grpc::ClientContext* ctx, const v1::PullRequest* req,
+             v1::PullResponse* resp, Done done) {
+        stubs_[s]->async()->Pull(ctx, req, resp, std::move(done));
+      });
 }
 
 }  // namespace pserver

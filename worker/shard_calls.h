@@ -14,6 +14,7 @@
 #define PSERVER_WORKER_SHARD_CALLS_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,8 @@ class ShardCalls {
   static std::unique_ptr<ShardCalls> Create(const ShardCallOptions& options,
                                             ClientMetrics* metrics);
 
+  ~ShardCalls();
+
   size_t size() const { return stubs_.size(); }
   const std::string& address(size_t s) const { return options_.addresses[s]; }
 
@@ -77,6 +80,34 @@ class ShardCalls {
                                  const v1::GetFrozenVarianceRequest& req,
                                  v1::GetFrozenVarianceResponse* resp);
 
+  // Chunked pushes and pulls (parameter_server.proto, "Chunks"): for every
+  // shard s in `shards`, one call per chunk 0 .. chunks[s] - 1, at most
+  // `window` in flight per shard and all shards at once. `prepare(s, c,
+  // req)` fills chunk c's request on the calling thread just before it is
+  // sent, in chunk order, so encoding chunk c + 1 overlaps chunk c on the
+  // wire; `finish(s, c, resp)` runs on the calling thread as answers
+  // arrive, so decoding overlaps the chunks still on the wire. An error from
+  // either stops that shard's calls (the others go on). Retriable failures
+  // are sent again, unchanged, within the retry budget. The request and
+  // response objects are reused across calls (no per-step allocation).
+  // Returns one status per entry of `shards`.
+  using PreparePush =
+      absl::FunctionRef<absl::Status(size_t s, uint32_t c, v1::PushRequest*)>;
+  using FinishPush = absl::FunctionRef<absl::Status(
+      size_t s, uint32_t c, const v1::PushResponse&)>;
+  using PreparePull =
+      absl::FunctionRef<absl::Status(size_t s, uint32_t c, v1::PullRequest*)>;
+  using FinishPull = absl::FunctionRef<absl::Status(
+      size_t s, uint32_t c, const v1::PullResponse&)>;
+  std::vector<absl::Status> PushChunks(const std::vector<size_t>& shards,
+                                       const std::vector<uint32_t>& chunks,
+                                       PreparePush prepare, FinishPush finish);
+  std::vector<absl::Status> PullChunks(const std::vector<size_t>& shards,
+                                       const std::vector<uint32_t>& chunks,
+                                       PreparePull prepare, FinishPull finish);
+  // Chunk calls in flight per shard.
+  static constexpr int kWindow = 4;
+
  private:
   using Done = std::function<void(grpc::Status)>;
   // Issues shard s's attempt on `ctx`; `done` runs when it finished.
@@ -84,6 +115,20 @@ class ShardCalls {
       absl::FunctionRef<void(size_t s, grpc::ClientContext* ctx, Done done)>;
 
   ShardCalls(const ShardCallOptions& options, ClientMetrics* metrics);
+  template <class Req, class Resp>
+  struct Slots;
+  template <class Req, class Resp, class Issue>
+  std::vector<absl::Status> CallChunks(
+      const char* method, absl::Duration attempt_timeout,
+      const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
+      std::vector<std::unique_ptr<Slots<Req, Resp>>>* slots,
+      absl::FunctionRef<absl::Status(size_t, uint32_t, Req*)> prepare,
+      absl::FunctionRef<absl::Status(size_t, uint32_t, const Resp&)> finish,
+      Issue issue);
+  // An error status for a failed call to shard s.
+  absl::Status CallError(const char* method, size_t s,
+                         const grpc::Status& status,
+                         const grpc::ClientContext& ctx) const;
   std::vector<absl::Status> CallEach(const std::vector<size_t>& shards,
                                      absl::Duration attempt_timeout,
                                      const char* method, Start start);
@@ -91,6 +136,11 @@ class ShardCalls {
   const ShardCallOptions options_;
   ClientMetrics* const metrics_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  // Per shard: the chunk calls' reusable requests and responses.
+  std::vector<std::unique_ptr<Slots<v1::PushRequest, v1::PushResponse>>>
+      push_slots_;
+  std::vector<std::unique_ptr<Slots<v1::PullRequest, v1::PullResponse>>>
+      pull_slots_;
 };
 
 }  // namespace pserver

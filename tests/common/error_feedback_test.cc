@@ -19,6 +19,13 @@ using testing_util::RandomVector;
 
 class ErrorFeedbackAllCodecs : public ::testing::TestWithParam<CodecCase> {};
 
+// The residual as n values (an empty residual is all zeros).
+std::vector<float> Residual(const ErrorFeedback& ef) {
+  absl::Span<const float> r = ef.residual();
+  if (r.empty()) return std::vector<float>(ef.size(), 0.0f);
+  return std::vector<float>(r.begin(), r.end());
+}
+
 // sum_t decode(c_t) + e_T == sum_t g_t (decay 1): nothing is ever lost.
 TEST_P(ErrorFeedbackAllCodecs, TelescopingIdentityOver1000Steps) {
   constexpr size_t kN = 1000;
@@ -40,8 +47,9 @@ TEST_P(ErrorFeedbackAllCodecs, TelescopingIdentityOver1000Steps) {
     }
   }
   double worst = 0;
+  const std::vector<float> e = Residual(ef);
   for (size_t i = 0; i < kN; ++i) {
-    worst = std::max(worst, std::fabs(sum_out[i] + ef.residual()[i] - sum_in[i]));
+    worst = std::max(worst, std::fabs(sum_out[i] + e[i] - sum_in[i]));
   }
   // Each step adds one fp32 rounding of u - decode(u) (|u| ~ a few units).
   EXPECT_LT(worst, 1e-3) << "max |sum of inputs| " << max_abs_in;
@@ -55,15 +63,59 @@ TEST_P(ErrorFeedbackAllCodecs, RejectedInputLeavesResidualUnchanged) {
   for (int step = 0; step < 3; ++step) {
     ASSERT_TRUE(ef.Encode(RandomVector(300, step), step, &t).ok());
   }
-  std::vector<float> before(ef.residual().begin(), ef.residual().end());
+  const std::vector<float> before = Residual(ef);
   std::vector<float> g = RandomVector(300, 9);
   g[3] = NAN;
   absl::Status s = ef.Encode(g, 4, &t);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_EQ(0, std::memcmp(before.data(), ef.residual().data(), 300 * 4));
+  ASSERT_EQ(0, std::memcmp(before.data(), Residual(ef).data(), 300 * 4));
   s = ef.Encode(RandomVector(299, 1), 4, &t);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_EQ(0, std::memcmp(before.data(), ef.residual().data(), 300 * 4));
+  ASSERT_EQ(0, std::memcmp(before.data(), Residual(ef).data(), 300 * 4));
+  // A piece outside the residual is refused the same way.
+  s = ef.EncodeAt(200, RandomVector(101, 1), 4, &t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(0, std::memcmp(before.data(), Residual(ef).data(), 300 * 4));
+}
+
+// Encoding a stream in pieces (chunks of a push) that start on block
+// boundaries gives the bytes and the residual of encoding it whole, piece by
+// piece: each piece reads and writes only its own part of the residual.
+TEST_P(ErrorFeedbackAllCodecs, PiecesReadAndWriteOnlyTheirOwnResidual) {
+  auto codec = MustMake(GetParam().codec, GetParam().params);
+  constexpr size_t kN = 1024, kPiece = 256;
+  ErrorFeedback whole(codec.get(), kN, 0.5f);
+  ErrorFeedback pieces(codec.get(), kN, 0.5f);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = RandomVector(kN, 50 + step);
+    for (size_t b = 0; b < kN; b += kPiece) {
+      const absl::Span<const float> piece = absl::MakeConstSpan(g).subspan(b, kPiece);
+      // Reference: a residual of this piece only.
+      v1::EncodedTensor t_whole, t_piece;
+      ASSERT_TRUE(pieces.EncodeAt(b, piece, step * 10 + b, &t_piece).ok());
+      ErrorFeedback one(codec.get(), kPiece, 0.5f);
+      std::vector<float> e = Residual(whole);
+      ASSERT_TRUE(one.SetResidual(absl::MakeConstSpan(e).subspan(b, kPiece)).ok());
+      ASSERT_TRUE(one.Encode(piece, step * 10 + b, &t_whole).ok());
+      EXPECT_EQ(t_piece.SerializeAsString(), t_whole.SerializeAsString());
+      std::vector<float> next = Residual(one);
+      std::copy(next.begin(), next.end(), e.begin() + b);
+      ASSERT_TRUE(whole.SetResidual(e).ok());
+    }
+    EXPECT_EQ(Residual(pieces), Residual(whole));
+  }
+}
+
+TEST(ErrorFeedback, LosslessCodecNeverAllocatesAResidual) {
+  auto codec = MustMake(v1::CODEC_FP32, v1::CodecParams());
+  ErrorFeedback ef(codec.get(), 1000);
+  v1::EncodedTensor t;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(ef.EncodeAt(500, RandomVector(500, step), step, &t).ok());
+  }
+  EXPECT_TRUE(ef.residual().empty());
+  EXPECT_EQ(ef.size(), 1000u);
+  EXPECT_EQ(ef.ResidualNorm(), 0.0);
 }
 
 // The stateless step refuses bad buffers or decay before touching anything.

@@ -84,8 +84,8 @@ void LoadAndRun(const std::string& bytes, const ShardState& s, bool onebit) {
                                                  PullAnswer answer) {
     answered = true;
     // What a worker does with it.
-    if (answer != nullptr && answer->has_weights()) {
-      const v1::PullResponse& r = *answer;
+    if (answer != nullptr) {
+      const v1::PullResponse r = answer->Parse();
       auto dec = MakeDecoderFor(r.weights());
       if (dec.ok() && r.weights().num_elements() <= kMaxDecodeElements) {
         std::vector<float> x(r.weights().num_elements());

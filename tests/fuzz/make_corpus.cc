@@ -242,7 +242,7 @@ ShardState SmallState(uint32_t kind, bool with_delta) {
   if (with_delta) {
     v1::CodecParams p;
     p.set_block_size(16);
-    st.delta = Encode(v1::CODEC_ONEBIT, p, Values(32, 15));
+    st.delta = {Encode(v1::CODEC_ONEBIT, p, Values(32, 15))};
   }
   return st;
 }

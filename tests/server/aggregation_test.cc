@@ -1,5 +1,8 @@
-// Large shards sum two pushes at once (one on a second core); the result
-// must be bit-identical to summing one push at a time in worker order.
+// Chunked rounds: each chunk is summed in worker-id order whatever order the
+// chunks arrive in (several workers interleaved, chunks out of order), so the
+// shard's state is bit-identical to pushes arriving in worker order; and for
+// a codec whose encoding does not depend on where chunks start (fp32), the
+// chunked round equals the one-chunk round.
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/shard.h"
@@ -11,7 +14,7 @@ namespace {
 using testing_util::Gradient;
 using testing_util::PushRequestFor;
 
-constexpr uint64_t kBig = (uint64_t{1} << 17) + 1000;  // above the pair threshold
+constexpr uint64_t kBig = (uint64_t{1} << 14) + 1000;
 
 v1::RegisterRequest BigRegister(uint32_t w) {
   v1::RegisterRequest r;
@@ -26,47 +29,87 @@ v1::RegisterRequest BigRegister(uint32_t w) {
   return r;
 }
 
-// Returns the state checksum; *paired counts the pairwise sums taken.
-uint64_t RunRounds(v1::Codec codec, const std::vector<uint32_t>& order,
-                   uint64_t* paired) {
+// One (worker, chunk) push of the arrival order.
+struct Arrival {
+  uint32_t worker;
+  uint32_t chunk;
+};
+
+// Runs 3 rounds; in each the (worker, chunk) pushes arrive in `order` (which
+// must name every pair once). Returns the state checksum.
+uint64_t RunRounds(v1::Codec codec, uint64_t chunk_elements,
+                   const std::vector<Arrival>& order) {
   ShardConfig c;
   c.num_workers = 4;
   c.optimizer.kind = OptimizerKind::kAdam;
+  c.chunk_elements = chunk_elements;
   auto shard = Shard::Create(c, nullptr);
   EXPECT_TRUE(shard.ok());
-  for (uint32_t w = 0; w < 4; ++w) EXPECT_TRUE((*shard)->Register(BigRegister(w)).ok());
+  for (uint32_t w = 0; w < 4; ++w) {
+    auto r = (*shard)->Register(BigRegister(w));
+    EXPECT_TRUE(r.ok());
+    EXPECT_EQ(r->chunk_elements(), chunk_elements);
+  }
+  const ChunkPlan plan{kBig, chunk_elements};
   v1::CodecParams params;
   params.set_k_fraction(0.01);
   auto enc = MakeCodec(codec, params);
   EXPECT_TRUE(enc.ok());
   for (uint64_t step = 0; step < 3; ++step) {
-    for (uint32_t w : order) {
+    EXPECT_EQ(order.size(), 4u * plan.num_chunks());
+    for (const Arrival& a : order) {
+      const std::vector<float> g = Gradient(kBig, a.worker, step);
       v1::EncodedTensor t;
-      EXPECT_TRUE((*enc)->Encode(Gradient(kBig, w, step), w + 10 * step, &t).ok());
-      auto r = (*shard)->Push(PushRequestFor(w, step, t));
+      EXPECT_TRUE((*enc)
+                      ->Encode(absl::MakeConstSpan(g).subspan(
+                                   plan.begin(a.chunk), plan.size(a.chunk)),
+                               a.worker + 10 * step + 100 * a.chunk, &t)
+                      .ok());
+      v1::PushRequest req = PushRequestFor(a.worker, step, t);
+      req.set_chunk(a.chunk);
+      auto r = (*shard)->Push(req);
       EXPECT_TRUE(r.ok()) << r.status();
     }
   }
   EXPECT_EQ((*shard)->Status().current_step(), 3u);
-  *paired = (*shard)->paired_sums();
   return (*shard)->Status().state_checksum();
 }
 
-TEST(Aggregation, PairedDecodeEqualsOneAtATimeInWorkerOrder) {
+std::vector<Arrival> InOrder(uint32_t chunks) {
+  std::vector<Arrival> out;
+  for (uint32_t w = 0; w < 4; ++w) {
+    for (uint32_t c = 0; c < chunks; ++c) out.push_back({w, c});
+  }
+  return out;
+}
+
+TEST(Aggregation, ChunksAreSummedInWorkerOrderWhateverTheArrivalOrder) {
+  constexpr uint64_t kChunk = 4096;  // 5 chunks, the last one short
+  const uint32_t chunks = ChunkPlan{kBig, kChunk}.num_chunks();
+  ASSERT_EQ(chunks, 5u);
+  // Workers backwards, each chunk backwards: every chunk waits in the queue
+  // until worker 0's arrives.
+  std::vector<Arrival> reversed;
+  for (uint32_t w = 4; w-- > 0;) {
+    for (uint32_t c = chunks; c-- > 0;) reversed.push_back({w, c});
+  }
+  // Interleaved as from four connections at once.
+  std::vector<Arrival> interleaved;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    for (uint32_t w : {2u, 0u, 3u, 1u}) interleaved.push_back({w, (c + w) % chunks});
+  }
   for (v1::Codec codec : {v1::CODEC_FP32, v1::CODEC_ONEBIT, v1::CODEC_TOPK,
                           v1::CODEC_BF16}) {
-    uint64_t pairs_seq = 0, pairs_rev = 0, pairs_mixed = 0;
-    // In order: each push is summed as it arrives, one at a time.
-    uint64_t sequential = RunRounds(codec, {0, 1, 2, 3}, &pairs_seq);
-    // Reversed: all four are queued when worker 0 arrives, summed in pairs.
-    uint64_t paired = RunRounds(codec, {3, 2, 1, 0}, &pairs_rev);
-    uint64_t mixed = RunRounds(codec, {1, 0, 3, 2}, &pairs_mixed);
-    EXPECT_EQ(pairs_seq, 0u);
-    EXPECT_EQ(pairs_rev, 2u * 3);  // (0,1) and (2,3) in each of 3 rounds
-    EXPECT_GT(pairs_mixed, 0u);
-    EXPECT_EQ(paired, sequential) << CodecName(codec);
-    EXPECT_EQ(mixed, sequential) << CodecName(codec);
+    const uint64_t in_order = RunRounds(codec, kChunk, InOrder(chunks));
+    EXPECT_EQ(RunRounds(codec, kChunk, reversed), in_order) << CodecName(codec);
+    EXPECT_EQ(RunRounds(codec, kChunk, interleaved), in_order)
+        << CodecName(codec);
   }
+}
+
+TEST(Aggregation, ChunkingDoesNotChangeAnFp32Round) {
+  EXPECT_EQ(RunRounds(v1::CODEC_FP32, 4096, InOrder(5)),
+            RunRounds(v1::CODEC_FP32, kDefaultChunkElements, InOrder(1)));
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ class PendingPull {
   }
   std::vector<float> weights() {
     absl::MutexLock l(&mu_);
-    return answer_ ? DecodeAll(answer_->weights()) : std::vector<float>();
+    return answer_ ? DecodeAll(answer_->Parse().weights()) : std::vector<float>();
   }
 
  private:

@@ -132,8 +132,9 @@ TEST(ShardServer, Hole10WaitingPullsShareOneSnapshot) {
   constexpr int kPulls = 40;
   constexpr uint64_t kElements = 2 << 20;  // 8 MiB of fp32
   constexpr long kSnapshotMb = kElements * 4 / kMiB;
+  // One chunk: the whole snapshot is one answer (shared by every pull).
   Daemon daemon({"--num_workers=2", "--optimizer=sgd", "--pull_codec=fp32",
-                 "--max_message_mb=64"});
+                 "--max_message_mb=64", "--chunk_elements=4194304"});
   ASSERT_GT(daemon.port(), 0) << testing::ReadFile(daemon.log_path());
   auto stub = v1::ParameterServer::NewStub(daemon.Channel(1000));
   auto call = [&](auto method, const auto& req, auto* resp) {

@@ -1,6 +1,7 @@
-// PullAnswerBytes: every buffer for one shared answer points at the same
-// serialized bytes (no copy per pull), the bytes are the answer's
-// serialization, and they are freed with the last buffer.
+// Pull answers (server/pull_answer.h, server/pull_answer_bytes.h): the
+// hand-written serialization of MakePullAnswer is byte-for-byte protobuf's
+// own; every buffer for one answer points at the same bytes (no copy per
+// pull); the answer lives as long as a buffer does.
 #include "server/pull_answer_bytes.h"
 
 #include <memory>
@@ -9,21 +10,29 @@
 
 #include "gtest/gtest.h"
 #include "pserver/v1/parameter_server.pb.h"
+#include "server/pull_answer.h"
 
 namespace pserver {
 namespace {
 
-PullAnswer Answer(uint64_t step, size_t payload_bytes) {
-  auto r = std::make_shared<v1::PullResponse>();
-  r->set_step(step);
-  r->set_kind(v1::PULL_KIND_SNAPSHOT);
-  r->mutable_weights()->set_codec(v1::CODEC_FP32);
-  r->mutable_weights()->set_num_elements(payload_bytes / 4);
-  r->mutable_weights()->set_payload(std::string(payload_bytes, '\x42'));
-  return r;
+v1::PullResponse Header(uint64_t step) {
+  v1::PullResponse h;
+  h.set_step(step);
+  h.set_kind(v1::PULL_KIND_SNAPSHOT);
+  h.set_replica_checksum(0x1234567890ABCDEFull);
+  h.set_stage(v1::OPTIMIZER_STAGE_WARMUP);
+  h.set_chunk(3);
+  return h;
 }
 
-// The one slice of a buffer made by PullAnswerBytes.
+PullAnswer Answer(uint64_t step, size_t payload_bytes) {
+  v1::EncodedTensor head;
+  head.set_codec(v1::CODEC_FP32);
+  head.set_num_elements(payload_bytes / 4);
+  return MakePullAnswer(Header(step), head, std::string(payload_bytes, '\x42'));
+}
+
+// The one slice of a buffer made by PullAnswerBuffer.
 grpc::Slice OnlySlice(const grpc::ByteBuffer& b) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(b.Dump(&slices).ok());
@@ -31,54 +40,55 @@ grpc::Slice OnlySlice(const grpc::ByteBuffer& b) {
   return slices.empty() ? grpc::Slice() : slices[0];
 }
 
+TEST(PullAnswer, SerializationIsProtobufsOwn) {
+  // Payload sizes around the varint length boundaries (127/128, 16383/16384).
+  for (size_t bytes : {size_t{0}, size_t{4}, size_t{124}, size_t{128},
+                       size_t{16380}, size_t{16384}, size_t{1} << 20}) {
+    v1::EncodedTensor head;
+    head.set_codec(v1::CODEC_ONEBIT);
+    head.set_num_elements(bytes * 8);
+    head.mutable_params()->set_block_size(256);
+    const std::string payload(bytes, '\x5A');
+    PullAnswer a = MakePullAnswer(Header(9), head, payload);
+    v1::PullResponse want = Header(9);
+    *want.mutable_weights() = head;
+    want.mutable_weights()->set_payload(payload);
+    EXPECT_EQ(a->bytes, want.SerializeAsString()) << bytes;
+    EXPECT_EQ(a->Parse().SerializeAsString(), want.SerializeAsString());
+    EXPECT_EQ(a->payload_bytes, bytes);
+    EXPECT_EQ(a->num_elements, bytes * 8);
+    EXPECT_EQ(a->codec, v1::CODEC_ONEBIT);
+  }
+}
+
 TEST(PullAnswerBytes, PullsOfOneAnswerShareOneSerialization) {
-  PullAnswerBytes bytes;
   PullAnswer answer = Answer(7, 1 << 20);
   std::vector<grpc::ByteBuffer> buffers;
-  for (int i = 0; i < 40; ++i) buffers.push_back(bytes.Get(answer));
-  EXPECT_EQ(bytes.live_serializations(), 1);
+  for (int i = 0; i < 40; ++i) buffers.push_back(PullAnswerBuffer(answer));
   const uint8_t* first = OnlySlice(buffers[0]).begin();
+  EXPECT_EQ(first, reinterpret_cast<const uint8_t*>(answer->bytes.data()));
   for (const grpc::ByteBuffer& b : buffers) {
     EXPECT_EQ(OnlySlice(b).begin(), first);
   }
   grpc::Slice s = OnlySlice(buffers[0]);
   v1::PullResponse parsed;
   ASSERT_TRUE(parsed.ParseFromArray(s.begin(), static_cast<int>(s.size())));
-  EXPECT_EQ(parsed.SerializeAsString(), answer->SerializeAsString());
+  EXPECT_EQ(parsed.SerializeAsString(), answer->bytes);
 }
 
-TEST(PullAnswerBytes, BytesLiveAsLongAsABufferDoes) {
-  PullAnswerBytes bytes;
+TEST(PullAnswerBytes, AnswerLivesAsLongAsABufferDoes) {
   PullAnswer answer = Answer(1, 4096);
+  std::weak_ptr<const PullChunk> weak = answer;
+  grpc::ByteBuffer a = PullAnswerBuffer(answer);
+  answer.reset();
   {
-    grpc::ByteBuffer a = bytes.Get(answer);
-    {
-      grpc::ByteBuffer b = bytes.Get(answer);
-      EXPECT_EQ(OnlySlice(a).begin(), OnlySlice(b).begin());
-    }
-    EXPECT_EQ(bytes.live_serializations(), 1);
+    grpc::ByteBuffer b = a;  // a copy shares the slice
+    EXPECT_EQ(OnlySlice(a).begin(), OnlySlice(b).begin());
   }
-  EXPECT_EQ(bytes.live_serializations(), 0);
-  // Serialized again on demand, still correct.
-  grpc::ByteBuffer again = bytes.Get(answer);
-  EXPECT_EQ(again.Length(), answer->ByteSizeLong());
-}
-
-TEST(PullAnswerBytes, DifferentAnswersGetTheirOwnBytes) {
-  PullAnswerBytes bytes;
-  PullAnswer delta = Answer(3, 128);
-  PullAnswer snapshot = Answer(3, 4096);
-  grpc::ByteBuffer d = bytes.Get(delta);
-  grpc::ByteBuffer s = bytes.Get(snapshot);
-  EXPECT_EQ(bytes.live_serializations(), 2);
-  EXPECT_EQ(d.Length(), delta->ByteSizeLong());
-  EXPECT_EQ(s.Length(), snapshot->ByteSizeLong());
-  // A new answer (possibly at the freed one's address) is not mistaken
-  // for it: its bytes are its own.
-  grpc::ByteBuffer kept = bytes.Get(delta);
-  delta.reset();
-  PullAnswer next = Answer(4, 256);
-  EXPECT_EQ(bytes.Get(next).Length(), next->ByteSizeLong());
+  EXPECT_FALSE(weak.expired());
+  EXPECT_EQ(a.Length(), weak.lock()->bytes.size());
+  a.Clear();
+  EXPECT_TRUE(weak.expired());
 }
 
 }  // namespace

@@ -51,7 +51,7 @@ TEST(ReplicaTracker, ResetStartsFromTheWeightsWithoutADelta) {
   std::vector<float> x = Gradient(300, 0, 0);
   t->Reset(x);
   EXPECT_EQ(Span(t->x_hat()), x);
-  EXPECT_FALSE(t->delta().has_value());
+  EXPECT_TRUE(t->delta().empty());
   EXPECT_EQ(t->checksum(), ChecksumOf(x));
   EXPECT_EQ(t->prev_checksum(), t->checksum());
 }
@@ -68,11 +68,11 @@ TEST(ReplicaTracker, AdvanceFollowsXThroughThePullCodec) {
   for (uint64_t i = 0; i < n; ++i) x1[i] -= g[i];
   std::vector<float> scratch(n);
   const double residual = t->Advance(x1, 1, absl::MakeSpan(scratch));
-  ASSERT_TRUE(t->delta().has_value());
-  EXPECT_EQ(t->delta()->codec(), v1::CODEC_ONEBIT);
+  ASSERT_TRUE(!t->delta().empty());
+  EXPECT_EQ(t->delta()[0].codec(), v1::CODEC_ONEBIT);
   // x_hat(1) = x_hat(0) + decode(delta), bit for bit what a worker computes.
   std::vector<float> want = x0;
-  std::vector<float> d = DecodeAll(*t->delta());
+  std::vector<float> d = DecodeAll(t->delta()[0]);
   ASSERT_EQ(d.size(), n);
   for (uint64_t i = 0; i < n; ++i) want[i] += d[i];
   EXPECT_EQ(Span(t->x_hat()), want);
@@ -96,8 +96,8 @@ TEST(ReplicaTracker, DeltaIsTheSameOnEveryRunForShardAndStep) {
   b->Reset(x0);
   a->Advance(x1, 7, absl::MakeSpan(scratch));
   b->Advance(x1, 7, absl::MakeSpan(scratch));
-  ASSERT_TRUE(a->delta().has_value() && b->delta().has_value());
-  EXPECT_EQ(a->delta()->SerializeAsString(), b->delta()->SerializeAsString());
+  ASSERT_TRUE(!a->delta().empty() && !b->delta().empty());
+  EXPECT_EQ(a->delta()[0].SerializeAsString(), b->delta()[0].SerializeAsString());
   EXPECT_EQ(a->checksum(), b->checksum());
 }
 
@@ -109,14 +109,14 @@ TEST(ReplicaTracker, Fp32PullCodecMakesXHatEqualXWithoutDelta) {
   std::vector<float> scratch(64);
   EXPECT_EQ(t->Advance(x1, 1, absl::MakeSpan(scratch)), 0.0);
   EXPECT_EQ(Span(t->x_hat()), x1);
-  EXPECT_FALSE(t->delta().has_value());
+  EXPECT_TRUE(t->delta().empty());
   EXPECT_EQ(t->prev_checksum(), ChecksumOf(x0));
   EXPECT_EQ(t->checksum(), ChecksumOf(x1));
   // Every pull is a snapshot, even one that proves its replica.
-  PullAnswer a = t->Answer(PullRequestFor(0, 1, 0, ChecksumOf(x0)), 1,
-                           v1::OPTIMIZER_STAGE_WARMUP);
-  EXPECT_EQ(a->kind(), v1::PULL_KIND_SNAPSHOT);
-  EXPECT_EQ(DecodeAll(a->weights()), x1);
+  v1::PullResponse a = t->Answer(PullRequestFor(0, 1, 0, ChecksumOf(x0)), 1,
+                           v1::OPTIMIZER_STAGE_WARMUP)->Parse();
+  EXPECT_EQ(a.kind(), v1::PULL_KIND_SNAPSHOT);
+  EXPECT_EQ(DecodeAll(a.weights()), x1);
 }
 
 TEST(ReplicaTracker, DeltaOnlyForAPullThatProvesItsReplica) {
@@ -130,24 +130,24 @@ TEST(ReplicaTracker, DeltaOnlyForAPullThatProvesItsReplica) {
   t->Advance(x1, 1, absl::MakeSpan(scratch));
   const auto stage = v1::OPTIMIZER_STAGE_WARMUP;
 
-  PullAnswer delta = t->Answer(PullRequestFor(0, 1, 0, prev), 1, stage);
-  EXPECT_EQ(delta->kind(), v1::PULL_KIND_DELTA);
-  EXPECT_EQ(delta->step(), 1u);
-  EXPECT_EQ(delta->stage(), stage);
-  EXPECT_EQ(delta->replica_checksum(), t->checksum());
-  EXPECT_EQ(delta->weights().SerializeAsString(),
-            t->delta()->SerializeAsString());
+  v1::PullResponse delta = t->Answer(PullRequestFor(0, 1, 0, prev), 1, stage)->Parse();
+  EXPECT_EQ(delta.kind(), v1::PULL_KIND_DELTA);
+  EXPECT_EQ(delta.step(), 1u);
+  EXPECT_EQ(delta.stage(), stage);
+  EXPECT_EQ(delta.replica_checksum(), t->checksum());
+  EXPECT_EQ(delta.weights().SerializeAsString(),
+            t->delta()[0].SerializeAsString());
 
   const std::vector<float> x_hat = Span(t->x_hat());
   // Wrong checksum, wrong replica step, wrong step, or asking for one.
   for (const v1::PullRequest& req :
        {PullRequestFor(0, 1, 0, prev + 1), PullRequestFor(0, 1, -1, prev),
         PullRequestFor(0, 0, 0, prev), PullRequestFor(0, 1, 0, prev, true)}) {
-    PullAnswer s = t->Answer(req, 1, stage);
-    EXPECT_EQ(s->kind(), v1::PULL_KIND_SNAPSHOT) << req.ShortDebugString();
-    EXPECT_EQ(s->weights().codec(), v1::CODEC_FP32);
-    EXPECT_EQ(DecodeAll(s->weights()), x_hat);
-    EXPECT_EQ(s->replica_checksum(), t->checksum());
+    v1::PullResponse s = t->Answer(req, 1, stage)->Parse();
+    EXPECT_EQ(s.kind(), v1::PULL_KIND_SNAPSHOT) << req.ShortDebugString();
+    EXPECT_EQ(s.weights().codec(), v1::CODEC_FP32);
+    EXPECT_EQ(DecodeAll(s.weights()), x_hat);
+    EXPECT_EQ(s.replica_checksum(), t->checksum());
   }
 }
 
@@ -171,16 +171,16 @@ TEST(ReplicaTracker, AnswersAreSharedWithinAStepAndRebuiltAfter) {
   PullAnswer s3 = t->Answer(PullRequestFor(0, 1, -1, 0), 1,
                             v1::OPTIMIZER_STAGE_COMPRESSION);
   EXPECT_NE(s3.get(), s1.get());
-  EXPECT_EQ(s3->stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  EXPECT_EQ(s3->Parse().stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
   // The next step gets fresh answers; the old ones stay valid for holders.
   prev = t->checksum();
   const std::vector<float> old_hat = Span(t->x_hat());
   t->Advance(Gradient(n, 0, 2), 2, absl::MakeSpan(scratch));
-  PullAnswer d3 = t->Answer(PullRequestFor(0, 2, 1, prev), 2, stage);
-  EXPECT_EQ(d3->kind(), v1::PULL_KIND_DELTA);
-  EXPECT_EQ(d3->step(), 2u);
-  EXPECT_EQ(d1->step(), 1u);
-  EXPECT_EQ(DecodeAll(s1->weights()), old_hat);
+  v1::PullResponse d3 = t->Answer(PullRequestFor(0, 2, 1, prev), 2, stage)->Parse();
+  EXPECT_EQ(d3.kind(), v1::PULL_KIND_DELTA);
+  EXPECT_EQ(d3.step(), 2u);
+  EXPECT_EQ(d1->Parse().step(), 1u);
+  EXPECT_EQ(DecodeAll(s1->Parse().weights()), old_hat);
 }
 
 TEST(ReplicaTracker, InvalidateSendsSnapshotsUntilTheNextAdvance) {
@@ -193,22 +193,22 @@ TEST(ReplicaTracker, InvalidateSendsSnapshotsUntilTheNextAdvance) {
   const uint64_t prev = t->prev_checksum();
   const uint64_t cur = t->checksum();
   ASSERT_EQ(t->Answer(PullRequestFor(0, 1, 0, prev), 1,
-                      v1::OPTIMIZER_STAGE_WARMUP)->kind(),
+                      v1::OPTIMIZER_STAGE_WARMUP)->Parse().kind(),
             v1::PULL_KIND_DELTA);
   // The shard skipped rounds (say to step 9): nobody's replica is x_hat(8).
   t->Invalidate();
-  EXPECT_FALSE(t->delta().has_value());
+  EXPECT_TRUE(t->delta().empty());
   EXPECT_EQ(t->checksum(), cur);
   EXPECT_EQ(t->prev_checksum(), cur);
   for (const v1::PullRequest& req :
        {PullRequestFor(0, 9, 8, prev), PullRequestFor(0, 9, 8, cur)}) {
-    EXPECT_EQ(t->Answer(req, 9, v1::OPTIMIZER_STAGE_WARMUP)->kind(),
+    EXPECT_EQ(t->Answer(req, 9, v1::OPTIMIZER_STAGE_WARMUP)->Parse().kind(),
               v1::PULL_KIND_SNAPSHOT);
   }
   // A worker holding the snapshot (checksum cur) gets the next delta.
   t->Advance(Gradient(n, 0, 10), 10, absl::MakeSpan(scratch));
   EXPECT_EQ(t->Answer(PullRequestFor(0, 10, 9, cur), 10,
-                      v1::OPTIMIZER_STAGE_WARMUP)->kind(),
+                      v1::OPTIMIZER_STAGE_WARMUP)->Parse().kind(),
             v1::PULL_KIND_DELTA);
 }
 
@@ -227,10 +227,10 @@ TEST(ReplicaTracker, RestoreTakesTheCheckpointedReplica) {
   EXPECT_EQ(t->checksum(), src->checksum());
   EXPECT_EQ(t->prev_checksum(), src->prev_checksum());
   // A worker that held x_hat(3) before the restart still gets the delta.
-  PullAnswer a = t->Answer(PullRequestFor(0, 4, 3, src->prev_checksum()), 4,
-                           v1::OPTIMIZER_STAGE_WARMUP);
-  EXPECT_EQ(a->kind(), v1::PULL_KIND_DELTA);
-  EXPECT_EQ(a->weights().SerializeAsString(), src->delta()->SerializeAsString());
+  v1::PullResponse a = t->Answer(PullRequestFor(0, 4, 3, src->prev_checksum()), 4,
+                           v1::OPTIMIZER_STAGE_WARMUP)->Parse();
+  EXPECT_EQ(a.kind(), v1::PULL_KIND_DELTA);
+  EXPECT_EQ(a.weights().SerializeAsString(), src->delta()[0].SerializeAsString());
 }
 
 TEST(ReplicaTracker, NonFiniteWeightsFallBackToSnapshots) {
@@ -243,12 +243,12 @@ TEST(ReplicaTracker, NonFiniteWeightsFallBackToSnapshots) {
   x[5] = std::numeric_limits<float>::quiet_NaN();  // a diverged run
   std::vector<float> scratch(n);
   t->Advance(x, 1, absl::MakeSpan(scratch));
-  EXPECT_FALSE(t->delta().has_value());
+  EXPECT_TRUE(t->delta().empty());
   EXPECT_EQ(t->prev_checksum(), prev);
-  PullAnswer a = t->Answer(PullRequestFor(0, 1, 0, prev), 1,
-                           v1::OPTIMIZER_STAGE_WARMUP);
-  EXPECT_EQ(a->kind(), v1::PULL_KIND_SNAPSHOT);
-  EXPECT_EQ(a->replica_checksum(), t->checksum());
+  v1::PullResponse a = t->Answer(PullRequestFor(0, 1, 0, prev), 1,
+                           v1::OPTIMIZER_STAGE_WARMUP)->Parse();
+  EXPECT_EQ(a.kind(), v1::PULL_KIND_SNAPSHOT);
+  EXPECT_EQ(a.replica_checksum(), t->checksum());
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ std::vector<uint32_t> DrainAll(Round& r,
     r.sum()->Add(*b);
     r.EndSum(*b);
     EXPECT_FALSE(r.summing());
-    sizes.push_back(b->b != nullptr ? 2 : 1);
+    sizes.push_back(b->chunk);
   }
   return sizes;
 }
@@ -190,51 +190,84 @@ TEST(Round, QueuedPushIsTheRoundsOwnCopy) {
   EXPECT_EQ(MeanOf(r), (std::vector<float>{1.0f, 2.0f}));
 }
 
-TEST(Round, LargeConsecutivePushesArePairedWithTheSameBits) {
-  const uint64_t n = Round::kPairedMinElements + 7;
+TEST(Round, ChunksAreSummedIndependentlyEachInWorkerOrder) {
+  // 3 chunks of 4 elements (the last one 2). Worker 1's chunk 2 can be
+  // summed as soon as worker 0's chunk 2 is in, whatever the other chunks.
+  const uint64_t n = 10;
   ThreadPool pool(1);
-  // Mixed codecs: the pair's second decode goes into scratch, then is added.
-  auto onebit = MakeCodec(v1::CODEC_ONEBIT, v1::CodecParams());
-  ASSERT_TRUE(onebit.ok()) << onebit.status();
-  std::vector<v1::EncodedTensor> tensors;
-  for (uint32_t w = 0; w < 4; ++w) {
-    std::vector<float> g = Gradient(n, w, 3);
-    if (w % 2 == 1) {
-      v1::EncodedTensor t;
-      ASSERT_TRUE((*onebit)->Encode(g, w, &t).ok());
-      tensors.push_back(t);
-    } else {
-      tensors.push_back(Fp32Tensor(g));
+  Round r(2, &pool);
+  r.Resize(n, 4);
+  ASSERT_EQ(r.num_chunks(), 3u);
+  auto piece = [&](uint32_t w, uint32_t c) {
+    std::vector<float> g(r.plan().size(c));
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = (w == 0 ? 1e8f : 1.0f) * static_cast<float>(c + 1) +
+             static_cast<float>(i);
+    }
+    return PushOf(g);
+  };
+  r.Queue(1, piece(1, 2), 2);
+  EXPECT_TRUE(DrainAll(r, WaitAll).empty());  // waits for worker 0's chunk 2
+  EXPECT_TRUE(r.queued(1, 2));
+  EXPECT_FALSE(r.queued(1, 0));
+  EXPECT_TRUE(r.queued_any(1));
+  r.Queue(0, piece(0, 2), 2);
+  EXPECT_EQ(DrainAll(r, WaitAll), (std::vector<uint32_t>{2, 2}));
+  EXPECT_TRUE(r.summed(1, 2));
+  EXPECT_FALSE(r.all_in());
+  EXPECT_EQ(r.workers_in(), 2u);
+  for (uint32_t c : {1u, 0u}) {
+    r.Queue(1, piece(1, c), c);
+    r.Queue(0, piece(0, c), c);
+  }
+  DrainAll(r, WaitAll);
+  ASSERT_TRUE(r.all_in());
+  EXPECT_EQ(r.contributors(), 2u);
+  EXPECT_EQ(r.received(), 6u);
+  // Want: per element (w0 + w1) / 2, added in worker order.
+  std::vector<float> want(n);
+  for (uint32_t c = 0; c < 3; ++c) {
+    for (uint64_t i = 0; i < r.plan().size(c); ++i) {
+      float acc = 0.0f;
+      acc += 1e8f * static_cast<float>(c + 1) + static_cast<float>(i);
+      acc += 1.0f * static_cast<float>(c + 1) + static_cast<float>(i);
+      want[r.plan().begin(c) + i] = acc * 0.5f;
     }
   }
-  // Reference: one at a time into zeros, in worker order.
-  std::vector<float> want(n, 0.0f);
-  for (const auto& t : tensors) {
-    auto c = MakeDecoderFor(t);
-    ASSERT_TRUE(c.ok());
-    ASSERT_TRUE((*c)->DecodeAccumulate(t, 1.0f, absl::MakeSpan(want)).ok());
-  }
-  for (float& f : want) f *= 1.0f / 4.0f;
-
-  Round r(4, &pool);
-  r.Resize(n);
-  for (uint32_t w = 0; w < 4; ++w) r.Queue(w, PushOf(tensors[w]));
-  EXPECT_EQ(DrainAll(r, WaitAll), (std::vector<uint32_t>{2, 2}));
-  EXPECT_EQ(r.paired_sums(), 2u);
-  EXPECT_EQ(r.contributors(), 4u);
   EXPECT_TRUE(BitEqual(MeanOf(r), want));
 }
 
-TEST(Round, SmallPushesAreNeverPaired) {
+TEST(Round, AChunkNoWorkerSentIsZeroAndOthersDivideByTheirOwnCount) {
+  // Worker 1 is dropped (not waited for) after sending chunk 0 only: chunk 0
+  // is the mean of two pushes, chunk 1 is worker 0's alone.
   ThreadPool pool(1);
-  const uint64_t n = Round::kPairedMinElements - 1;
   Round r(2, &pool);
-  r.Resize(n);
-  r.Queue(0, PushOf(std::vector<float>(n, 1.0f)));
-  r.Queue(1, PushOf(std::vector<float>(n, 3.0f)));
-  EXPECT_EQ(DrainAll(r, WaitAll), (std::vector<uint32_t>{1, 1}));
-  EXPECT_EQ(r.paired_sums(), 0u);
-  EXPECT_EQ(MeanOf(r), std::vector<float>(n, 2.0f));
+  r.Resize(4, 2);
+  r.Queue(0, PushOf(std::vector<float>{2.0f, 2.0f}), 0);
+  r.Queue(0, PushOf(std::vector<float>{6.0f, 6.0f}), 1);
+  r.Queue(1, PushOf(std::vector<float>{4.0f, 4.0f}), 0);
+  DrainAll(r, [](uint32_t w) { return w == 0; });
+  ASSERT_TRUE(r.all_in());
+  EXPECT_EQ(MeanOf(r), (std::vector<float>{3.0f, 3.0f, 6.0f, 6.0f}));
+}
+
+TEST(Round, ClearHandsBackTheAcknowledgementsOfQueuedPushes) {
+  ThreadPool pool(1);
+  Round r(2, &pool);
+  r.Resize(4, 2);
+  int acked = 0;
+  v1::EncodedTensor t = Fp32Tensor(std::vector<float>{1.0f, 2.0f});
+  auto req = std::make_shared<v1::PushRequest>();
+  *req->mutable_gradient() = t;
+  auto v = ValidateTensor(req->gradient(), 2);
+  ASSERT_TRUE(v.ok());
+  r.Queue(1, Round::Push::Own(req, *v, [&acked] { ++acked; }), 1);
+  EXPECT_TRUE(DrainAll(r, WaitAll).empty());
+  std::vector<std::function<void()>> dropped = r.Clear();
+  ASSERT_EQ(dropped.size(), 1u);
+  dropped[0]();
+  EXPECT_EQ(acked, 1);
+  EXPECT_FALSE(r.queued_any(1));
 }
 
 TEST(Round, MeanMayBeOverwrittenAsScratchUntilClear) {

@@ -297,7 +297,7 @@ TEST(ShardHoles, Hole2CatchingUpShardFastForwardsWithoutWrapping) {
 
 TEST(ShardHoles, Hole4ContributorsAreExactlyThePushesSummed) {
   ThreadPool pool(1);
-  for (uint64_t n : {uint64_t{5}, Round::kPairedMinElements}) {
+  for (uint64_t n : {uint64_t{5}, uint64_t{1} << 17}) {
     constexpr uint32_t kWorkers = 6;
     Round round(kWorkers, &pool);
     round.Resize(n);
@@ -317,7 +317,7 @@ TEST(ShardHoles, Hole4ContributorsAreExactlyThePushesSummed) {
     while (auto batch = round.BeginSum(waits)) {
       round.sum()->Add(*batch);
       round.EndSum(*batch);
-      summed += batch->b != nullptr ? 2 : 1;
+      summed += 1;
     }
     ASSERT_TRUE(round.all_in());
     EXPECT_EQ(summed, 4u);
@@ -471,31 +471,33 @@ TEST(ShardHoles, Hole8SnapshotAboveTheResponseLimitIsRefused) {
 }
 
 TEST(ShardHoles, Hole8LargestModelAgreesWithTheMessageCap) {
-  // The daemon's message cap: 2047 MiB. A 2^29-element model on one shard
-  // needs a 2 GiB snapshot: refused before anything is allocated. On two
-  // shards each 1 GiB slice fits, so only the (absent) weights are refused.
+  // The daemon's message cap: 2047 MiB. Pulls are answered in chunks, so a
+  // 2^29-element model (a 2 GiB snapshot) fits on one shard: only the
+  // (absent) weights are refused. A chunk that would not fit the cap is
+  // refused before anything is allocated, naming the cap.
   constexpr uint64_t kCap = uint64_t{2047} << 20;
-  for (uint32_t shards : {1u, 2u}) {
+  for (uint64_t cap : {kCap, uint64_t{128} << 20}) {
     ShardConfig c = SgdConfig(1);
-    c.num_shards = shards;
-    c.max_response_bytes = kCap;
+    c.max_response_bytes = cap;
+    c.chunk_elements = kMaxChunkElements;  // 256 MiB of fp32 per chunk
     auto shard = MakeShard(c);
     ASSERT_NE(shard, nullptr);
     const long rss_before = RssKb();
     v1::RegisterRequest r;
     r.set_worker_id(0);
     r.set_num_workers(1);
-    r.set_num_shards(shards);
+    r.set_num_shards(1);
     *r.mutable_layout() = OneTensor(kMaxModelElements);
     auto resp = shard->Register(r);
-    if (shards == 1) {
-      EXPECT_EQ(resp.status().code(), absl::StatusCode::kResourceExhausted)
-          << resp.status();
-      EXPECT_TRUE(Has(resp.status(), std::to_string(kCap))) << resp.status();
-    } else {
+    if (cap == kCap) {
       EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument)
           << resp.status();
       EXPECT_TRUE(Has(resp.status(), "initial_weights")) << resp.status();
+    } else {
+      EXPECT_EQ(resp.status().code(), absl::StatusCode::kResourceExhausted)
+          << resp.status();
+      EXPECT_TRUE(Has(resp.status(), std::to_string(cap))) << resp.status();
+      EXPECT_TRUE(Has(resp.status(), "--chunk_elements")) << resp.status();
     }
     EXPECT_LT(RssKb() - rss_before, 10 * 1024);
   }
