@@ -48,9 +48,16 @@ void ReplicaTracker::DropAnswers() {
 void ReplicaTracker::Reset(absl::Span<const float> x, uint64_t chunk_elements) {
   plan_.n = x.size();
   plan_.chunk_elements = chunk_elements;
-  x_hat_.assign(x.begin(), x.end());
+  if (pull_codec_id_ == v1::CODEC_FP32) {
+    x_hat_.clear();
+    x_hat_.shrink_to_fit();
+    hat_ = x;
+  } else {
+    x_hat_.assign(x.begin(), x.end());
+    hat_ = x_hat_;
+  }
   delta_.clear();
-  checksum_ = ChecksumOf(x_hat_);
+  checksum_ = ChecksumOf(hat_);
   prev_checksum_ = checksum_;
   DropAnswers();
 }
@@ -58,8 +65,16 @@ void ReplicaTracker::Reset(absl::Span<const float> x, uint64_t chunk_elements) {
 void ReplicaTracker::Restore(std::vector<float> x_hat,
                              std::vector<v1::EncodedTensor> delta,
                              uint64_t checksum, uint64_t prev_checksum) {
-  x_hat_ = std::move(x_hat);
-  plan_.n = x_hat_.size();
+  plan_.n = x_hat.size();
+  if (pull_codec_id_ == v1::CODEC_FP32) {
+    // x_hat is x (the view Reset took), whatever codec the checkpoint was
+    // written with: snapshots carry x's checksum.
+    checksum = ChecksumOf(hat_);
+    prev_checksum = checksum;
+  } else {
+    x_hat_ = std::move(x_hat);
+    hat_ = x_hat_;
+  }
   bool fits = delta.size() == plan_.num_chunks();
   for (uint32_t c = 0; fits && c < delta.size(); ++c) {
     fits = ValidateTensor(delta[c], plan_.size(c)).ok();
@@ -83,7 +98,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
   double residual_norm = 0;
   const uint64_t n = x.size();
   if (pull_codec_id_ == v1::CODEC_FP32) {
-    x_hat_.assign(x.begin(), x.end());
+    hat_ = x;  // updated in place by the optimizer
     delta_.clear();
   } else {
     const float* xp = x.data();
@@ -139,7 +154,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
     }
     residual_norm = std::sqrt(residual_norm);
   }
-  checksum_ = ChecksumOf(x_hat_);
+  checksum_ = ChecksumOf(hat_);
   return residual_norm;
 }
 
@@ -174,7 +189,7 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
       v1::EncodedTensor head;
       head.set_codec(v1::CODEC_FP32);
       head.set_num_elements(plan_.size(c));
-      const float* begin = x_hat_.data() + plan_.begin(c);
+      const float* begin = hat_.data() + plan_.begin(c);
       cached = MakePullAnswer(
           header, head,
           absl::string_view(reinterpret_cast<const char*>(begin),

@@ -33,7 +33,10 @@ class ReplicaTracker {
       const v1::CodecParams& pull_params, ThreadPool* pool);
 
   // Starts from the weights themselves: x_hat = x, no delta; pulls are
-  // answered in chunks of `chunk_elements`.
+  // answered in chunks of `chunk_elements`. With the fp32 pull codec x_hat
+  // is x itself: the tracker keeps a view of `x` (which must then stay
+  // allocated, at the same address, while the tracker is used: the shard's
+  // weights are updated in place) instead of a copy.
   void Reset(absl::Span<const float> x,
              uint64_t chunk_elements = kDefaultChunkElements);
   // From a checkpoint, after Reset. REQUIRES: the checksum was verified by
@@ -56,7 +59,7 @@ class ReplicaTracker {
   PullAnswer Answer(const v1::PullRequest& req, uint64_t step,
                     v1::OptimizerStage stage);
 
-  absl::Span<const float> x_hat() const { return x_hat_; }
+  absl::Span<const float> x_hat() const { return hat_; }
   // The delta's chunks (empty: none).
   const std::vector<v1::EncodedTensor>& delta() const { return delta_; }
   const ChunkPlan& plan() const { return plan_; }
@@ -73,7 +76,8 @@ class ReplicaTracker {
   const std::unique_ptr<Codec> codec_;
   ThreadPool* const pool_;
   ChunkPlan plan_;
-  std::vector<float> x_hat_;
+  std::vector<float> x_hat_;    // unused with the fp32 pull codec
+  absl::Span<const float> hat_;  // x_hat_, or the shard's x (fp32)
   // The delta that takes x_hat(step - 1) to x_hat(step), chunk by chunk, if
   // there is one.
   std::vector<v1::EncodedTensor> delta_;

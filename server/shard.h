@@ -41,6 +41,7 @@
 #include "server/checkpoint_writer.h"
 #include "server/lease_table.h"
 #include "server/metrics.h"
+#include "server/model_install.h"
 #include "server/optimizer.h"
 #include "server/pull_waiters.h"
 #include "server/replica_tracker.h"
@@ -56,6 +57,9 @@ inline constexpr uint64_t kPullResponseOverheadBytes = 4096;
 // resume_step must be below this (2^62; this value itself is refused): far
 // beyond any run, and small enough that no step arithmetic can wrap.
 inline constexpr uint64_t kMaxResumeStep = uint64_t{1} << 62;
+// A chunked installation whose installer made no call for this long may be
+// taken over by another worker's Register.
+inline constexpr absl::Duration kInstallTimeout = absl::Seconds(30);
 
 struct ShardConfig {
   uint32_t shard_index = 0;
@@ -192,6 +196,11 @@ class Shard {
   // Register's checks that need no state; on success *slots is the layout.
   absl::Status CheckRegisterRequest(const v1::RegisterRequest& req,
                                     std::vector<TensorSlot>* slots) const;
+  // Takes a chunked Register's chunk (server/model_install.h); true once
+  // the model is installed. `slots` is the request's layout (consumed).
+  absl::StatusOr<bool> InstallChunk(const v1::RegisterRequest& req,
+                                    std::vector<TensorSlot> slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InstallModel(const v1::ModelLayout& layout,
                     const std::vector<TensorSlot>& slots, std::vector<float> x)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -225,6 +234,8 @@ class Shard {
   // be behind its workers (restart), so a Register may fast-forward it.
   bool catching_up_ ABSL_GUARDED_BY(mu_) = true;
   v1::ModelLayout layout_ ABSL_GUARDED_BY(mu_);
+  // A chunked installation in progress (before registered_).
+  std::unique_ptr<ModelInstall> install_ ABSL_GUARDED_BY(mu_);
   ShardRange range_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> worker_registered_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);

@@ -113,6 +113,22 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                           "model layout differs from the registered one: ",
                           diff)));
       }
+    } else if (req.chunked_weights()) {
+      absl::StatusOr<bool> complete = InstallChunk(req, std::move(slots));
+      if (!complete.ok()) return complete.status();
+      if (!*complete) {
+        // More chunks to come: the worker joins once the model is in.
+        const ShardRange range =
+            ShardRangeFor(TotalElements(req.layout()), config_.num_shards,
+                          config_.shard_index);
+        resp.set_shard_begin(range.begin);
+        resp.set_shard_end(range.end);
+        resp.set_current_step(step_);
+        resp.set_chunk_elements(config_.chunk_elements);
+        resp.set_model_ready(false);
+        return resp;
+      }
+      resp.set_initialized_model(true);
     } else {
       const uint64_t n = ShardRangeFor(TotalElements(req.layout()),
                                        config_.num_shards, config_.shard_index)
@@ -177,10 +193,60 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                                    ? v1::GRADIENT_SPACE_PRECONDITIONED
                                    : v1::GRADIENT_SPACE_RAW);
     resp.set_chunk_elements(config_.chunk_elements);
+    resp.set_model_ready(true);
     return resp;
   }();
   for (Ready& r : ready) r();
   return result;
+}
+
+absl::StatusOr<bool> Shard::InstallChunk(const v1::RegisterRequest& req,
+                                         std::vector<TensorSlot> slots) {
+  const uint32_t w = req.worker_id();
+  const absl::Time now = clock_->Now();
+  if (install_ != nullptr && install_->installer() != w) {
+    if (install_->Idle(now) < kInstallTimeout) {
+      return Reject(v1::REJECT_REASON_BUSY,
+                    absl::UnavailableError(absl::StrCat(
+                        "worker ", install_->installer(),
+                        " is installing the model (", install_->chunks_in(),
+                        " of ", install_->plan().num_chunks(),
+                        " chunks in); retry")));
+    }
+    std::fprintf(stderr,
+                 "pserver: shard %u: worker %u takes over the model's "
+                 "installation from silent worker %u\n",
+                 config_.shard_index, w, install_->installer());
+    install_.reset();
+  }
+  if (install_ != nullptr) {
+    std::string diff = FirstLayoutDifference(req.layout(), install_->layout());
+    if (!diff.empty()) {
+      return Reject(v1::REJECT_REASON_LAYOUT_MISMATCH,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "model layout differs from the one being installed: ",
+                        diff)));
+    }
+  } else {
+    const uint64_t n = ShardRangeFor(TotalElements(req.layout()),
+                                     config_.num_shards, config_.shard_index)
+                           .size();
+    install_ = std::make_unique<ModelInstall>(
+        w, req.layout(), std::move(slots), ChunkPlan{n, config_.chunk_elements},
+        now);
+  }
+  install_->Touch(now);
+  if (req.has_initial_weights()) {
+    if (absl::Status s = install_->Accept(req.weights_chunk(),
+                                          req.initial_weights());
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!install_->complete()) return false;
+  std::unique_ptr<ModelInstall> done = std::move(install_);
+  InstallModel(done->layout(), done->slots(), done->TakeWeights());
+  return true;
 }
 
 void Shard::InstallModel(const v1::ModelLayout& layout,

@@ -9,6 +9,7 @@
 #include "common/codec.h"
 #include "common/fp32_tensor.h"
 #include "common/mix.h"
+#include "common/rejection.h"
 
 namespace pserver {
 
@@ -50,8 +51,8 @@ Client::Client(const ClientOptions& options, prometheus::Registry* registry)
 
 Client::~Client() = default;
 
-v1::RegisterRequest Client::RegisterRequestFor(
-    size_t s, absl::Span<const float> weights, uint64_t resume_step) const {
+v1::RegisterRequest Client::RegisterRequestFor(size_t s,
+                                               uint64_t resume_step) const {
   v1::RegisterRequest r;
   r.set_worker_id(options_.worker_id);
   r.set_num_workers(options_.num_workers);
@@ -59,8 +60,58 @@ v1::RegisterRequest Client::RegisterRequestFor(
   r.set_num_shards(static_cast<uint32_t>(calls_->size()));
   *r.mutable_layout() = layout_;
   r.set_resume_step(resume_step);
-  SetFp32(weights, r.mutable_initial_weights());
+  r.set_chunked_weights(true);
   return r;
+}
+
+absl::Status Client::SendWeights(
+    const std::vector<size_t>& shards,
+    absl::FunctionRef<absl::Span<const float>(size_t)> slice,
+    uint64_t resume_step, std::vector<v1::RegisterResponse>* resps) {
+  std::vector<size_t> todo;
+  std::vector<uint32_t> chunks;
+  std::vector<ChunkPlan> plan(calls_->size());
+  for (size_t s : shards) {
+    const v1::RegisterResponse& r = (*resps)[s];
+    if (r.model_ready()) continue;
+    const uint64_t c = r.chunk_elements();
+    if (c < kMinChunkElements || c > kMaxChunkElements) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " (", calls_->address(s), ") announced chunk_elements ",
+          c, "; expected ", kMinChunkElements, "..", kMaxChunkElements));
+    }
+    plan[s] = ChunkPlan{slice(s).size(), c};
+    todo.push_back(s);
+    chunks.push_back(plan[s].num_chunks());
+  }
+  if (todo.empty()) return absl::OkStatus();
+  std::vector<bool> ready(calls_->size(), false);
+  std::vector<absl::Status> sent = calls_->RegisterChunks(
+      todo, chunks,
+      [&](size_t s, uint32_t c, v1::RegisterRequest* req) {
+        *req = RegisterRequestFor(s, resume_step);
+        SetFp32(slice(s).subspan(plan[s].begin(c), plan[s].size(c)),
+                req->mutable_initial_weights());
+        req->set_weights_chunk(c);
+        return absl::OkStatus();
+      },
+      [&](size_t s, uint32_t, const v1::RegisterResponse& resp) {
+        if (resp.model_ready()) {
+          (*resps)[s] = resp;
+          ready[s] = true;
+        }
+        return absl::OkStatus();
+      });
+  for (size_t i = 0; i < todo.size(); ++i) {
+    if (!sent[i].ok()) return sent[i];
+    if (!ready[todo[i]]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", todo[i], " (", calls_->address(todo[i]),
+          ") did not take the model after all ", chunks[i],
+          " weight chunks (another worker took the installation over?)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Client::Register(const v1::ModelLayout& layout,
@@ -79,18 +130,46 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   std::vector<ShardRange> ranges(n);
   std::vector<v1::RegisterResponse> resps(n);
   {
-    // A copy of the weights: freed before the replica is allocated.
+    // Join every shard; a shard without a model makes this worker its
+    // installer, and then gets the weights chunk by chunk.
     std::vector<v1::RegisterRequest> reqs(n);
     std::vector<size_t> all(n);
     for (size_t s = 0; s < n; ++s) {
       all[s] = s;
       ranges[s] = ShardRangeFor(total, static_cast<uint32_t>(n),
                                 static_cast<uint32_t>(s));
-      reqs[s] = RegisterRequestFor(
-          s, initial_weights.subspan(ranges[s].begin, ranges[s].size()), 0);
+      reqs[s] = RegisterRequestFor(s, 0);
     }
-    for (absl::Status& st : calls_->Register(all, reqs, &resps)) {
-      if (!st.ok()) return st;
+    // Shards another worker is installing are asked again only after this
+    // worker has installed the shards it got first: two workers each
+    // installing one shard must not wait for each other.
+    std::vector<size_t> busy;
+    std::vector<size_t> joined;
+    std::vector<absl::Status> first =
+        calls_->Register(all, reqs, &resps, /*retry_busy=*/false);
+    for (size_t s = 0; s < n; ++s) {
+      if (first[s].ok()) {
+        joined.push_back(s);
+      } else if (ReasonOf(first[s]) == v1::REJECT_REASON_BUSY) {
+        busy.push_back(s);
+      } else {
+        return first[s];
+      }
+    }
+    auto slice = [&](size_t s) {
+      return initial_weights.subspan(ranges[s].begin, ranges[s].size());
+    };
+    if (absl::Status st = SendWeights(joined, slice, 0, &resps); !st.ok()) {
+      return st;
+    }
+    if (!busy.empty()) {
+      for (absl::Status& st : calls_->Register(busy, reqs, &resps)) {
+        if (!st.ok()) return st;
+      }
+      // The installer went silent and this worker took over.
+      if (absl::Status st = SendWeights(busy, slice, 0, &resps); !st.ok()) {
+        return st;
+      }
     }
   }
   // A previous incarnation of this worker may have crashed after its push
@@ -169,10 +248,18 @@ absl::Status Client::SetChunking(size_t s, const v1::RegisterResponse& resp) {
 }
 
 absl::StatusOr<uint64_t> Client::Rejoin(size_t s, uint64_t resume_step) {
-  v1::RegisterRequest req = RegisterRequestFor(s, replica_.slice(s),
-                                               resume_step);
-  v1::RegisterResponse resp;
-  if (absl::Status st = calls_->Register(s, req, &resp); !st.ok()) return st;
+  v1::RegisterRequest req = RegisterRequestFor(s, resume_step);
+  std::vector<v1::RegisterResponse> resps(calls_->size());
+  if (absl::Status st = calls_->Register(s, req, &resps[s]); !st.ok()) {
+    return st;
+  }
+  // A shard that lost its model takes this worker's replica as weights.
+  if (absl::Status st = SendWeights(
+          {s}, [&](size_t) { return replica_.slice(s); }, resume_step, &resps);
+      !st.ok()) {
+    return st;
+  }
+  const v1::RegisterResponse& resp = resps[s];
   if (absl::Status st = SetChunking(s, resp); !st.ok()) return st;
   metrics_.CountRejoin();
   if (absl::Status st = SetStage(s, resp.stage()); !st.ok()) return st;

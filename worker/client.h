@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -193,9 +194,15 @@ class Client {
   absl::StatusOr<std::optional<Preconditioner>> PrepareStage(
       size_t s, v1::OptimizerStage stage);
   absl::Status SetStage(size_t s, v1::OptimizerStage stage);
-  v1::RegisterRequest RegisterRequestFor(size_t s,
-                                         absl::Span<const float> weights,
-                                         uint64_t resume_step) const;
+  // A chunked Register of shard s, without weights.
+  v1::RegisterRequest RegisterRequestFor(size_t s, uint64_t resume_step) const;
+  // For each shard in `shards` whose (*resps)[s] says the model is not
+  // ready (this worker installs it), sends slice(s) chunk by chunk; the
+  // completing call's answer replaces (*resps)[s].
+  absl::Status SendWeights(
+      const std::vector<size_t>& shards,
+      absl::FunctionRef<absl::Span<const float>(size_t)> slice,
+      uint64_t resume_step, std::vector<v1::RegisterResponse>* resps);
 
   const ClientOptions options_;
   ClientMetrics metrics_;

@@ -56,7 +56,7 @@ absl::Status ShardCalls::CallError(const char* method, size_t s,
 
 std::vector<absl::Status> ShardCalls::CallEach(
     const std::vector<size_t>& shards, absl::Duration attempt_timeout,
-    const char* method, Start start) {
+    const char* method, Start start, bool retry_busy) {
   std::vector<absl::Status> out(shards.size());
   std::vector<size_t> pending(shards.size());  // indexes into shards
   for (size_t i = 0; i < shards.size(); ++i) pending[i] = i;
@@ -83,7 +83,10 @@ std::vector<absl::Status> ShardCalls::CallEach(
       const size_t shard = shards[pending[i]];
       if (result[i].ok()) {
         out[pending[i]] = absl::OkStatus();
-      } else if (Retriable(result[i]) && absl::Now() < give_up) {
+      } else if (Retriable(result[i]) && absl::Now() < give_up &&
+                 (retry_busy ||
+                  ReasonOf(FromGrpcStatus(result[i], *ctx[i])) !=
+                      v1::REJECT_REASON_BUSY)) {
         again.push_back(pending[i]);
       } else {
         out[pending[i]] = CallError(method, shard, result[i], *ctx[i]);
@@ -101,12 +104,14 @@ std::vector<absl::Status> ShardCalls::CallEach(
 std::vector<absl::Status> ShardCalls::Register(
     const std::vector<size_t>& shards,
     const std::vector<v1::RegisterRequest>& reqs,
-    std::vector<v1::RegisterResponse>* resps) {
-  return CallEach(shards, options_.rpc_timeout, "Register",
-                  [&](size_t s, grpc::ClientContext* ctx, Done done) {
-                    stubs_[s]->async()->Register(ctx, &reqs[s], &(*resps)[s],
-                                                 std::move(done));
-                  });
+    std::vector<v1::RegisterResponse>* resps, bool retry_busy) {
+  return CallEach(
+      shards, options_.rpc_timeout, "Register",
+      [&](size_t s, grpc::ClientContext* ctx, Done done) {
+        stubs_[s]->async()->Register(ctx, &reqs[s], &(*resps)[s],
+                                     std::move(done));
+      },
+      retry_busy);
 }
 
 std::vector<absl::Status> ShardCalls::Push(
@@ -312,6 +317,23 @@ std::vector<absl::Status> ShardCalls::PullChunks(
              v1::PullResponse* resp, Done done) {
         stubs_[s]->async()->Pull(ctx, req, resp, std::move(done));
       });
+}
+
+std::vector<absl::Status> ShardCalls::RegisterChunks(
+    const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
+    PrepareRegister prepare, FinishRegister finish) {
+  std::vector<absl::Status> out =
+      CallChunks<v1::RegisterRequest, v1::RegisterResponse>(
+          "Register", options_.rpc_timeout, shards, chunks, &register_slots_,
+          prepare, finish,
+          [this](size_t s, grpc::ClientContext* ctx,
+                 const v1::RegisterRequest* req, v1::RegisterResponse* resp,
+                 Done done) {
+            stubs_[s]->async()->Register(ctx, req, resp, std::move(done));
+          });
+  // Weight chunks are needed once per shard: free their buffers.
+  for (size_t s : shards) register_slots_[s].reset();
+  return out;
 }
 
 }  // namespace pserver

@@ -61,10 +61,12 @@ class ShardCalls {
   // each has an answer or gave up. reqs/resps are indexed by shard (size()
   // entries; only those in `shards` are used); the result by position in
   // `shards`.
+  // retry_busy = false: a shard that answers REJECT_REASON_BUSY (another
+  // worker is installing the model) is not retried here; its status says so.
   std::vector<absl::Status> Register(
       const std::vector<size_t>& shards,
       const std::vector<v1::RegisterRequest>& reqs,
-      std::vector<v1::RegisterResponse>* resps);
+      std::vector<v1::RegisterResponse>* resps, bool retry_busy = true);
   std::vector<absl::Status> Push(const std::vector<size_t>& shards,
                                  const std::vector<v1::PushRequest>& reqs,
                                  std::vector<v1::PushResponse>* resps);
@@ -105,6 +107,15 @@ class ShardCalls {
   std::vector<absl::Status> PullChunks(const std::vector<size_t>& shards,
                                        const std::vector<uint32_t>& chunks,
                                        PreparePull prepare, FinishPull finish);
+  // A chunked Register's weight chunks (RegisterRequest.chunked_weights).
+  using PrepareRegister = absl::FunctionRef<absl::Status(
+      size_t s, uint32_t c, v1::RegisterRequest*)>;
+  using FinishRegister = absl::FunctionRef<absl::Status(
+      size_t s, uint32_t c, const v1::RegisterResponse&)>;
+  std::vector<absl::Status> RegisterChunks(const std::vector<size_t>& shards,
+                                           const std::vector<uint32_t>& chunks,
+                                           PrepareRegister prepare,
+                                           FinishRegister finish);
   // Chunk calls in flight per shard.
   static constexpr int kWindow = 4;
 
@@ -131,7 +142,8 @@ class ShardCalls {
                          const grpc::ClientContext& ctx) const;
   std::vector<absl::Status> CallEach(const std::vector<size_t>& shards,
                                      absl::Duration attempt_timeout,
-                                     const char* method, Start start);
+                                     const char* method, Start start,
+                                     bool retry_busy = true);
 
   const ShardCallOptions options_;
   ClientMetrics* const metrics_;
@@ -141,6 +153,9 @@ class ShardCalls {
       push_slots_;
   std::vector<std::unique_ptr<Slots<v1::PullRequest, v1::PullResponse>>>
       pull_slots_;
+  std::vector<
+      std::unique_ptr<Slots<v1::RegisterRequest, v1::RegisterResponse>>>
+      register_slots_;
 };
 
 }  // namespace pserver

@@ -109,6 +109,8 @@ TEST(ReplicaTracker, Fp32PullCodecMakesXHatEqualXWithoutDelta) {
   std::vector<float> scratch(64);
   EXPECT_EQ(t->Advance(x1, 1, absl::MakeSpan(scratch)), 0.0);
   EXPECT_EQ(Span(t->x_hat()), x1);
+  // A view of the weights, not a copy: no memory for x_hat.
+  EXPECT_EQ(t->x_hat().data(), x1.data());
   EXPECT_TRUE(t->delta().empty());
   EXPECT_EQ(t->prev_checksum(), ChecksumOf(x0));
   EXPECT_EQ(t->checksum(), ChecksumOf(x1));

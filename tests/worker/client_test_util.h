@@ -92,10 +92,11 @@ inline absl::StatusOr<std::unique_ptr<ShardServer>> StartShard(
   return ShardServer::Start(c, o, registry);
 }
 
-inline std::unique_ptr<Cluster> StartCluster(uint32_t shards, uint32_t workers,
-                                      const OptimizerConfig& opt,
-                                      v1::Codec pull_codec) {
+inline std::unique_ptr<Cluster> StartCluster(
+    uint32_t shards, uint32_t workers, const OptimizerConfig& opt,
+    v1::Codec pull_codec, uint64_t chunk_elements = kDefaultChunkElements) {
   auto c = std::make_unique<Cluster>();
+  c->config.chunk_elements = chunk_elements;
   c->config.num_shards = shards;
   c->config.num_workers = workers;
   c->config.optimizer = opt;
