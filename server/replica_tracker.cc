@@ -42,7 +42,7 @@ ReplicaTracker::ReplicaTracker(uint32_t shard_index, v1::Codec pull_codec,
 
 void ReplicaTracker::DropAnswers() {
   delta_answers_.assign(plan_.num_chunks(), nullptr);
-  snapshot_answers_.assign(plan_.num_chunks(), nullptr);
+  snapshot_answers_.assign(plan_.num_chunks(), {});
 }
 
 void ReplicaTracker::Reset(absl::Span<const float> x, uint64_t chunk_elements) {
@@ -170,7 +170,8 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
                         req.step() == step &&
                         req.replica_step() == static_cast<int64_t>(step) - 1 &&
                         req.replica_checksum() == prev_checksum_;
-  PullAnswer& cached = delta_ok ? delta_answers_[c] : snapshot_answers_[c];
+  PullAnswer cached =
+      delta_ok ? delta_answers_[c] : snapshot_answers_[c].lock();
   if (cached == nullptr) {
     v1::PullResponse header;
     header.set_step(step);
@@ -194,6 +195,11 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
           header, head,
           absl::string_view(reinterpret_cast<const char*>(begin),
                             Fp32Bytes(plan_.size(c))));
+    }
+    if (delta_ok) {
+      delta_answers_[c] = cached;
+    } else {
+      snapshot_answers_[c] = cached;
     }
   }
   return cached;

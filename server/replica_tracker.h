@@ -84,8 +84,11 @@ class ReplicaTracker {
   uint64_t prev_checksum_ = 0;
   uint64_t checksum_ = 0;
   // Answers of the current step, shared by every pull that gets them.
-  std::vector<PullAnswer> delta_answers_;     // per chunk, built on demand
-  std::vector<PullAnswer> snapshot_answers_;
+  std::vector<PullAnswer> delta_answers_;  // per chunk, built on demand
+  // Snapshots are fp32 (as large as the slice): kept only while some pull
+  // holds them (waiting or on the wire), so they are shared by the pulls in
+  // flight together but cost no memory between pulls.
+  std::vector<std::weak_ptr<const PullChunk>> snapshot_answers_;
   uint64_t answers_step_ = 0;
   v1::OptimizerStage answers_stage_ = v1::OPTIMIZER_STAGE_UNSPECIFIED;
 };

@@ -178,11 +178,21 @@ TEST(ReplicaTracker, AnswersAreSharedWithinAStepAndRebuiltAfter) {
   prev = t->checksum();
   const std::vector<float> old_hat = Span(t->x_hat());
   t->Advance(Gradient(n, 0, 2), 2, absl::MakeSpan(scratch));
-  v1::PullResponse d3 = t->Answer(PullRequestFor(0, 2, 1, prev), 2, stage)->Parse();
-  EXPECT_EQ(d3.kind(), v1::PULL_KIND_DELTA);
-  EXPECT_EQ(d3.step(), 2u);
+  PullAnswer d3 = t->Answer(PullRequestFor(0, 2, 1, prev), 2, stage);
+  EXPECT_EQ(d3->Parse().kind(), v1::PULL_KIND_DELTA);
+  EXPECT_EQ(d3->Parse().step(), 2u);
   EXPECT_EQ(d1->Parse().step(), 1u);
   EXPECT_EQ(DecodeAll(s1->Parse().weights()), old_hat);
+  // A snapshot (fp32, slice-sized) lives only while a pull holds it; the
+  // small delta stays cached for the step.
+  std::weak_ptr<const PullChunk> snapshot = s3, delta = d3;
+  s3.reset();
+  d3.reset();
+  PullAnswer s4 = t->Answer(PullRequestFor(0, 2, -1, 0), 2, stage);
+  snapshot = s4;
+  s4.reset();
+  EXPECT_TRUE(snapshot.expired());
+  EXPECT_FALSE(delta.expired());
 }
 
 TEST(ReplicaTracker, InvalidateSendsSnapshotsUntilTheNextAdvance) {
