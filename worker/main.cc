@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/codec.h"
 #include "common/daemon/command_line.h"
@@ -147,13 +148,30 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       "\"test_loss\": %.6f, \"last_loss\": %.6f, "
       "\"push_bytes\": %d, \"pull_bytes\": %d, \"push_fp32_bytes\": %d, "
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
-      "\"encode_seconds\": %.4f}\n",
+      "\"encode_seconds\": %.4f, ",
       c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
       t.model, t.init == InitScheme::kPyTorch ? "pytorch" : "he_normal",
       t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
       r.wall_seconds, r.test_accuracy, r.test_loss, r.last_loss,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
       s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds);
+  // Per step, in order (tests/bench/network.sh takes medians of these).
+  out << "\"step_seconds\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppendFormat(o, "%.6f", x.seconds);
+                       })
+      << "], \"step_push_bytes\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppend(o, x.push_bytes);
+                       })
+      << "], \"step_pull_bytes\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppend(o, x.pull_bytes);
+                       })
+      << "]}\n";
 }
 
 int Run() {
