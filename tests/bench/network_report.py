@@ -233,8 +233,13 @@ def svg(runs, a):
         xl = x(r["wire_limit_seconds"])
         s.append(f'<line x1="{xl:.1f}" y1="{y + 1}" x2="{xl:.1f}" y2="{y + row - 1}" '
                  'stroke="#d62728" stroke-width="3" stroke-dasharray="4,2"/>')
-        s.append(f'<text x="{x(r["median_step_seconds"]) + 4:.1f}" y="{y + row / 2 + 4:.0f}" '
-                 f'font-size="10">{r["median_step_seconds"]:.2f} s ({r["step_over_limit"]:.1f}x limit)</text>')
+        label = f'{r["median_step_seconds"]:.2f} s ({r["step_over_limit"]:.1f}x limit)'
+        xm = x(r["median_step_seconds"])
+        if xm + 130 > W:  # no room right of the bar: inside it, in white
+            s.append(f'<text x="{xm - 6:.1f}" y="{y + row / 2 + 4:.0f}" font-size="10" '
+                     f'text-anchor="end" fill="white">{label}</text>')
+        else:
+            s.append(f'<text x="{xm + 4:.1f}" y="{y + row / 2 + 4:.0f}" font-size="10">{label}</text>')
     ly = bottom + 52
     s.append(f'<rect x="{left}" y="{ly - 9}" width="12" height="10" fill="#1f77b4"/>'
              f'<rect x="{left + 14}" y="{ly - 9}" width="12" height="10" fill="#ff7f0e"/>'
