@@ -167,6 +167,9 @@ stop_pids() {
   for pid in "$@"; do kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
 }
 
+if ip netns list | grep -q "^$HUB\b"; then
+  die "namespace $HUB exists already (left by a run killed with SIGKILL?); remove the $TAG-* namespaces with ip netns delete"
+fi
 ip netns add "$HUB" 2>/dev/null || die "ip netns add failed (no permission for network namespaces here)"
 NAMESPACES+=("$HUB")
 ip -n "$HUB" link set lo up

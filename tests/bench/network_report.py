@@ -280,7 +280,7 @@ def main():
         f"(the first {a.drop} dropped: connections, 1-bit Adam's warmup of {a.freeze_step} rounds "
         "with bf16 pushes, PowerSGD's uncompressed first steps); average step: the slowest "
         "worker's mean over all steps, warmup included.",
-        "Bytes: pserver from the workers' summaries (encoded payload; framing not counted); "
+        "MB: 10^6 bytes. Bytes: pserver from the workers' summaries (encoded payload; framing not counted); "
         "DDP computed as the ring allreduce volume 2(N-1)/N x the bytes of one allreduce of "
         "the gradient (sent, and the same received, per worker).",
         "Wire limit: pserver a shard link's ingress plus egress per step (push and pull do not "
