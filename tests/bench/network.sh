@@ -85,6 +85,9 @@ for n in PARAMS TENSORS STEPS DROP FREEZE_STEP RUN_TIMEOUT; do
 done
 (( TENSORS <= PARAMS )) || die "TENSORS is $TENSORS; expected at most PARAMS ($PARAMS)"
 (( DROP < STEPS )) || die "DROP is $DROP; expected fewer than STEPS ($STEPS) so that some steps remain"
+[[ "$K_FRACTION" =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] ||
+  die "K_FRACTION is '$K_FRACTION'; expected a fraction in (0, 1] like 0.01"
+[[ -n "${RUNS// /}" ]] || die "RUNS is empty; expected some of fp32 onebit topk ddp_fp32 ddp_fp16 ddp_powersgd"
 [[ "$RATE" =~ ^([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit)$ ]] ||
   die "RATE is '$RATE'; expected a number with bit, kbit, mbit or gbit (like 1gbit)"
 RATE_BPS=$(awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" 'BEGIN {
