@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/codec.h"
 #include "common/daemon/command_line.h"
@@ -81,7 +82,8 @@ ABSL_FLAG(int64_t, state_every, 100, "steps between saves of --state_file");
 ABSL_FLAG(std::string, save_weights, "",
           "if set, write the final weights here as raw little-endian fp32");
 ABSL_FLAG(std::string, summary_json, "",
-          "if set, write the final summary (accuracy, bytes, time) here");
+          "if set, write the final summary (accuracy, bytes, time; per "
+          "step: seconds, pushed and pulled payload bytes) here as JSON");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle the shards' certificates must chain to; turns on TLS "
           "(empty: plaintext)");
@@ -147,13 +149,30 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       "\"test_loss\": %.6f, \"last_loss\": %.6f, "
       "\"push_bytes\": %d, \"pull_bytes\": %d, \"push_fp32_bytes\": %d, "
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
-      "\"encode_seconds\": %.4f}\n",
+      "\"encode_seconds\": %.4f, ",
       c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
       t.model, t.init == InitScheme::kPyTorch ? "pytorch" : "he_normal",
       t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
       r.wall_seconds, r.test_accuracy, r.test_loss, r.last_loss,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
       s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds);
+  // Per step, in order (tests/bench/network.sh takes medians of these).
+  out << "\"step_seconds\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppendFormat(o, "%.6f", x.seconds);
+                       })
+      << "], \"step_push_bytes\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppend(o, x.push_bytes);
+                       })
+      << "], \"step_pull_bytes\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppend(o, x.pull_bytes);
+                       })
+      << "]}\n";
 }
 
 int Run() {

@@ -141,6 +141,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   TrainResult result;
   Progress progress(o, log, worker_id, total);
   absl::Time start = absl::Now();
+  uint64_t pushed = client->stats().push_payload_bytes;
+  uint64_t pulled = client->stats().pull_payload_bytes;
   auto evaluate = [&](int64_t epoch) {
     std::optional<EvalResult> e = model.Evaluate(client->weights());
     if (!e.has_value()) return;
@@ -164,7 +166,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     if (absl::Status s = client->Step(grad); !s.ok()) return s;
     result.last_loss = *loss;
     const int64_t done = static_cast<int64_t>(client->step());
-    metrics->ObserveStep(absl::ToDoubleSeconds(absl::Now() - t0), done, *loss);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    const ClientStats& now = client->stats();
+    result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
+                               now.pull_payload_bytes - pulled});
+    pushed = now.push_payload_bytes;
+    pulled = now.pull_payload_bytes;
+    metrics->ObserveStep(seconds, done, *loss);
     if (exported) metrics->SetResidualNorm(client->ResidualNorm());
     progress.Update(done, per_epoch > 0 ? step / per_epoch : 0, *loss,
                     client->stats(), done >= total);

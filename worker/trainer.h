@@ -43,6 +43,15 @@ struct TrainerOptions {
   int64_t state_every = 100;
 };
 
+// One step as this worker ran it: wall time from the gradient's start to the
+// next step's weights (compute, push, pull), and the encoded payload bytes it
+// pushed and pulled.
+struct StepRecord {
+  double seconds = 0;
+  uint64_t push_bytes = 0;
+  uint64_t pull_bytes = 0;
+};
+
 struct TrainResult {
   int64_t steps = 0;
   double wall_seconds = 0;
@@ -50,6 +59,7 @@ struct TrainResult {
   double test_accuracy = -1;  // -1 for a workload without a test set
   double test_loss = 0;
   ClientStats stats;  // the final weights are the client's weights()
+  std::vector<StepRecord> step_log;  // one per step run here, in order
 };
 
 // Registers with the shards (the model's initial weights from options.seed)

@@ -81,6 +81,57 @@ TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
   std::filesystem::remove_all(dir);
 }
 
+// The per-step record behind the worker's summary JSON (step_seconds,
+// step_push_bytes, step_pull_bytes; tests/bench/network.sh reads them): one
+// entry per step, in order, whose byte counts add up to the client's totals.
+TEST(Trainer, StepLogHasOneEntryPerStepAddingUpToTheClientTotals) {
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer.kind = OptimizerKind::kAdam;  // the push codec every step
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  auto server = ShardServer::Start(config, so, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.synthetic_params = 4096;
+  t.synthetic_tensors = 2;
+  t.steps = 6;
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
+  c.push_codec = v1::CODEC_ONEBIT;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  const ClientStats before = (*client)->stats();
+  absl::StatusOr<TrainResult> r =
+      RunTraining(t, client->get(), nullptr, nullptr, 0, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->step_log.size(), 6u);
+  uint64_t pushed = 0, pulled = 0;
+  double seconds = 0;
+  for (const StepRecord& s : r->step_log) {
+    EXPECT_GT(s.seconds, 0.0);
+    // A 1-bit push of a fixed layout has the same size every step.
+    EXPECT_EQ(s.push_bytes, r->step_log[0].push_bytes);
+    EXPECT_GT(s.push_bytes, 0u);
+    EXPECT_GT(s.pull_bytes, 0u);
+    pushed += s.push_bytes;
+    pulled += s.pull_bytes;
+    seconds += s.seconds;
+  }
+  // 4096 parameters as 1 bit each plus block scales: far below fp32.
+  EXPECT_LT(r->step_log[0].push_bytes, 4096u * 4 / 8);
+  // Registration's traffic (one fp32 snapshot pull of the 4096 parameters)
+  // is outside the steps; everything else is in one of them.
+  EXPECT_EQ(pushed, r->stats.push_payload_bytes - before.push_payload_bytes);
+  EXPECT_EQ(pulled + 4096u * 4,
+            r->stats.pull_payload_bytes - before.pull_payload_bytes);
+  EXPECT_LE(seconds, r->wall_seconds);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
 TEST(Trainer, UnknownModelIsRefusedNamingTheChoices) {
   ClientOptions c;
   c.server_addresses = {"127.0.0.1:1"};

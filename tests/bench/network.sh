@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# Network benchmark (not a unit test; needs root): the real daemons on
+# shaped links. Two shard hosts and four worker hosts, each a network
+# namespace with a veth onto one Linux bridge (in a hub namespace of its
+# own); every host's link is shaped with tc tbf in both directions (egress on
+# the hub's end of the veth = into the host, egress inside the host = out of
+# it), RATE each way. On it:
+#   fp32    pserver, --optimizer=adam, fp32 pushes and pulls
+#   onebit  pserver, 1-bit Adam as deploy/local.sh runs it (--optimizer=
+#           onebit_adam, bf16 pushes in its warmup, then 1-bit pushes; 1-bit
+#           pulls), v frozen after FREEZE_STEP rounds
+#   topk    pserver, the same 1-bit Adam with TopK pushes (K_FRACTION) and
+#           1-bit pulls
+#   ddp_fp32, ddp_fp16, ddp_powersgd
+#           PyTorch DDP over gloo on the four worker hosts (rank r on worker
+#           host r, rank 0's store on the first), same parameter count:
+#           DDP's allreduce, fp16_compress_hook, PowerSGD rank 4
+#           (tests/bench/network_ddp.py)
+# Every pserver run trains pserver_worker's synthetic model (PARAMS
+# parameters in TENSORS tensors, seeded random gradients) for STEPS steps.
+# For each run it reports the median step after the first DROP steps, the
+# average step over the whole run (warmup included), bytes per worker per
+# step, the run's wire-time limit (bytes its busiest link must carry per
+# step / RATE) and step / limit: a table on stdout, network.md, network.json
+# and network.svg (tests/bench/network_report.py says how each figure is
+# computed). Takes about 10 minutes with the defaults.
+#
+#   sudo tests/bench/network.sh                     # results in a new /tmp/pserver-network.* folder
+#   sudo tests/bench/network.sh --results           # into tests/bench/results/
+#   sudo RATE=100mbit PARAMS=2000000 RUNS="fp32 onebit" tests/bench/network.sh
+#
+# Options: --results (write to tests/bench/results), --out DIR, --build DIR
+# (default build/, as BUILD_DIR), --help. Variables (defaults):
+#   RATE=1gbit        link rate each way, a tc rate in bit/s units (bit, kbit,
+#                     mbit, gbit)
+#   PARAMS=25000000 TENSORS=8 STEPS=30   the synthetic model and run length
+#   DROP=8            steps left out of the median (warm-up: connections,
+#                     1-bit Adam's fp32/bf16 warmup, PowerSGD's first steps)
+#   FREEZE_STEP=4     1-bit Adam's warmup rounds (onebit, topk)
+#   K_FRACTION=0.01   topk: fraction of elements pushed
+#   RUNS="fp32 onebit topk ddp_fp32 ddp_fp16 ddp_powersgd"
+#   RUN_TIMEOUT=120+30*STEPS seconds per run before it is killed and failed
+#   BURST (bytes; default 2 ms at RATE, at least 64 KiB), TBF_LATENCY=50ms
+#   PYTHON=/usr/bin/python3 (with torch, for the DDP runs)
+# Everything it creates (namespaces, the bridge, the processes) is removed on
+# every exit; results stay in the output folder, logs and each run's raw data
+# (summary JSONs, /metrics pages, tc counters) in a /tmp folder it names.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="${BUILD_DIR:-$ROOT/build}"
+OUT=""
+die() { echo "network.sh: $*" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --results) OUT="$ROOT/tests/bench/results"; shift ;;
+    --out) [[ $# -ge 2 && -n "$2" ]] || die "--out needs a folder"; OUT="$2"; shift 2 ;;
+    --build) [[ $# -ge 2 && -n "$2" ]] || die "--build needs a folder"; BUILD="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1'; expected --results, --out DIR, --build DIR or --help" ;;
+  esac
+done
+
+RATE="${RATE:-1gbit}"
+PARAMS="${PARAMS:-25000000}"
+TENSORS="${TENSORS:-8}"
+STEPS="${STEPS:-30}"
+DROP="${DROP:-8}"
+FREEZE_STEP="${FREEZE_STEP:-4}"
+K_FRACTION="${K_FRACTION:-0.01}"
+RUNS="${RUNS:-fp32 onebit topk ddp_fp32 ddp_fp16 ddp_powersgd}"
+RUN_TIMEOUT="${RUN_TIMEOUT:-$((120 + 30 * STEPS))}"
+TBF_LATENCY="${TBF_LATENCY:-50ms}"
+PYTHON="${PYTHON:-/usr/bin/python3}"
+SERVER="$BUILD/server/pserver_server"
+WORKER="$BUILD/worker/pserver_worker"
+HERE="$ROOT/tests/bench"
+
+# Preconditions, each with one line saying what is wrong.
+[[ $(id -u) -eq 0 ]] || die "needs root (network namespaces and tc); run it with sudo"
+for tool in ip tc; do
+  command -v "$tool" >/dev/null || die "'$tool' not found; install iproute2 (apt-get install iproute2)"
+done
+for n in PARAMS TENSORS STEPS DROP FREEZE_STEP RUN_TIMEOUT; do
+  [[ "${!n}" =~ ^[0-9]+$ && "${!n}" -gt 0 ]] || die "$n is '${!n}'; expected a positive integer"
+done
+(( TENSORS <= PARAMS )) || die "TENSORS is $TENSORS; expected at most PARAMS ($PARAMS)"
+(( DROP < STEPS )) || die "DROP is $DROP; expected fewer than STEPS ($STEPS) so that some steps remain"
+[[ "$K_FRACTION" =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] ||
+  die "K_FRACTION is '$K_FRACTION'; expected a fraction in (0, 1] like 0.01"
+[[ -n "${RUNS// /}" ]] || die "RUNS is empty; expected some of fp32 onebit topk ddp_fp32 ddp_fp16 ddp_powersgd"
+[[ "$RATE" =~ ^([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit)$ ]] ||
+  die "RATE is '$RATE'; expected a number with bit, kbit, mbit or gbit (like 1gbit)"
+RATE_BPS=$(awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" 'BEGIN {
+  m = (u == "gbit") ? 1e9 : (u == "mbit") ? 1e6 : (u == "kbit") ? 1e3 : 1; printf "%.0f", n * m }')
+(( RATE_BPS >= 1000000 )) || die "RATE is '$RATE'; expected at least 1mbit"
+BURST="${BURST:-$(( RATE_BPS / 8 / 500 > 65536 ? RATE_BPS / 8 / 500 : 65536 ))}"
+[[ "$BURST" =~ ^[0-9]+$ ]] || die "BURST is '$BURST'; expected bytes, a positive integer"
+for r in $RUNS; do
+  case "$r" in
+    fp32|onebit|topk) [[ -x "$SERVER" && -x "$WORKER" ]] ||
+      die "no $SERVER or $WORKER; build them first (cmake --build build --target pserver_server_bin pserver_worker_bin) or pass --build DIR" ;;
+    ddp_fp32|ddp_fp16|ddp_powersgd)
+      [[ -x "$PYTHON" ]] || die "$PYTHON not found; the DDP runs need it (or leave them out of RUNS)"
+      "$PYTHON" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null ||
+        die "$PYTHON has no torch with gloo (apt-get install python3-torch), needed by $r" ;;
+    *) die "RUNS has '$r'; expected fp32, onebit, topk, ddp_fp32, ddp_fp16 or ddp_powersgd" ;;
+  esac
+done
+[[ -x "$PYTHON" ]] || die "$PYTHON not found; the report needs it"
+
+DIR="$(mktemp -d /tmp/pserver-network.XXXXXX)"  # logs and raw data, kept
+OUT="${OUT:-$DIR}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+
+TAG="pnb$$"          # every name made here starts with it (veth names <= 15 chars)
+HUB="$TAG-hub"
+NAMESPACES=()
+PIDS=()              # processes started and not yet reaped
+cleanup() {
+  local code=$? pid ns alive
+  trap - EXIT INT TERM
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 50); do
+    alive=0; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && break; sleep 0.1
+  done
+  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  # Anything else still running in our namespaces was started by this script.
+  for ns in "${NAMESPACES[@]}"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  done
+  wait 2>/dev/null || true
+  # Deleting a namespace deletes the veth ends in it, their peers and the
+  # bridge in the hub.
+  for ns in "${NAMESPACES[@]}"; do ip netns delete "$ns" 2>/dev/null || true; done
+  if [[ $code -ne 0 ]]; then
+    echo "network.sh: failed; logs in $DIR, the last lines:" >&2
+    for f in "$DIR"/*/*.log; do [[ -f "$f" ]] && { echo "== $f"; tail -5 "$f"; }; done >&2
+  fi
+  exit "$code"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+fail() { echo "network.sh: $*" >&2; exit 1; }
+
+# wait_pids SECONDS WHAT PID...: every PID exits 0 within SECONDS, or fail.
+wait_pids() {
+  local limit=$1 what=$2 pid code
+  shift 2
+  local deadline=$((SECONDS + limit))
+  for pid in "$@"; do
+    while kill -0 "$pid" 2>/dev/null; do
+      (( SECONDS < deadline )) || fail "$what: still running after $limit s (raise RUN_TIMEOUT)"
+      sleep 0.2
+    done
+    code=0; wait "$pid" || code=$?
+    [[ $code -eq 0 ]] || fail "$what: a process exited with code $code"
+  done
+}
+# stop_pids PID...: SIGTERM, 15 s to exit, then SIGKILL; all reaped after.
+stop_pids() {
+  local pid
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 150); do
+    local alive=0
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && break; sleep 0.1
+  done
+  for pid in "$@"; do kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+}
+
+if ip netns list | grep -q "^$HUB\b"; then
+  die "namespace $HUB exists already (left by a run killed with SIGKILL?); remove the $TAG-* namespaces with ip netns delete"
+fi
+ip netns add "$HUB" 2>/dev/null || die "ip netns add failed (no permission for network namespaces here)"
+NAMESPACES+=("$HUB")
+ip -n "$HUB" link set lo up
+ip -n "$HUB" link add name br0 type bridge
+ip -n "$HUB" link set br0 up
+
+SHARD_IP=(198.18.1.10 198.18.1.11)
+WORKER_IP=(198.18.1.20 198.18.1.21 198.18.1.22 198.18.1.23)
+HOSTS=(s0 s1 w0 w1 w2 w3)
+shape() {  # shape NS DEV: tbf at RATE as the root qdisc of DEV in NS
+  tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst "$BURST" latency "$TBF_LATENCY"
+}
+host() {  # host NAME ADDRESS: a namespace on the bridge, its link shaped both ways
+  local ns="$TAG-$1"
+  ip netns add "$ns"; NAMESPACES+=("$ns")
+  ip -n "$ns" link set lo up
+  ip link add name "$TAG$1" netns "$HUB" type veth peer name eth0 netns "$ns"
+  ip -n "$HUB" link set "$TAG$1" master br0 up
+  ip -n "$ns" addr add "$2/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  shape "$HUB" "$TAG$1"  # into the host
+  shape "$ns" eth0       # out of the host
+}
+for s in 0 1; do host "s$s" "${SHARD_IP[$s]}"; done
+for w in 0 1 2 3; do host "w$w" "${WORKER_IP[$w]}"; done
+
+# tc_bytes FILE: bytes each host's link has carried so far, "HOST in|out N".
+tc_bytes() {
+  local h
+  for h in "${HOSTS[@]}"; do
+    echo "$h in $(tc -n "$HUB" -s qdisc show dev "$TAG$h" | sed -n 's/^ *Sent \([0-9]*\) bytes.*/\1/p' | head -1)"
+    echo "$h out $(tc -n "$TAG-$h" -s qdisc show dev eth0 | sed -n 's/^ *Sent \([0-9]*\) bytes.*/\1/p' | head -1)"
+  done >"$1"
+}
+# scrape NS URL FILE: the metrics page, fetched from inside NS.
+scrape() {
+  ip netns exec "$1" "$PYTHON" -c 'import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$2" >"$3"
+}
+
+# run_pserver NAME SERVER_FLAGS WORKER_FLAGS (flag strings split on spaces)
+run_pserver() {
+  local name=$1 rd="$DIR/$1" s w
+  local -a sflags wflags spids=() wpids=()
+  read -r -a sflags <<<"$2"
+  read -r -a wflags <<<"$3"
+  mkdir -p "$rd"
+  printf 'kind=pserver\nserver_flags=%s\nworker_flags=%s\n' "$2" "$3" >"$rd/meta"
+  tc_bytes "$rd/tc.before"
+  for s in 0 1; do
+    ip netns exec "$TAG-s$s" "$SERVER" --shard_index=$s --num_shards=2 --num_workers=4 \
+      --listen="${SHARD_IP[$s]}:50051" --metrics_listen="${SHARD_IP[$s]}:9100" \
+      --port_file="$rd/shard$s.port" --drain_seconds=1 "${sflags[@]}" >"$rd/shard$s.log" 2>&1 &
+    spids+=($!); PIDS+=($!)
+  done
+  for s in 0 1; do
+    for _ in $(seq 300); do [[ -s "$rd/shard$s.port" ]] && break; sleep 0.1; done
+    [[ -s "$rd/shard$s.port" ]] || fail "$name: shard $s not listening after 30 s"
+  done
+  for w in 0 1 2 3; do
+    ip netns exec "$TAG-w$w" "$WORKER" --servers="${SHARD_IP[0]}:50051,${SHARD_IP[1]}:50051" \
+      --worker_id=$w --num_workers=4 --model=synthetic --synthetic_params="$PARAMS" \
+      --synthetic_tensors="$TENSORS" --steps="$STEPS" --progress=lines --log_interval=1000 \
+      --rpc_timeout=300 --pull_timeout=600 --metrics_listen= \
+      --summary_json="$rd/w$w.json" "${wflags[@]}" >"$rd/worker$w.log" 2>&1 &
+    wpids+=($!); PIDS+=($!)
+  done
+  wait_pids "$RUN_TIMEOUT" "$name: workers" "${wpids[@]}"
+  for s in 0 1; do
+    scrape "$TAG-s$s" "http://${SHARD_IP[$s]}:9100/metrics" "$rd/shard$s.metrics" ||
+      fail "$name: cannot read shard $s's /metrics"
+  done
+  tc_bytes "$rd/tc.after"
+  stop_pids "${spids[@]}"
+  PIDS=()
+}
+
+# run_ddp NAME HOOK PORT
+run_ddp() {
+  local name=$1 rd="$DIR/$1" w
+  local -a pids=()
+  mkdir -p "$rd"
+  printf 'kind=ddp\nhook=%s\n' "$2" >"$rd/meta"
+  tc_bytes "$rd/tc.before"
+  for w in 0 1 2 3; do
+    GLOO_SOCKET_IFNAME=eth0 ip netns exec "$TAG-w$w" "$PYTHON" "$HERE/network_ddp.py" \
+      --rank=$w --world_size=4 --master="${WORKER_IP[0]}:$3" --params="$PARAMS" \
+      --tensors="$TENSORS" --steps="$STEPS" --hook="$2" --timeout="$RUN_TIMEOUT" \
+      --json="$rd/r$w.json" >"$rd/rank$w.log" 2>&1 &
+    pids+=($!); PIDS+=($!)
+  done
+  wait_pids "$RUN_TIMEOUT" "$name: ranks" "${pids[@]}"
+  tc_bytes "$rd/tc.after"
+  PIDS=()
+}
+
+echo "network.sh: 2 shard + 4 worker hosts on a bridge, every link $RATE each way (tbf, burst $BURST B);" \
+  "$PARAMS parameters in $TENSORS tensors, $STEPS steps, median after the first $DROP; runs: $RUNS" >&2
+port=29500
+for r in $RUNS; do
+  start=$SECONDS
+  case "$r" in
+    fp32) run_pserver fp32 "--optimizer=adam --pull_codec=fp32" \
+            "--push_codec=fp32 --warmup_codec=fp32" ;;
+    onebit) run_pserver onebit "--optimizer=onebit_adam --freeze_step=$FREEZE_STEP --pull_codec=onebit" \
+              "--push_codec=onebit --warmup_codec=bf16" ;;
+    topk) run_pserver topk "--optimizer=onebit_adam --freeze_step=$FREEZE_STEP --pull_codec=onebit" \
+            "--push_codec=topk --warmup_codec=bf16 --k_fraction=$K_FRACTION" ;;
+    ddp_fp32) run_ddp ddp_fp32 fp32 $((port++)) ;;
+    ddp_fp16) run_ddp ddp_fp16 fp16 $((port++)) ;;
+    ddp_powersgd) run_ddp ddp_powersgd powersgd $((port++)) ;;
+  esac
+  echo "network.sh: $r done in $((SECONDS - start)) s" >&2
+done
+
+"$PYTHON" "$HERE/network_report.py" --runs_dir="$DIR" --runs="$RUNS" --rate_bps="$RATE_BPS" \
+  --rate="$RATE" --params="$PARAMS" --tensors="$TENSORS" --steps="$STEPS" --drop="$DROP" \
+  --freeze_step="$FREEZE_STEP" --k_fraction="$K_FRACTION" --burst="$BURST" --out="$OUT"
+echo "network.sh: wrote $OUT/network.md, network.json, network.svg (logs and raw data in $DIR)" >&2
