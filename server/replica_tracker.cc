@@ -93,6 +93,11 @@ void ReplicaTracker::Invalidate() {
 
 double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
                                absl::Span<float> scratch) {
+  return Advance(x, step, scratch, /*norm=*/true);
+}
+
+double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
+                               absl::Span<float> scratch, bool norm) {
   DropAnswers();
   prev_checksum_ = checksum_;
   double residual_norm = 0;
@@ -148,11 +153,13 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
                    std::string(s.message()).c_str());
       delta_.clear();
     }
-    for (uint64_t i = 0; i < n; ++i) {
-      double r = double{x[i]} - x_hat_[i];
-      residual_norm += r * r;
+    if (norm) {
+      for (uint64_t i = 0; i < n; ++i) {
+        double r = double{x[i]} - x_hat_[i];
+        residual_norm += r * r;
+      }
+      residual_norm = std::sqrt(residual_norm);
     }
-    residual_norm = std::sqrt(residual_norm);
   }
   checksum_ = ChecksumOf(hat_);
   return residual_norm;

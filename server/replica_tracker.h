@@ -48,6 +48,12 @@ class ReplicaTracker {
   // codec. `scratch` (x's length) is overwritten. Returns ||x - x_hat||.
   double Advance(absl::Span<const float> x, uint64_t step,
                  absl::Span<float> scratch);
+  // The same without computing ||x - x_hat|| (a pass over the slice);
+  // returns 0.
+  void AdvanceQuietly(absl::Span<const float> x, uint64_t step,
+                      absl::Span<float> scratch) {
+    Advance(x, step, scratch, /*norm=*/false);
+  }
   // The workers' replicas are not x_hat any more (the shard skipped rounds):
   // pulls get snapshots until the next Advance.
   void Invalidate();
@@ -70,6 +76,8 @@ class ReplicaTracker {
   ReplicaTracker(uint32_t shard_index, v1::Codec pull_codec,
                  std::unique_ptr<Codec> codec, ThreadPool* pool);
   void DropAnswers();
+  double Advance(absl::Span<const float> x, uint64_t step,
+                 absl::Span<float> scratch, bool norm);
 
   const uint32_t shard_index_;
   const v1::Codec pull_codec_id_;

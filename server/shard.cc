@@ -281,6 +281,9 @@ std::vector<Shard::Ready> Shard::Drain() {
 
 std::vector<Shard::Ready> Shard::CompleteRound() {
   double update_norm = 0, residual_norm = 0;
+  // The norms' gauges need passes over the slice: refreshed at most every
+  // kNormsPeriod (they are scraped every few seconds), not every round.
+  const bool norms = clock_->Now() - norms_at_ >= kNormsPeriod;
   double optimizer_seconds = 0;
   absl::Time pull_start;
   // WithMean runs the lambda synchronously, under mu_ still.
@@ -292,7 +295,11 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     // Downlink: the replica follows x through the pull codec; the mean is
     // free now and serves as scratch for x - x_hat.
     pull_start = clock_->Now();
-    residual_norm = replica_->Advance(x_, step_, mean);
+    if (norms) {
+      residual_norm = replica_->Advance(x_, step_, mean);
+    } else {
+      replica_->AdvanceQuietly(x_, step_, mean);
+    }
   });
   ++arrays_version_;
   catching_up_ = false;
@@ -301,7 +308,10 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   metrics_->ObserveRound(absl::ToDoubleSeconds(clock_->Now() - round_start_));
   metrics_->SetStep(step_);
   metrics_->SetStage(optimizer_->stage());
-  metrics_->SetNorms(update_norm, L2Norm(optimizer_->m()), residual_norm);
+  if (norms) {
+    norms_at_ = clock_->Now();
+    metrics_->SetNorms(update_norm, L2Norm(optimizer_->m()), residual_norm);
+  }
 
   std::vector<Ready> ready = round_.Clear();  // none: every chunk was summed
   if (writer_ != nullptr && config_.checkpoint_every > 0 &&

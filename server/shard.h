@@ -246,6 +246,9 @@ class Shard {
   const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
+  // When the norm gauges were last computed (CompleteRound).
+  absl::Time norms_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  static constexpr absl::Duration kNormsPeriod = absl::Seconds(1);
   PullWaiters waiters_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   // Status(): the checksum of x, x_hat, m and v, valid while

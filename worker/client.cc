@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,21 @@
 #include "common/rejection.h"
 
 namespace pserver {
+namespace {
+
+// Whether no value is NaN or infinite: an exponent of all ones. A branch-
+// free loop the compiler vectorizes (std::isfinite per element is not).
+bool AllFinite(absl::Span<const float> v) {
+  uint32_t bad = 0;
+  for (float f : v) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  return bad == 0;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ClientOptions& options, prometheus::Registry* registry) {
@@ -331,10 +347,12 @@ absl::Status Client::Step(absl::Span<const float> gradient) {
         absl::StrCat("gradient has ", gradient.size(), " elements; expected ",
                      num_params()));
   }
-  for (size_t i = 0; i < gradient.size(); ++i) {
-    if (!std::isfinite(gradient[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient[", i, "] is ", gradient[i], "; expected a finite value"));
+  if (!AllFinite(gradient)) {
+    for (size_t i = 0; i < gradient.size(); ++i) {
+      if (!std::isfinite(gradient[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gradient[", i, "] is ", gradient[i], "; expected a finite value"));
+      }
     }
   }
   const size_t n = calls_->size();

@@ -173,7 +173,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     pushed = now.push_payload_bytes;
     pulled = now.pull_payload_bytes;
     metrics->ObserveStep(seconds, done, *loss);
-    if (exported) metrics->SetResidualNorm(client->ResidualNorm());
+    if (exported) {
+      metrics->RefreshResidualNorm([&] { return client->ResidualNorm(); });
+    }
     progress.Update(done, per_epoch > 0 ? step / per_epoch : 0, *loss,
                     client->stats(), done >= total);
     SaveWorkerState(o, *client, log, done >= total);
