@@ -9,6 +9,24 @@
 #include "common/validated_tensor.h"
 
 namespace pserver {
+namespace {
+
+// sum v_i^2 in double, four independent sums (a serial sum would wait on
+// each add).
+double SquaredNorm(absl::Span<const float> v) {
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  size_t i = 0;
+  for (; i + 4 <= v.size(); i += 4) {
+    a0 += static_cast<double>(v[i]) * v[i];
+    a1 += static_cast<double>(v[i + 1]) * v[i + 1];
+    a2 += static_cast<double>(v[i + 2]) * v[i + 2];
+    a3 += static_cast<double>(v[i + 3]) * v[i + 3];
+  }
+  for (; i < v.size(); ++i) a0 += static_cast<double>(v[i]) * v[i];
+  return (a0 + a1) + (a2 + a3);
+}
+
+}  // namespace
 
 absl::Status EncodeWithFeedback(const Codec& codec, absl::Span<const float> g,
                                 absl::Span<const float> e_in, float decay,
@@ -74,12 +92,34 @@ absl::Status ErrorFeedback::EncodeAt(uint64_t offset, absl::Span<const float> g,
       EncodeWithFeedback(*codec_, g, e, decay_, seed, out, next);
   if (!s.ok()) return s;
   std::copy(next.begin(), next.end(), e.begin());
+  // Record the piece's squared norm; pieces cut differently before (another
+  // chunking) are forgotten.
+  auto it = piece_sq_.find(offset);
+  if (it == piece_sq_.end() || it->second.first != g.size()) {
+    const uint64_t end = offset + g.size();
+    auto first = piece_sq_.lower_bound(offset);
+    if (first != piece_sq_.begin()) {
+      auto prev = std::prev(first);
+      if (prev->first + prev->second.first > offset) first = prev;
+    }
+    auto last = piece_sq_.lower_bound(end);
+    piece_sq_.erase(first, last);
+    it = piece_sq_.emplace(offset, std::make_pair(g.size(), 0.0)).first;
+  }
+  it->second.second = SquaredNorm(next);
   return absl::OkStatus();
 }
 
 double ErrorFeedback::ResidualNorm() const {
+  if (residual_.empty()) return 0.0;
   double sum = 0;
-  for (float v : residual_) sum += static_cast<double>(v) * v;
+  uint64_t covered = 0;
+  for (const auto& [offset, piece] : piece_sq_) {
+    if (offset != covered) break;
+    covered += piece.first;
+    sum += piece.second;
+  }
+  if (covered != size_) sum = SquaredNorm(residual_);
   return std::sqrt(sum);
 }
 
@@ -99,10 +139,12 @@ absl::Status ErrorFeedback::SetResidual(absl::Span<const float> e) {
     }
   }
   residual_.assign(e.begin(), e.end());
+  piece_sq_.clear();
   return absl::OkStatus();
 }
 
 void ErrorFeedback::Reset() {
+  piece_sq_.clear();
   residual_.clear();
   residual_.shrink_to_fit();
 }

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -63,7 +64,9 @@ class ErrorFeedback {
   // The residual; empty while it is all zeros and was never needed (a
   // lossless codec such as fp32 never needs one, so it costs no memory).
   absl::Span<const float> residual() const { return residual_; }
-  // ||e||_2, accumulated in double.
+  // ||e||_2, accumulated in double. Each EncodeAt records its piece's
+  // squared norm, so this is a sum over the pieces (no pass over the
+  // residual) once the pieces cover it.
   double ResidualNorm() const;
   // For checkpoints (empty: all zeros). INVALID_ARGUMENT on a size mismatch
   // or non-finite values, leaving the residual unchanged.
@@ -81,6 +84,8 @@ class ErrorFeedback {
   size_t size_;
   std::vector<float> residual_;  // empty: all zeros
   std::vector<float> scratch_;   // the piece's next residual
+  // Squared norm of each piece's residual, by offset: (size, sum of e^2).
+  std::map<uint64_t, std::pair<uint64_t, double>> piece_sq_;
 };
 
 }  // namespace pserver

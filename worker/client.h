@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -54,6 +55,7 @@
 #include "worker/client_metrics.h"
 #include "worker/preconditioner.h"
 #include "worker/push_encoder.h"
+#include "worker/ready_chunks.h"
 #include "worker/recovery.h"
 #include "worker/replica.h"
 #include "worker/shard_calls.h"
@@ -126,6 +128,28 @@ class Client {
   // REQUIRES: Register() succeeded; gradient.size() == num_params().
   absl::Status Step(absl::Span<const float> gradient);
 
+  // Step, overlapped with the caller's backward pass (DDP's buckets on a
+  // parameter server): the caller hands the gradient over in pieces as they
+  // are final, and the chunks they complete are encoded and pushed on a
+  // background thread while it computes the rest.
+  //   client->StartStep(grad);           // grad: the flat buffer backward fills
+  //   ... backward writes grad[b, e) ...; client->GradientReady(b, e);
+  //   ...                                // per tensor or bucket, any order
+  //   client->FinishStep();              // hands over the rest, pushes, pulls
+  // The result is Step(grad)'s, bit for bit. Until FinishStep returns,
+  // `gradient` must stay alive and a range handed over must not change;
+  // no other method may be called but GradientReady and FinishStep.
+  // StartStep: as Step's checks (FAILED_PRECONDITION while a step is in
+  // progress). GradientReady: INVALID_ARGUMENT (nothing handed over) for an
+  // empty range, one outside the gradient or overlapping an earlier one,
+  // or non-finite values. FinishStep: INVALID_ARGUMENT, the step still in
+  // progress, when a range not handed over holds a non-finite value; then
+  // as Step.
+  absl::Status StartStep(absl::Span<const float> gradient);
+  absl::Status GradientReady(uint64_t begin, uint64_t end);
+  absl::Status FinishStep();
+  bool in_step() const { return pusher_.joinable(); }
+
   // The replica: the weights every worker holds for step().
   absl::Span<const float> weights() const { return replica_.weights(); }
   uint64_t step() const { return replica_.step(); }
@@ -160,6 +184,13 @@ class Client {
   };
 
   Client(const ClientOptions& options, prometheus::Registry* registry);
+  // Step's and StartStep's checks (`what` names the call).
+  absl::Status CheckStepStart(const char* what,
+                              absl::Span<const float> gradient) const;
+  // INVALID_ARGUMENT naming the first non-finite value (its index in the
+  // gradient is offset + i).
+  static absl::Status CheckGradientFinite(absl::Span<const float> values,
+                                          uint64_t offset);
   // Fills req with chunk c of shard s's slice of `gradient`, encoded (the
   // residual of that piece moves on), and keeps a lossy encoding in sent_.
   absl::Status EncodeChunk(size_t s, uint32_t c,
@@ -214,6 +245,15 @@ class Client {
   // fp32 chunk is not kept (re-encoding it gives the same bytes).
   std::vector<std::vector<v1::EncodedTensor>> sent_;
   std::vector<v1::GradientSpace> sent_space_;
+  // The step in progress (StartStep .. FinishStep): the caller's gradient,
+  // which chunks are ready, and the thread pushing them. The pusher owns
+  // encoders_, sent_ and the push counters of metrics_ until it is joined.
+  absl::Span<const float> step_gradient_;
+  ReadyChunks ready_;
+  std::thread pusher_;
+  std::vector<absl::Status> pushed_;  // per shard, set by the pusher
+  absl::Duration encoding_;
+  absl::Time push_start_;
   Replica replica_;
   bool registered_ = false;
   v1::ModelLayout layout_;

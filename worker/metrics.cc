@@ -63,13 +63,6 @@ std::unique_ptr<WorkerMetrics> WorkerMetrics::Unexported() {
   return m;
 }
 
-void WorkerMetrics::RefreshResidualNorm(absl::FunctionRef<double()> norm) {
-  const absl::Time now = absl::Now();
-  if (now - residual_norm_at_ < kResidualNormPeriod) return;
-  residual_norm_at_ = now;
-  residual_norm_.Set(norm());
-}
-
 void WorkerMetrics::ObserveStep(double seconds, uint64_t step, double loss) {
   step_seconds_.Observe(seconds);
   step_.Set(static_cast<double>(step));

@@ -10,9 +10,6 @@
 #include <cstdint>
 #include <memory>
 
-#include "absl/functional/function_ref.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -30,16 +27,9 @@ class WorkerMetrics {
 
   void ObserveStep(double seconds, uint64_t step, double loss);
   void SetResidualNorm(double norm) { residual_norm_.Set(norm); }
-  // Sets the residual norm from `norm()` (a pass over every residual) at
-  // most once per kResidualNormPeriod: the gauge is scraped every few
-  // seconds, and computing it every step cost a worker 13% of its CPU time
-  // (1-bit, 25M parameters). The first call always computes it.
-  void RefreshResidualNorm(absl::FunctionRef<double()> norm);
-  static constexpr absl::Duration kResidualNormPeriod = absl::Seconds(5);
   void SetTestAccuracy(double accuracy, double loss);
 
  private:
-  absl::Time residual_norm_at_ = absl::InfinitePast();
   std::unique_ptr<prometheus::Registry> own_registry_;  // Unexported() only
   prometheus::Gauge& step_;
   prometheus::Gauge& loss_;

@@ -171,9 +171,10 @@ double Mlp::SoftmaxCrossEntropy(const uint8_t* y, int batch, bool want_grad,
   return loss;
 }
 
-float Mlp::LossAndGradient(absl::Span<const float> params, const float* x,
-                           const uint8_t* y, int batch,
-                           absl::Span<float> grad) {
+float Mlp::LossAndGradient(
+    absl::Span<const float> params, const float* x, const uint8_t* y,
+    int batch, absl::Span<float> grad,
+    const std::function<void(uint64_t, uint64_t)>& layer_done) {
   assert(params.size() == num_params_ && grad.size() == num_params_);
   assert(batch > 0);
   Forward(params, x, batch);
@@ -195,6 +196,12 @@ float Mlp::LossAndGradient(absl::Span<const float> params, const float* x,
     for (int r = 0; r < batch; ++r) {
       const float* row = delta + static_cast<size_t>(r) * out;
       for (int j = 0; j < out; ++j) grad_b[j] += row[j];
+    }
+    if (layer_done) {
+      const uint64_t w_at = layout_[2 * l].offset, b_at = layout_[2 * l + 1].offset;
+      layer_done(std::min(w_at, b_at),
+                 std::max(w_at + static_cast<uint64_t>(out) * in,
+                          b_at + static_cast<uint64_t>(out)));
     }
     if (l == 0) break;
     // d loss / d a_{l-1} = delta [batch, out] * W [out, in], then through

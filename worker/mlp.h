@@ -14,6 +14,7 @@
 #define PSERVER_WORKER_MLP_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -98,8 +99,12 @@ class Mlp {
   // REQUIRES: params.size() == grad.size() == num_params(); batch > 0;
   // x holds batch x num_inputs() floats row-major; y holds batch labels, each
   // below num_classes(); grad does not overlap params or x.
-  float LossAndGradient(absl::Span<const float> params, const float* x,
-                        const uint8_t* y, int batch, absl::Span<float> grad);
+  // `layer_done(begin, end)`, when set, is called as each layer's weights
+  // and bias gradients grad[begin, end) are final (last layer first).
+  float LossAndGradient(
+      absl::Span<const float> params, const float* x, const uint8_t* y,
+      int batch, absl::Span<float> grad,
+      const std::function<void(uint64_t, uint64_t)>& layer_done = nullptr);
 
   // OK when `data` can feed this model: data.features() == num_inputs() and
   // data.num_classes <= num_classes(); INVALID_ARGUMENT naming the mismatch

@@ -183,7 +183,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     std::vector<std::unique_ptr<Slots<Req, Resp>>>* slots,
     absl::FunctionRef<absl::Status(size_t, uint32_t, Req*)> prepare,
     absl::FunctionRef<absl::Status(size_t, uint32_t, const Resp&)> finish,
-    Issue issue) {
+    Issue issue, const ChunkOrder& order) {
   struct Event {
     size_t i;  // index into shards
     int k;     // slot
@@ -249,9 +249,20 @@ std::vector<absl::Status> ShardCalls::CallChunks(
       for (int k = 0; k < kWindow && out[i].ok() && next[i] < chunks[i]; ++k) {
         auto& slot = slot_of(i, k);
         if (slot.busy) continue;
-        slot.chunk = next[i];
+        int64_t c = next[i];
+        if (order != nullptr) {
+          c = order(shards[i]);
+          if (c < 0) {
+            // Nothing ready to send yet: look again shortly.
+            wake = std::min(wake, now + kReadyPoll);
+            waiting = true;
+            break;
+          }
+        }
+        slot.chunk = static_cast<uint32_t>(c);
         slot.backoff = absl::Milliseconds(50);
-        if (absl::Status st = prepare(shards[i], next[i], &slot.req); !st.ok()) {
+        if (absl::Status st = prepare(shards[i], slot.chunk, &slot.req);
+            !st.ok()) {
           fail(i, std::move(st));
           break;
         }
@@ -297,14 +308,15 @@ std::vector<absl::Status> ShardCalls::CallChunks(
 
 std::vector<absl::Status> ShardCalls::PushChunks(
     const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
-    PreparePush prepare, FinishPush finish) {
+    PreparePush prepare, FinishPush finish, const ChunkOrder& order) {
   return CallChunks<v1::PushRequest, v1::PushResponse>(
       "Push", options_.rpc_timeout, shards, chunks, &push_slots_, prepare,
       finish,
       [this](size_t s, grpc::ClientContext* ctx, const v1::PushRequest* req,
              v1::PushResponse* resp, Done done) {
         stubs_[s]->async()->Push(ctx, req, resp, std::move(done));
-      });
+      },
+      order);
 }
 
 std::vector<absl::Status> ShardCalls::PullChunks(
@@ -316,7 +328,8 @@ std::vector<absl::Status> ShardCalls::PullChunks(
       [this](size_t s, grpc::ClientContext* ctx, const v1::PullRequest* req,
              v1::PullResponse* resp, Done done) {
         stubs_[s]->async()->Pull(ctx, req, resp, std::move(done));
-      });
+      },
+      nullptr);
 }
 
 std::vector<absl::Status> ShardCalls::RegisterChunks(
@@ -330,7 +343,8 @@ std::vector<absl::Status> ShardCalls::RegisterChunks(
                  const v1::RegisterRequest* req, v1::RegisterResponse* resp,
                  Done done) {
             stubs_[s]->async()->Register(ctx, req, resp, std::move(done));
-          });
+          },
+          nullptr);
   // Weight chunks are needed once per shard: free their buffers.
   for (size_t s : shards) register_slots_[s].reset();
   return out;

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -101,9 +102,15 @@ class ShardCalls {
       absl::FunctionRef<absl::Status(size_t s, uint32_t c, v1::PullRequest*)>;
   using FinishPull = absl::FunctionRef<absl::Status(
       size_t s, uint32_t c, const v1::PullResponse&)>;
+  // Which chunk of shard s to send next: one not sent yet whose input is
+  // ready, or -1 when none is ready yet (asked again every kReadyPoll).
+  // Empty: chunks 0, 1, 2, ... in order.
+  using ChunkOrder = std::function<int64_t(size_t s)>;
+  static constexpr absl::Duration kReadyPoll = absl::Microseconds(500);
   std::vector<absl::Status> PushChunks(const std::vector<size_t>& shards,
                                        const std::vector<uint32_t>& chunks,
-                                       PreparePush prepare, FinishPush finish);
+                                       PreparePush prepare, FinishPush finish,
+                                       const ChunkOrder& order = nullptr);
   std::vector<absl::Status> PullChunks(const std::vector<size_t>& shards,
                                        const std::vector<uint32_t>& chunks,
                                        PreparePull prepare, FinishPull finish);
@@ -135,7 +142,7 @@ class ShardCalls {
       std::vector<std::unique_ptr<Slots<Req, Resp>>>* slots,
       absl::FunctionRef<absl::Status(size_t, uint32_t, Req*)> prepare,
       absl::FunctionRef<absl::Status(size_t, uint32_t, const Resp&)> finish,
-      Issue issue);
+      Issue issue, const ChunkOrder& order);
   // An error status for a failed call to shard s.
   absl::Status CallError(const char* method, size_t s,
                          const grpc::Status& status,

@@ -160,10 +160,18 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   while (static_cast<int64_t>(client->step()) < total) {
     const int64_t step = static_cast<int64_t>(client->step());
     absl::Time t0 = absl::Now();
-    absl::StatusOr<double> loss =
-        model.Gradient(step, client->weights(), absl::MakeSpan(grad));
+    // Overlapped: each layer's gradient is pushed as backward finishes it
+    // (last layer first) while the earlier layers are computed.
+    if (absl::Status s = client->StartStep(grad); !s.ok()) return s;
+    absl::Status handed = absl::OkStatus();
+    absl::StatusOr<double> loss = model.Gradient(
+        step, client->weights(), absl::MakeSpan(grad),
+        [&](uint64_t b, uint64_t e) {
+          if (handed.ok()) handed = client->GradientReady(b, e);
+        });
     if (!loss.ok()) return loss.status();
-    if (absl::Status s = client->Step(grad); !s.ok()) return s;
+    if (!handed.ok()) return handed;
+    if (absl::Status s = client->FinishStep(); !s.ok()) return s;
     result.last_loss = *loss;
     const int64_t done = static_cast<int64_t>(client->step());
     const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
@@ -173,9 +181,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     pushed = now.push_payload_bytes;
     pulled = now.pull_payload_bytes;
     metrics->ObserveStep(seconds, done, *loss);
-    if (exported) {
-      metrics->RefreshResidualNorm([&] { return client->ResidualNorm(); });
-    }
+    // A sum over the residuals' pieces (error_feedback.h): cheap.
+    if (exported) metrics->SetResidualNorm(client->ResidualNorm());
     progress.Update(done, per_epoch > 0 ? step / per_epoch : 0, *loss,
                     client->stats(), done >= total);
     SaveWorkerState(o, *client, log, done >= total);

@@ -56,10 +56,11 @@ class MlpWorkload : public Workload {
     return batcher_.steps_per_epoch();
   }
   absl::StatusOr<double> Gradient(int64_t step, absl::Span<const float> weights,
-                                  absl::Span<float> grad) override {
+                                  absl::Span<float> grad,
+                                  const GradientReadyFn& ready) override {
     GatherBatch(train_, batcher_.WorkerBatch(step), x_.data(), y_.data());
     const float loss = mlp_.LossAndGradient(weights, x_.data(), y_.data(),
-                                            batch_size_, grad);
+                                            batch_size_, grad, ready);
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat(
           "training diverged: loss is ", loss, " at step ", step));
@@ -110,7 +111,8 @@ class SyntheticWorkload : public Workload {
   int64_t total_steps() const override { return total_; }
   int64_t steps_per_epoch() const override { return 0; }
   absl::StatusOr<double> Gradient(int64_t step, absl::Span<const float>,
-                                  absl::Span<float> grad) override {
+                                  absl::Span<float> grad,
+                                  const GradientReadyFn& ready) override {
     if (noise_.empty()) {
       // A table of at most kNoiseElements, tiled over the gradient from a
       // step-dependent shift: the gradient is what the benchmark needs, a
@@ -121,13 +123,21 @@ class SyntheticWorkload : public Workload {
         v = static_cast<float>(g.NextDouble() - 0.5) * 0.01f;
       }
     }
+    // Tensor by tensor from the last, as a backward pass produces them:
+    // element i is noise[(shift + i) % m].
     const uint64_t m = noise_.size();
-    uint64_t from = Mix64(static_cast<uint64_t>(step)) % m;
-    for (uint64_t i = 0; i < n_;) {
-      const uint64_t len = std::min(n_ - i, m - from);
-      std::memcpy(grad.data() + i, noise_.data() + from, len * sizeof(float));
-      i += len;
-      from = 0;
+    const uint64_t shift = Mix64(static_cast<uint64_t>(step)) % m;
+    uint64_t end = n_;
+    for (int t = layout_.tensors_size() - 1; t >= 0; --t) {
+      const uint64_t begin = end - layout_.tensors(t).shape(0);
+      for (uint64_t i = begin; i < end;) {
+        const uint64_t from = (shift + i) % m;
+        const uint64_t len = std::min(end - i, m - from);
+        std::memcpy(grad.data() + i, noise_.data() + from, len * sizeof(float));
+        i += len;
+      }
+      if (ready && begin < end) ready(begin, end);
+      end = begin;
     }
     return 0.0;
   }

@@ -7,6 +7,7 @@
 #define PSERVER_WORKER_WORKLOADS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -20,6 +21,9 @@
 namespace pserver {
 
 // Thread-compatible: one training loop drives one workload.
+// Called with [begin, end) of the gradient once it holds its final values.
+using GradientReadyFn = std::function<void(uint64_t begin, uint64_t end)>;
+
 class Workload {
  public:
   virtual ~Workload() = default;
@@ -33,9 +37,18 @@ class Workload {
   // Writes the gradient at `weights` for `step` into `grad` and returns the
   // minibatch loss (0 for a model without one). INTERNAL when the loss is
   // not finite. REQUIRES: weights.size() == grad.size() == parameters.
+  // `ready(begin, end)`, when set, is called as soon as grad[begin, end)
+  // holds its final values (per layer, in backward order), so the caller
+  // can push those while the rest is computed (Client::GradientReady).
   virtual absl::StatusOr<double> Gradient(int64_t step,
                                           absl::Span<const float> weights,
-                                          absl::Span<float> grad) = 0;
+                                          absl::Span<float> grad,
+                                          const GradientReadyFn& ready) = 0;
+  absl::StatusOr<double> Gradient(int64_t step,
+                                  absl::Span<const float> weights,
+                                  absl::Span<float> grad) {
+    return Gradient(step, weights, grad, nullptr);
+  }
   // Loss and accuracy on the test set; nullopt without one.
   virtual std::optional<EvalResult> Evaluate(
       absl::Span<const float> weights) = 0;

@@ -147,11 +147,8 @@ uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
       absl::ToDoubleSeconds(now - last_step_end_.value_or(now)),
       client_->step(), loss.value_or(last_loss_));
   if (loss) last_loss_ = *loss;
-  // A pass over every residual: only when the metrics are served, at most
-  // every few seconds.
   if (exposer_ != nullptr) {
-    worker_metrics_->RefreshResidualNorm(
-        [this] { return client_->ResidualNorm(); });
+    worker_metrics_->SetResidualNorm(client_->ResidualNorm());
   }
   last_step_end_ = now;
   return client_->step();

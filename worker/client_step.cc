@@ -1,0 +1,398 @@
+// Client: one training step. Step(gradient), or the same overlapped with
+// the caller's backward pass (StartStep, GradientReady, FinishStep): the
+// push of every chunk (worker/ready_chunks.h) on a background thread, then
+// recovery for shards that refused, then the pull of every chunk.
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/base/internal/raw_logging.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/codec.h"
+#include "common/mix.h"
+#include "worker/client.h"
+
+namespace pserver {
+namespace {
+
+// Whether no value is NaN or infinite: an exponent of all ones. A branch-
+// free loop the compiler vectorizes (std::isfinite per element is not).
+bool AllFinite(absl::Span<const float> v) {
+  uint32_t bad = 0;
+  for (float f : v) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  return bad == 0;
+}
+
+}  // namespace
+
+absl::Status Client::EncodeChunk(size_t s, uint32_t c,
+                                 absl::Span<const float> gradient,
+                                 v1::PushRequest* req) {
+  const ShardRange& r = replica_.range(s);
+  const ChunkPlan& plan = plans_[s];
+  const uint64_t step = replica_.step();
+  req->set_worker_id(options_.worker_id);
+  req->set_step(step);
+  req->set_chunk(c);
+  uint64_t seed = MixPair(MixPair(options_.seed, options_.worker_id),
+                          MixPair(step, s));
+  if (c > 0) seed = MixPair(seed, c);
+  absl::Status st = encoders_[s]->EncodeChunk(
+      gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
+      seed, req);
+  if (!st.ok()) return st;
+  std::vector<v1::EncodedTensor>& kept = sent_[s];
+  if (kept.size() != plan.num_chunks()) kept.resize(plan.num_chunks());
+  if (req->gradient().codec() != v1::CODEC_FP32) {
+    kept[c] = req->gradient();
+  } else {
+    kept[c].Clear();
+  }
+  sent_space_[s] = req->space();
+  return absl::OkStatus();
+}
+
+absl::Status Client::Step(absl::Span<const float> gradient) {
+  if (absl::Status st = CheckStepStart("Step()", gradient); !st.ok()) return st;
+  if (absl::Status st = CheckGradientFinite(gradient, 0); !st.ok()) return st;
+  if (absl::Status st = StartStep(gradient); !st.ok()) return st;
+  return FinishStep();
+}
+
+absl::Status Client::CheckStepStart(const char* what,
+                                    absl::Span<const float> gradient) const {
+  if (!registered_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " before Register()"));
+  }
+  if (pusher_.joinable()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " while a step is in progress; call FinishStep() first"));
+  }
+  if (gradient.size() != num_params()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient has ", gradient.size(), " elements; expected ",
+                     num_params()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::StartStep(absl::Span<const float> gradient) {
+  if (absl::Status st = CheckStepStart("StartStep()", gradient); !st.ok()) {
+    return st;
+  }
+  const size_t n = calls_->size();
+  std::vector<ShardRange> ranges(n);
+  for (size_t s = 0; s < n; ++s) ranges[s] = replica_.range(s);
+  ready_.Reset(num_params(), ranges, plans_);
+  step_gradient_ = gradient;
+  encoding_ = absl::ZeroDuration();
+  push_start_ = absl::Now();
+  pusher_ = std::thread([this] {
+    // Chunks are encoded just before they are sent, in the order they
+    // became ready, while earlier chunks are on the wire and the caller
+    // computes the rest: the encode time is counted apart from the push.
+    const size_t shards = calls_->size();
+    std::vector<size_t> all(shards);
+    std::vector<uint32_t> chunks(shards);
+    for (size_t s = 0; s < shards; ++s) {
+      all[s] = s;
+      chunks[s] = plans_[s].num_chunks();
+    }
+    pushed_ = calls_->PushChunks(
+        all, chunks,
+        [this](size_t s, uint32_t c, v1::PushRequest* req) {
+          const absl::Time t = absl::Now();
+          absl::Status st = EncodeChunk(s, c, step_gradient_, req);
+          encoding_ += absl::Now() - t;
+          if (st.ok()) {
+            metrics_.CountPush(req->gradient().payload().size(),
+                               Fp32Bytes(plans_[s].size(c)));
+          }
+          return st;
+        },
+        [](size_t, uint32_t, const v1::PushResponse&) {
+          return absl::OkStatus();
+        },
+        [this](size_t s) { return ready_.Take(s); });
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Client::CheckGradientFinite(absl::Span<const float> values,
+                                 uint64_t offset) {
+  if (AllFinite(values)) return absl::OkStatus();
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient[", offset + i, "] is ", values[i],
+                       "; expected a finite value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::GradientReady(uint64_t begin, uint64_t end) {
+  if (!pusher_.joinable()) {
+    return absl::FailedPreconditionError(
+        "GradientReady() outside a step; call StartStep() first");
+  }
+  if (begin < end && end <= step_gradient_.size()) {
+    if (absl::Status st =
+            CheckGradientFinite(step_gradient_.subspan(begin, end - begin), begin);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return ready_.Mark(begin, end);
+}
+
+absl::Status Client::FinishStep() {
+  if (!pusher_.joinable()) {
+    return absl::FailedPreconditionError(
+        "FinishStep() outside a step; call StartStep() first");
+  }
+  // What was not handed over is handed over now, all checked first: a
+  // non-finite value leaves the step in progress (fix it, call again).
+  const std::vector<std::pair<uint64_t, uint64_t>> missing = ready_.Missing();
+  for (const auto& [b, e] : missing) {
+    if (absl::Status st = CheckGradientFinite(step_gradient_.subspan(b, e - b), b);
+        !st.ok()) {
+      return st;
+    }
+  }
+  for (const auto& [b, e] : missing) {
+    // Disjoint from everything marked, by construction.
+    ABSL_RAW_CHECK(ready_.Mark(b, e).ok(), "FinishStep: bad missing range");
+  }
+  pusher_.join();
+  const absl::Span<const float> gradient = step_gradient_;
+  step_gradient_ = {};
+  const size_t n = calls_->size();
+  const PendingPush push{gradient};
+  std::vector<bool> snapshot(n, false);
+  for (size_t s = 0; s < n; ++s) {
+    if (pushed_[s].ok()) continue;
+    const Recovery r = RecoveryFor(pushed_[s]);
+    if (r == Recovery::kFail) return pushed_[s];
+    if (absl::Status st = Recover(s, r, push); !st.ok()) return st;
+    snapshot[s] = true;  // its replica is not ours any more
+  }
+  metrics_.AddEncodeSeconds(absl::ToDoubleSeconds(encoding_));
+  metrics_.AddPushSeconds(
+      absl::ToDoubleSeconds(absl::Now() - push_start_ - encoding_));
+  const absl::Time pull_start = absl::Now();
+  absl::Status st = PullAll(replica_.step() + 1, std::move(snapshot), &push);
+  metrics_.AddPullSeconds(absl::ToDoubleSeconds(absl::Now() - pull_start));
+  if (!st.ok()) return st;
+  metrics_.CountStep();
+  return absl::OkStatus();
+}
+
+absl::Status Client::Recover(size_t s, Recovery recovery,
+                             const PendingPush& push) {
+  const uint64_t step = replica_.step();
+  if (recovery == Recovery::kRejoinNextRound) {
+    // This round went on without us on that shard: register again to be
+    // counted from the next round, and take that round's weights.
+    return Rejoin(s, 0).status();
+  }
+  // The shard is behind this step or lost this worker's registration (it
+  // restarted): register again, letting it catch up to `step`.
+  absl::StatusOr<uint64_t> now = Rejoin(s, step);
+  if (!now.ok()) return now.status();
+  // Another worker already brought the shard past this step: the round
+  // this push was for is over (lost on that shard); just pull.
+  if (*now > step) return absl::OkStatus();
+  // The same chunks again. A shard that came back in warmup expects the
+  // warmup codec in RAW space: then every chunk is encoded anew, as is an
+  // fp32 chunk (not kept; the same bytes) or any chunk when the shard's
+  // chunking changed.
+  const bool reencode = sent_space_[s] != v1::GRADIENT_SPACE_RAW &&
+                        encoders_[s]->stage() != v1::OPTIMIZER_STAGE_COMPRESSION;
+  const uint32_t chunks = plans_[s].num_chunks();
+  const std::vector<v1::EncodedTensor> kept =
+      sent_[s].size() == chunks ? sent_[s] : std::vector<v1::EncodedTensor>();
+  const v1::GradientSpace space = sent_space_[s];
+  return calls_->PushChunks(
+      {s}, {chunks},
+      [&](size_t, uint32_t c, v1::PushRequest* req) {
+        if (reencode || kept.empty() ||
+            kept[c].codec() == v1::CODEC_UNSPECIFIED) {
+          return EncodeChunk(s, c, push.gradient, req);
+        }
+        req->set_worker_id(options_.worker_id);
+        req->set_step(step);
+        req->set_chunk(c);
+        req->set_space(space);
+        *req->mutable_gradient() = kept[c];
+        return absl::OkStatus();
+      },
+      [](size_t, uint32_t, const v1::PushResponse&) {
+        return absl::OkStatus();
+      })[0];
+}
+
+absl::Status Client::CheckAnswer(size_t s, uint64_t step, bool registering,
+                                 const v1::PullResponse& resp,
+                                 bool* ahead) const {
+  // At Register a shard one step ahead (see Register) answers with its
+  // newer snapshot.
+  *ahead = registering && resp.kind() == v1::PULL_KIND_SNAPSHOT &&
+           resp.step() == step + 1;
+  if (resp.step() != step && !*ahead) {
+    return absl::AbortedError(absl::StrCat(
+        "shard ", s, " answered with step ", resp.step(), "; expected ", step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
+                             const PendingPush* push) {
+  const size_t n = calls_->size();
+  // What the first chunk of each shard's answer said; every other chunk
+  // must agree (one step, one kind, one checksum).
+  struct Head {
+    bool seen = false;
+    v1::PullKind kind = v1::PULL_KIND_UNSPECIFIED;
+    uint64_t step = 0;
+    uint64_t checksum = 0;
+    v1::OptimizerStage stage = v1::OPTIMIZER_STAGE_UNSPECIFIED;
+    bool ahead = false;
+  };
+  std::vector<Head> head(n);
+  // The replica stages the decoded slices (worker/replica.h); nothing
+  // changes unless every shard's answer verified.
+  replica_.BeginUpdate();
+  std::vector<size_t> todo(n);
+  for (size_t s = 0; s < n; ++s) todo[s] = s;
+  for (int attempt = 0; attempt < 4 && !todo.empty(); ++attempt) {
+    std::vector<uint32_t> chunks;
+    for (size_t s : todo) {
+      chunks.push_back(plans_[s].num_chunks());
+      head[s] = Head();
+    }
+    // A refusal no retry fixes, per shard (set by `finish`).
+    std::vector<absl::Status> fatal(n);
+    std::vector<absl::Status> pulled = calls_->PullChunks(
+        todo, chunks,
+        [&](size_t s, uint32_t c, v1::PullRequest* q) {
+          q->Clear();
+          q->set_worker_id(options_.worker_id);
+          q->set_step(step);
+          q->set_chunk(c);
+          q->set_want_snapshot(snapshot[s]);
+          if (!snapshot[s]) {
+            q->set_replica_step(static_cast<int64_t>(replica_.step()));
+            // Verified against the shard when the replica was last
+            // committed.
+            q->set_replica_checksum(replica_.checksum(s));
+          } else {
+            q->set_replica_step(-1);
+          }
+          return absl::OkStatus();
+        },
+        [&](size_t s, uint32_t c, const v1::PullResponse& resp) {
+          bool is_ahead = false;
+          if (absl::Status a = CheckAnswer(s, step, push == nullptr, resp,
+                                           &is_ahead);
+              !a.ok()) {
+            fatal[s] = a;
+            return a;
+          }
+          Head& h = head[s];
+          if (!h.seen) {
+            h = Head{true, resp.kind(), resp.step(), resp.replica_checksum(),
+                     resp.stage(), is_ahead};
+          } else if (resp.kind() != h.kind || resp.step() != h.step ||
+                     resp.replica_checksum() != h.checksum) {
+            // The shard moved on between chunks: take a snapshot.
+            return absl::DataLossError(absl::StrCat(
+                "shard ", s, "'s chunks answer different steps or kinds"));
+          }
+          const ChunkPlan& plan = plans_[s];
+          if (resp.chunk() != c) {
+            fatal[s] = absl::InvalidArgumentError(absl::StrCat(
+                "pull from shard ", s, " (", calls_->address(s),
+                "): answered chunk ", resp.chunk(), " for chunk ", c));
+            return fatal[s];
+          }
+          metrics_.CountPull(resp.weights().payload().size(),
+                             Fp32Bytes(plan.size(c)));
+          if (c == 0 && resp.kind() == v1::PULL_KIND_SNAPSHOT) {
+            metrics_.CountSnapshot();
+          }
+          if (absl::Status st =
+                  replica_.StageChunk(s, plan.begin(c), plan.size(c), resp);
+              !st.ok()) {
+            fatal[s] = absl::Status(
+                st.code(), absl::StrCat("pull from shard ", s, " (",
+                                        calls_->address(s), ") chunk ", c,
+                                        ": ", st.message()));
+            return fatal[s];
+          }
+          return absl::OkStatus();
+        });
+    std::vector<size_t> again;
+    for (size_t i = 0; i < todo.size(); ++i) {
+      const size_t s = todo[i];
+      if (!fatal[s].ok()) return fatal[s];
+      if (absl::IsDataLoss(pulled[i])) {
+        metrics_.CountChecksumMismatch();
+        again.push_back(s);
+        continue;
+      }
+      if (!pulled[i].ok()) {
+        // At Register there is no push to resend: every refusal fails.
+        const Recovery r =
+            push == nullptr ? Recovery::kFail : RecoveryFor(pulled[i]);
+        if (r == Recovery::kFail) return pulled[i];
+        if (absl::Status st = Recover(s, r, *push); !st.ok()) return st;
+        again.push_back(s);
+        continue;
+      }
+      absl::Status st = replica_.FinishStage(s, head[s].checksum);
+      if (absl::IsDataLoss(st)) {
+        metrics_.CountChecksumMismatch();
+        again.push_back(s);
+      } else if (!st.ok()) {
+        return st;
+      }
+    }
+    todo = std::move(again);
+    for (size_t s : todo) snapshot[s] = true;  // re-sync what did not verify
+  }
+  if (!todo.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "replica of shard ", todo[0], " does not match its checksum even "
+        "after a snapshot"));
+  }
+  // Stage changes need the frozen preconditioner (an RPC that can fail):
+  // fetched before anything is committed. An ahead shard may already be
+  // past the freeze; the next push follows the lagging shards.
+  std::vector<std::optional<Preconditioner>> d(n);
+  for (size_t s = 0; s < n; ++s) {
+    if (head[s].ahead) continue;
+    absl::StatusOr<std::optional<Preconditioner>> p =
+        PrepareStage(s, head[s].stage);
+    if (!p.ok()) return p.status();
+    d[s] = *std::move(p);
+  }
+  replica_.Commit(step);
+  for (size_t s = 0; s < n; ++s) {
+    if (head[s].ahead) continue;
+    if (absl::Status st = encoders_[s]->SetStage(head[s].stage,
+                                                 std::move(d[s]));
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pserver
