@@ -136,10 +136,21 @@ absl::StatusOr<v1::GetFrozenVarianceResponse> Shard::GetFrozenVariance(
                       "variance is frozen from step ", optimizer_->freeze_at(),
                       "; the shard is at step ", step_)));
   }
+  const uint32_t c = req.chunk();
+  if (c >= round_.num_chunks()) {
+    return Reject(v1::REJECT_REASON_INVALID_FIELD,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "chunk is ", c, "; expected 0..", round_.num_chunks() - 1,
+                      " (the slice's ", range_.size(), " elements in chunks of ",
+                      config_.chunk_elements, ")")));
+  }
+  const ChunkPlan& plan = round_.plan();
   v1::GetFrozenVarianceResponse resp;
   resp.set_freeze_step(optimizer_->freeze_at());
   resp.set_eps(config_.optimizer.eps);
-  SetFp32(optimizer_->frozen_variance(), resp.mutable_variance());
+  resp.set_chunk(c);
+  SetFp32(optimizer_->frozen_variance().subspan(plan.begin(c), plan.size(c)),
+          resp.mutable_variance());
   return resp;
 }
 

@@ -11,6 +11,7 @@
 #include "common/fp32_tensor.h"
 #include "common/mix.h"
 #include "common/rejection.h"
+#include "common/validated_tensor.h"
 
 namespace pserver {
 
@@ -281,14 +282,40 @@ absl::StatusOr<std::optional<Preconditioner>> Client::PrepareStage(
       !e.needs_preconditioner()) {
     return std::optional<Preconditioner>();
   }
-  v1::GetFrozenVarianceRequest req;
-  req.set_worker_id(options_.worker_id);
-  v1::GetFrozenVarianceResponse resp;
-  if (absl::Status st = calls_->GetFrozenVariance(s, req, &resp); !st.ok()) {
-    return st;
-  }
+  // The slice's frozen variance, chunk by chunk (several in flight).
+  const ChunkPlan& plan = plans_[s];
+  std::vector<float> v(plan.n);
+  std::optional<std::pair<uint64_t, float>> freeze_eps;
+  std::vector<absl::Status> got = calls_->FrozenVarianceChunks(
+      {s}, {plan.num_chunks()},
+      [&](size_t, uint32_t c, v1::GetFrozenVarianceRequest* req) {
+        req->set_worker_id(options_.worker_id);
+        req->set_chunk(c);
+        return absl::OkStatus();
+      },
+      [&](size_t, uint32_t c, const v1::GetFrozenVarianceResponse& resp) {
+        const std::pair<uint64_t, float> fe{resp.freeze_step(), resp.eps()};
+        if (!freeze_eps.has_value()) freeze_eps = fe;
+        if (resp.chunk() != c || *freeze_eps != fe) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "frozen variance chunk ", c, " answered chunk ", resp.chunk(),
+              " frozen at step ", resp.freeze_step(), " with eps ", resp.eps(),
+              "; expected chunk ", c, " frozen at step ", freeze_eps->first,
+              " with eps ", freeze_eps->second));
+        }
+        absl::StatusOr<ValidatedTensor> valid =
+            ValidateTensor(resp.variance(), plan.size(c));
+        if (!valid.ok()) {
+          return absl::Status(valid.status().code(),
+                              absl::StrCat("frozen variance (chunk ", c, "): ",
+                                           valid.status().message()));
+        }
+        valid->DecodeInto(absl::MakeSpan(v).subspan(plan.begin(c), plan.size(c)));
+        return absl::OkStatus();
+      });
+  if (!got[0].ok()) return got[0];
   absl::StatusOr<Preconditioner> d =
-      Preconditioner::FromFrozenVariance(resp, replica_.range(s).size());
+      Preconditioner::FromVariance(std::move(v), freeze_eps->second);
   if (!d.ok()) {
     return absl::Status(d.status().code(),
                         absl::StrCat("shard ", s, " (", calls_->address(s),

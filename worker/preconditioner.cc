@@ -18,16 +18,22 @@ absl::StatusOr<Preconditioner> Preconditioner::FromFrozenVariance(
                                      valid.status().message()));
   }
   valid->DecodeInto(absl::MakeSpan(v));
-  Preconditioner p;
-  p.d_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    p.d_[i] = 1.0f / (std::sqrt(v[i]) + resp.eps());
-    if (!std::isfinite(p.d_[i])) {
+  return FromVariance(std::move(v), resp.eps());
+}
+
+absl::StatusOr<Preconditioner> Preconditioner::FromVariance(
+    std::vector<float> v, float eps) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float d = 1.0f / (std::sqrt(v[i]) + eps);
+    if (!std::isfinite(d)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "frozen variance element ", i, " is ", v[i], " with eps ",
-          resp.eps(), "; expected v >= 0 and sqrt(v) + eps > 0"));
+          "frozen variance element ", i, " is ", v[i], " with eps ", eps,
+          "; expected v >= 0 and sqrt(v) + eps > 0"));
     }
+    v[i] = d;
   }
+  Preconditioner p;
+  p.d_ = std::move(v);
   return p;
 }
 

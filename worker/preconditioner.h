@@ -24,6 +24,9 @@ class Preconditioner {
   // gives a non-finite D (negative or non-finite v, eps <= 0 with v = 0).
   static absl::StatusOr<Preconditioner> FromFrozenVariance(
       const v1::GetFrozenVarianceResponse& resp, size_t n);
+  // D from the frozen variance `v` (its memory becomes D's), as above.
+  static absl::StatusOr<Preconditioner> FromVariance(std::vector<float> v,
+                                                     float eps);
 
   size_t size() const { return d_.size(); }
   // D[offset, offset + g.size()) ⊙ g, in a buffer this object owns (valid

@@ -151,16 +151,6 @@ absl::Status ShardCalls::Push(size_t s, const v1::PushRequest& req,
                   })[0];
 }
 
-absl::Status ShardCalls::GetFrozenVariance(
-    size_t s, const v1::GetFrozenVarianceRequest& req,
-    v1::GetFrozenVarianceResponse* resp) {
-  return CallEach({s}, options_.rpc_timeout, "GetFrozenVariance",
-                  [&](size_t, grpc::ClientContext* ctx, Done done) {
-                    stubs_[s]->async()->GetFrozenVariance(ctx, &req, resp,
-                                                          std::move(done));
-                  })[0];
-}
-
 template <class Req, class Resp>
 struct ShardCalls::Slots {
   struct Slot {
@@ -330,6 +320,25 @@ std::vector<absl::Status> ShardCalls::PullChunks(
         stubs_[s]->async()->Pull(ctx, req, resp, std::move(done));
       },
       nullptr);
+}
+
+std::vector<absl::Status> ShardCalls::FrozenVarianceChunks(
+    const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
+    PrepareVariance prepare, FinishVariance finish) {
+  std::vector<absl::Status> out =
+      CallChunks<v1::GetFrozenVarianceRequest, v1::GetFrozenVarianceResponse>(
+          "GetFrozenVariance", options_.rpc_timeout, shards, chunks,
+          &variance_slots_, prepare, finish,
+          [this](size_t s, grpc::ClientContext* ctx,
+                 const v1::GetFrozenVarianceRequest* req,
+                 v1::GetFrozenVarianceResponse* resp, Done done) {
+            stubs_[s]->async()->GetFrozenVariance(ctx, req, resp,
+                                                  std::move(done));
+          },
+          nullptr);
+  // Needed once per shard (at the freeze): free the buffers.
+  for (size_t s : shards) variance_slots_[s].reset();
+  return out;
 }
 
 std::vector<absl::Status> ShardCalls::RegisterChunks(

@@ -79,9 +79,6 @@ class ShardCalls {
                         v1::RegisterResponse* resp);
   absl::Status Push(size_t s, const v1::PushRequest& req,
                     v1::PushResponse* resp);
-  absl::Status GetFrozenVariance(size_t s,
-                                 const v1::GetFrozenVarianceRequest& req,
-                                 v1::GetFrozenVarianceResponse* resp);
 
   // Chunked pushes and pulls (parameter_server.proto, "Chunks"): for every
   // shard s in `shards`, one call per chunk 0 .. chunks[s] - 1, at most
@@ -114,6 +111,14 @@ class ShardCalls {
   std::vector<absl::Status> PullChunks(const std::vector<size_t>& shards,
                                        const std::vector<uint32_t>& chunks,
                                        PreparePull prepare, FinishPull finish);
+  // The frozen variance, chunk by chunk.
+  using PrepareVariance = absl::FunctionRef<absl::Status(
+      size_t s, uint32_t c, v1::GetFrozenVarianceRequest*)>;
+  using FinishVariance = absl::FunctionRef<absl::Status(
+      size_t s, uint32_t c, const v1::GetFrozenVarianceResponse&)>;
+  std::vector<absl::Status> FrozenVarianceChunks(
+      const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
+      PrepareVariance prepare, FinishVariance finish);
   // A chunked Register's weight chunks (RegisterRequest.chunked_weights).
   using PrepareRegister = absl::FunctionRef<absl::Status(
       size_t s, uint32_t c, v1::RegisterRequest*)>;
@@ -163,6 +168,9 @@ class ShardCalls {
   std::vector<
       std::unique_ptr<Slots<v1::RegisterRequest, v1::RegisterResponse>>>
       register_slots_;
+  std::vector<std::unique_ptr<
+      Slots<v1::GetFrozenVarianceRequest, v1::GetFrozenVarianceResponse>>>
+      variance_slots_;
 };
 
 }  // namespace pserver

@@ -467,6 +467,13 @@ TEST(Shard, FrozenVarianceIsServedOnlyAfterTheFreeze) {
   absl::StatusOr<v1::GetFrozenVarianceResponse> again = shard->GetFrozenVariance(req);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->variance().payload(), v->variance().payload());
+  // The slice is one chunk here: chunk 1 does not exist.
+  req.set_chunk(1);
+  absl::StatusOr<v1::GetFrozenVarianceResponse> past =
+      shard->GetFrozenVariance(req);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(past.status().message()),
+              HasSubstr("chunk is 1; expected 0..0"));
 
   req.set_worker_id(2);
   EXPECT_EQ(shard->GetFrozenVariance(req).status().code(),
