@@ -69,6 +69,12 @@ PYBIND11_MODULE(_native, m) {
            py::arg("out") = py::none())
       .def("step", &PyClient::Step, py::arg("gradient"), py::arg("out"),
            py::arg("loss") = std::optional<double>())
+      .def("start_step", &PyClient::StartStep, py::arg("gradient"))
+      .def("gradient_ready", &PyClient::GradientReady, py::arg("begin"),
+           py::arg("end"))
+      .def("finish_step", &PyClient::FinishStep, py::arg("out"),
+           py::arg("loss") = std::optional<double>())
+      .def_property_readonly("in_step", &PyClient::in_step)
       .def("copy_weights_into", &PyClient::CopyWeightsInto, py::arg("out"))
       .def("serialize_state", &PyClient::SerializeState)
       .def("restore_state", &PyClient::RestoreState, py::arg("record"),

@@ -85,7 +85,16 @@ PyClient::PyClient(const PyClientArgs& a)
   exposer_ = *std::move(exposer);
 }
 
-PyClient::~PyClient() = default;
+PyClient::~PyClient() {
+  if (step_gradient_ != nullptr && client_ != nullptr && client_->in_step()) {
+    // An overlapped step left open: the client's push thread reads the
+    // gradient buffer until it ends, so end it (without the GIL: it may
+    // wait on the shards) before the buffer is released.
+    exposer_.reset();  // no scrape of the client's counters from here on
+    py::gil_scoped_release release;
+    client_.reset();
+  }
+}
 
 void PyClient::Register(const std::vector<std::string>& names,
                         const std::vector<std::vector<uint64_t>>& shapes,
@@ -134,11 +143,68 @@ uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
   const long long n = static_cast<long long>(client_->num_params());
   FloatBuffer g(gradient, "gradient", false, n);
   FloatBuffer dst(out, "out", true, n);
+  if (in_step()) {
+    throw std::runtime_error(
+        "step() while an overlapped step is in progress; call finish_step()");
+  }
   Call([&] {
     absl::Status s = client_->Step(g.span());
     if (s.ok()) CopyWeights(dst.mutable_span());
     return s;
   });
+  ObserveStep(loss);
+  return client_->step();
+}
+
+void PyClient::StartStep(const py::handle& gradient) {
+  Registered();
+  NotInCall();
+  if (in_step()) {
+    throw std::runtime_error(
+        "start_step() while a step is in progress; call finish_step() first");
+  }
+  auto g = std::make_unique<FloatBuffer>(
+      gradient, "gradient", false,
+      static_cast<long long>(client_->num_params()));
+  ThrowIfError(client_->StartStep(g->span()));
+  step_gradient_ = std::move(g);
+}
+
+void PyClient::GradientReady(uint64_t begin, uint64_t end) {
+  NotInCall();
+  if (!in_step()) {
+    throw std::runtime_error("gradient_ready() outside a step; call "
+                             "start_step() first");
+  }
+  ThrowIfError(client_->GradientReady(begin, end));
+}
+
+uint64_t PyClient::FinishStep(const py::handle& out,
+                              std::optional<double> loss) {
+  if (!in_step()) {
+    throw std::runtime_error("finish_step() outside a step; call "
+                             "start_step() first");
+  }
+  FloatBuffer dst(out, "out", true,
+                  static_cast<long long>(client_->num_params()));
+  try {
+    Call([&] {
+      absl::Status s = client_->FinishStep();
+      if (s.ok()) CopyWeights(dst.mutable_span());
+      return s;
+    });
+  } catch (...) {
+    // Refused before the pushes ended (a non-finite range): still in the
+    // step, so the buffer stays held; otherwise the step is over.
+    if (!client_->in_step()) step_gradient_.reset();
+    throw;
+  }
+  step_gradient_.reset();
+  ObserveStep(loss);
+  return client_->step();
+}
+
+void PyClient::ObserveStep(std::optional<double> loss) {
   // As pserver_worker's loop: the step's time (here since the previous
   // step returned: the caller's forward and backward, then push and pull),
   // the step, the loss when known, the residual norm.
@@ -151,7 +217,6 @@ uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
     worker_metrics_->SetResidualNorm(client_->ResidualNorm());
   }
   last_step_end_ = now;
-  return client_->step();
 }
 
 void PyClient::CopyWeightsInto(const py::handle& out) {

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "prometheus/exposer.h"
+#include "python/native/float_buffer.h"
 #include "prometheus/registry.h"
 #include "worker/client.h"
 #include "worker/metrics.h"
@@ -79,6 +80,18 @@ class PyClient {
   uint64_t Step(const pybind11::handle& gradient, const pybind11::handle& out,
                 std::optional<double> loss);
 
+  // The overlapped step (worker/client.h, StartStep): `gradient` (held
+  // until FinishStep) is filled by backward; GradientReady(begin, end) hands
+  // a range over as it is final, and its chunks are pushed at once on a
+  // background thread; FinishStep hands the rest over, waits for the pushes
+  // and pulls, and writes the next weights into `out` (as Step). Errors as
+  // Step's, pserver.Error for a range refused (overlapping, outside,
+  // non-finite) and RuntimeError for a call out of order.
+  void StartStep(const pybind11::handle& gradient);
+  void GradientReady(uint64_t begin, uint64_t end);
+  uint64_t FinishStep(const pybind11::handle& out, std::optional<double> loss);
+  bool in_step() const { return client_->in_step(); }
+
   void CopyWeightsInto(const pybind11::handle& out);
 
   // The client's state (error-feedback residuals of every shard and stage,
@@ -106,6 +119,8 @@ class PyClient {
   // RuntimeError when another thread is in Call().
   void NotInCall() const;
   void CopyWeights(absl::Span<float> dst) const;
+  // The step's metrics, after Step or FinishStep.
+  void ObserveStep(std::optional<double> loss);
   // Runs `rpc` (returning absl::Status) without the GIL, one at a time.
   template <typename F>
   void Call(F rpc);
@@ -120,6 +135,8 @@ class PyClient {
   std::atomic<bool> busy_{false};
   std::optional<absl::Time> last_step_end_;  // for the step duration
   double last_loss_ = 0;  // the last loss given to Step()
+  // The overlapped step's gradient buffer (StartStep .. FinishStep).
+  std::unique_ptr<FloatBuffer> step_gradient_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

@@ -67,12 +67,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
     residuals, so a restarted worker loses none of the gradient it has not
     sent yet.
 
-    Not yet: per-bucket pushes overlapping backward, parameter groups added
-    after construction.
+    overlap=True pushes each parameter's gradient as soon as backward has
+    accumulated it, while backward computes the rest (DDP's buckets, on a
+    parameter server): the client's chunks that a gradient completes are
+    encoded and sent on a background thread, and step() only waits for what
+    is left. The result is bit-identical to overlap=False. It needs step()
+    to follow one backward pass with the gradients untouched: a gradient
+    changed after backward handed it over (clipping, scaling) raises
+    RuntimeError in step(), as does a second backward pass in one step
+    (gradient accumulation); use the default overlap=False for those. After
+    such an error the step cannot complete (its pushes are on their way):
+    make a new optimizer (or restart the worker, with its state_dict).
+
+    Not yet: parameter groups added after construction.
     """
 
     def __init__(self, named_parameters, servers=None, worker_id=None,
-                 num_workers=None, push_codec="onebit", **client_options):
+                 num_workers=None, push_codec="onebit", overlap=False,
+                 **client_options):
         where = init(servers, worker_id, num_workers)
         names, params = [], []
         for item in named_parameters:
@@ -121,6 +133,38 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.client.register(names, self._shapes, self._weights,
                              out=self._weights)
         self._load_weights()
+        self._overlap = bool(overlap)
+        self._handed = [False] * len(params)
+        self._hooks = []
+        if self._overlap:
+            for i, p in enumerate(params):
+                # The gradient accumulator's hook runs once p.grad holds this
+                # backward pass's sum (torch 1.13 has no post-accumulate hook
+                # on the tensor itself).
+                with torch.enable_grad():
+                    acc = p.view_as(p).grad_fn.next_functions[0][0]
+                self._hooks.append((acc, acc.register_hook(
+                    self._make_hook(i))))
+
+    def _make_hook(self, i):
+        def hook(*unused):
+            self._gradient_ready(i)
+        return hook
+
+    @torch.no_grad()
+    def _gradient_ready(self, i):
+        if self._handed[i]:
+            raise RuntimeError(
+                f"DistributedOptimizer: the gradient of {self._names[i]!r} "
+                "arrived twice in one step (several backward passes per "
+                "step, e.g. gradient accumulation); construct it with "
+                "overlap=False for that")
+        if not self.client.in_step:
+            self.client.start_step(self._grad)
+        b, e = self._offsets[i]
+        self._grad[b:e].copy_(self._params[i].grad.reshape(-1))
+        self._handed[i] = True
+        self.client.gradient_ready(b, e)
 
     def add_param_group(self, param_group):
         if not getattr(self, "_sizing", False):
@@ -160,7 +204,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for p, (b, e) in zip(self._params, self._offsets):
+        overlapped = self.client.in_step
+        for i, (p, (b, e)) in enumerate(zip(self._params, self._offsets)):
+            if self._handed[i]:
+                # Handed over by its hook during backward: what was pushed
+                # must be what the caller now holds.
+                if not torch.equal(self._grad[b:e], p.grad.reshape(-1)):
+                    raise RuntimeError(
+                        f"DistributedOptimizer: the gradient of "
+                        f"{self._names[i]!r} changed after backward handed it "
+                        "over (clipping or scaling between backward and "
+                        "step?); with overlap=True gradients are pushed as "
+                        "backward produces them; use overlap=False")
+                continue
             if p.grad is None:
                 self._grad[b:e].zero_()
             elif p.grad.is_sparse:
@@ -170,7 +226,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._grad[b:e].copy_(p.grad.reshape(-1))
         # The replica goes into the reused buffer only when the step
         # succeeded (the client checks sizes and writes nothing otherwise).
-        self.client.step(self._grad, self._weights, loss=_as_float(loss))
+        try:
+            if overlapped:
+                self.client.finish_step(self._weights, loss=_as_float(loss))
+            else:
+                self.client.step(self._grad, self._weights,
+                                 loss=_as_float(loss))
+        finally:
+            if not self.client.in_step:
+                self._handed = [False] * len(self._params)
         self._load_weights()
         return loss
 
