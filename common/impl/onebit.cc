@@ -36,7 +36,8 @@ Layout MakeLayout(uint64_t n, uint32_t block_size) {
 }
 
 // The input of one encode call: u = g (e_in null) or g + decay * e_in.
-// e_out, if set, receives u during the sum pass and u - decode(u) after.
+// e_out, if set, receives u - decode(u); kernels may keep u there between
+// their sum pass and their sign pass.
 struct EncodeArgs {
   const float* g;
   const float* e_in;
@@ -141,30 +142,65 @@ void AccumulateScalar(const uint8_t* scales, const uint8_t* signs, uint64_t n,
 #if defined(__x86_64__)
 #define PSERVER_AVX2 __attribute__((target("avx2,fma")))
 
-// REQUIRES: every block starts at a multiple of 8. Templated so that the
-// inner loops carry no mode branches and keep the pointers in registers.
-template <bool kEf, bool kL2>
+// Blocks up to this many elements keep their inputs u in a stack buffer
+// between the sum pass and the sign pass (u = g + decay * e_in is formed
+// once, and e_out is written once); longer blocks use e_out for that.
+constexpr uint64_t kBufferedBlock = 2048;
+// Residuals of a call at least this large (bytes) are written with
+// non-temporal stores: they are not read again before the next step, and
+// bypassing the cache saves the read-for-ownership of every line (a third
+// of the memory traffic of encode + error feedback). Smaller outputs stay
+// cached (a 32 MiB L3 holds g, e_in and e_out of 2M elements).
+constexpr uint64_t kStreamBytes = uint64_t{16} << 20;
+
+// Sign bits of the 8 elements src[at..at+8) (bit j: element at + j is >= 0)
+// and, with error feedback, their residuals u - (+-s) into e_out.
+template <bool kEf, bool kStream>
+PSERVER_AVX2 inline __attribute__((always_inline)) uint32_t Signs8(
+    const float* src, float* e_out, uint64_t at, __m256 vpos, __m256 vneg) {
+  __m256 u = _mm256_loadu_ps(src + at);
+  __m256 ge = _mm256_cmp_ps(u, _mm256_setzero_ps(), _CMP_GE_OQ);
+  if (kEf) {
+    __m256 r = _mm256_sub_ps(u, _mm256_blendv_ps(vneg, vpos, ge));
+    if (kStream) {
+      _mm_stream_ps(e_out + at, _mm256_castps256_ps128(r));
+      _mm_stream_ps(e_out + at + 4, _mm256_extractf128_ps(r, 1));
+    } else {
+      _mm256_storeu_ps(e_out + at, r);
+    }
+  }
+  return static_cast<uint32_t>(_mm256_movemask_ps(ge));
+}
+
+// REQUIRES: every block starts at a multiple of 8; with kStream, e_out is
+// 16-byte aligned and blocks are at most kBufferedBlock long. Templated so
+// that the inner loops carry no mode branches and keep pointers in
+// registers.
+template <bool kEf, bool kL2, bool kStream>
 PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
                                      const Layout& l, uint8_t* scales,
                                      uint8_t* signs) {
   const float* const g = a.g;
   const float* const e_in = a.e_in;
   float* const e_out = a.e_out;
-  const float* const src = kEf ? e_out : g;
   const __m256 vdecay = _mm256_set1_ps(a.decay);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 vmax = _mm256_set1_ps(FLT_MAX);
   const __m256 zero = _mm256_setzero_ps();
   const uint64_t block = l.block, blocks = l.blocks;
+  const bool buffered = kEf && block <= kBufferedBlock;
+  alignas(32) float ubuf[kEf ? kBufferedBlock : 8];
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t b0 = b * block, b1 = std::min(n, b0 + block);
+    // Where this block's u lives for the sign pass, indexed by i - off.
+    float* const u_at = !kEf ? nullptr : buffered ? ubuf : e_out + b0;
     __m256 sum = zero, bad = zero;
     uint64_t i = b0;
     for (; i + 8 <= b1; i += 8) {
       __m256 u = _mm256_loadu_ps(g + i);
       if (kEf) {
         u = _mm256_add_ps(u, _mm256_mul_ps(vdecay, _mm256_loadu_ps(e_in + i)));
-        _mm256_storeu_ps(e_out + i, u);
+        _mm256_storeu_ps(u_at + (i - b0), u);
       }
       __m256 m = _mm256_and_ps(u, absmask);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(m, vmax, _CMP_NLE_UQ));
@@ -178,34 +214,51 @@ PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
       if (kEf) {
         u = _mm256_add_ps(
             u, _mm256_mul_ps(vdecay, _mm256_maskload_ps(e_in + i, mask)));
-        _mm256_maskstore_ps(e_out + i, mask, u);
+        _mm256_maskstore_ps(u_at + (i - b0), mask, u);
       }
       __m256 m = _mm256_and_ps(u, absmask);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(m, vmax, _CMP_NLE_UQ));
       sum = _mm256_add_ps(sum, kL2 ? _mm256_mul_ps(u, u) : m);
     }
-    if (_mm256_movemask_ps(bad)) return FirstBadInBlock(a, b0, b1);
+    if (_mm256_movemask_ps(bad)) {
+      if (kStream) _mm_sfence();
+      return FirstBadInBlock(a, b0, b1);
+    }
     // Same tree as ReduceLanes: (s_j + s_{j+4}), then (t0 + t2) + (t1 + t3).
     __m128 t = _mm_add_ps(_mm256_castps256_ps128(sum),
                           _mm256_extractf128_ps(sum, 1));
     __m128 w = _mm_add_ps(t, _mm_movehl_ps(t, t));
     float total = _mm_cvtss_f32(
         _mm_add_ss(w, _mm_shuffle_ps(w, w, _MM_SHUFFLE(1, 1, 1, 1))));
+    const float* const src = kEf ? u_at - b0 : g;  // src[i]: u of element i
     const float s = FinishScale(total, src + b0, b1 - b0, kL2);
     StoreScale(scales, b, s);
     const __m256 vpos = _mm256_set1_ps(s), vneg = _mm256_set1_ps(-s);
     i = b0;
+    for (; i + 32 <= b1; i += 32) {  // one 4-byte store per 32 signs
+      uint32_t m = Signs8<kEf, kStream>(src, e_out, i, vpos, vneg) |
+                   Signs8<kEf, kStream>(src, e_out, i + 8, vpos, vneg) << 8 |
+                   Signs8<kEf, kStream>(src, e_out, i + 16, vpos, vneg) << 16 |
+                   Signs8<kEf, kStream>(src, e_out, i + 24, vpos, vneg) << 24;
+      std::memcpy(signs + (i >> 3), &m, 4);
+    }
     for (; i + 8 <= b1; i += 8) {
-      __m256 u = _mm256_loadu_ps(src + i);
-      __m256 ge = _mm256_cmp_ps(u, zero, _CMP_GE_OQ);
-      signs[i >> 3] = static_cast<uint8_t>(_mm256_movemask_ps(ge));
-      if (kEf) {
-        _mm256_storeu_ps(e_out + i,
-                         _mm256_sub_ps(u, _mm256_blendv_ps(vneg, vpos, ge)));
+      signs[i >> 3] =
+          static_cast<uint8_t>(Signs8<kEf, kStream>(src, e_out, i, vpos, vneg));
+    }
+    if (i < b1) {
+      // The tail's u is in src; SignsScalar reads src and writes e_out.
+      for (uint64_t j = i; j < b1; ++j) {
+        float u = src[j];
+        bool pos = u >= 0.0f;
+        if (pos) signs[j >> 3] |= static_cast<uint8_t>(1u << (j & 7));
+        if (kEf) e_out[j] = u - (pos ? s : -s);
       }
     }
-    SignsScalar(src, kEf ? e_out : nullptr, signs, s, i, b1);
   }
+  // Non-temporal stores are weakly ordered: fence them before whoever
+  // synchronises with this thread reads e_out.
+  if (kStream) _mm_sfence();
   return absl::OkStatus();
 }
 
@@ -213,11 +266,18 @@ absl::Status EncodeAvx2Dispatch(const EncodeArgs& a, uint64_t n,
                                 const Layout& l, uint8_t* scales,
                                 uint8_t* signs) {
   if (a.e_in) {
-    return a.l2 ? EncodeAvx2<true, true>(a, n, l, scales, signs)
-                : EncodeAvx2<true, false>(a, n, l, scales, signs);
+    const bool stream =
+        n * sizeof(float) >= kStreamBytes && l.block <= kBufferedBlock &&
+        reinterpret_cast<uintptr_t>(a.e_out) % 16 == 0;
+    if (stream) {
+      return a.l2 ? EncodeAvx2<true, true, true>(a, n, l, scales, signs)
+                  : EncodeAvx2<true, false, true>(a, n, l, scales, signs);
+    }
+    return a.l2 ? EncodeAvx2<true, true, false>(a, n, l, scales, signs)
+                : EncodeAvx2<true, false, false>(a, n, l, scales, signs);
   }
-  return a.l2 ? EncodeAvx2<false, true>(a, n, l, scales, signs)
-              : EncodeAvx2<false, false>(a, n, l, scales, signs);
+  return a.l2 ? EncodeAvx2<false, true, false>(a, n, l, scales, signs)
+              : EncodeAvx2<false, false, false>(a, n, l, scales, signs);
 }
 
 // REQUIRES: every block starts at a multiple of 8.
