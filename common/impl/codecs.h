@@ -80,17 +80,7 @@ absl::Status CheckValues(const uint8_t* p, uint64_t count, v1::ValueFormat f,
 float LoadValue(const uint8_t* p, v1::ValueFormat f);  // REQUIRES: checked
 absl::Status CheckValueFormat(const v1::CodecParams& p);
 
-// ---- TopK selection (topk_select.cc) ----
-// The selected positions (increasing) and their values u[idx]. EXACT: the k
-// largest |u|, ties to the lower index. SAMPLED: see codec.proto.
-// INVALID_ARGUMENT names the first non-finite element of u.
-absl::Status SelectTopK(absl::Span<const float> u, uint64_t k,
-                        v1::TopKSelection selection,
-                        std::vector<uint64_t>* idx, std::vector<float>* val);
-
-// ---- TopK indices (topk_indices.cc) ----
-// Appends varint count and gaps.
-void AppendIndices(absl::Span<const uint64_t> idx, std::string* out);
+// ---- TopK indices (topk_indices.cc; writing: topk_select.h) ----
 // Checks the varint count and gaps of a payload for n elements (count <= n,
 // indices increasing and below n); on success sets *count and the offset of
 // the first byte after the gaps.

@@ -1,22 +1,47 @@
 // The index part of topk and topk_quantize payloads: varint count c, then c
 // varint gaps (first: the index itself; then index - previous - 1), so
 // indices strictly increase and a gap below 128 takes one byte.
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
+#include "common/impl/topk_select.h"
 #include "common/internal/varint.h"
 
 namespace pserver {
 namespace impl {
 
-void AppendIndices(absl::Span<const uint64_t> idx, std::string* out) {
-  size_t old = out->size();
-  out->resize(old + (idx.size() + 1) * internal::kMaxVarintBytes);
-  uint8_t* start = reinterpret_cast<uint8_t*>(&(*out)[0]);
-  uint8_t* p = internal::PutVarint(idx.size(), start + old);
-  for (size_t j = 0; j < idx.size(); ++j) {
-    p = internal::PutVarint(j == 0 ? idx[0] : idx[j] - idx[j - 1] - 1, p);
+namespace {
+
+// PutVarint for one gap; gaps below 2^14 (all but a few at any density
+// worth sending) take a branch-free path: two bytes stored, one or two kept.
+// REQUIRES: kMaxVarintBytes of room at p.
+inline uint8_t* PutGap(uint64_t gap, uint8_t* p) {
+  if (gap >= (uint64_t{1} << 14)) return internal::PutVarint(gap, p);
+  const uint32_t more = gap >= 0x80;
+  const uint16_t two =
+      static_cast<uint16_t>((gap & 0x7f) | (more << 7) | ((gap >> 7) << 8));
+  std::memcpy(p, &two, 2);
+  return p + 1 + more;
+}
+
+}  // namespace
+
+void AppendIndices(absl::Span<const uint64_t> idx, Buffer<uint8_t>* bytes,
+                   std::string* out) {
+  // Staged in *bytes (no zero-fill, unlike growing the string), then
+  // appended once.
+  uint8_t* const start =
+      bytes->Reserve((idx.size() + 1) * internal::kMaxVarintBytes);
+  uint8_t* p = internal::PutVarint(idx.size(), start);
+  if (!idx.empty()) {
+    p = internal::PutVarint(idx[0], p);
+    for (size_t j = 1; j < idx.size(); ++j) {
+      p = PutGap(idx[j] - idx[j - 1] - 1, p);
+    }
   }
-  out->resize(static_cast<size_t>(p - start));
+  out->append(reinterpret_cast<const char*>(start),
+              static_cast<size_t>(p - start));
 }
 
 absl::Status ParseIndices(absl::string_view payload, uint64_t n,

@@ -1,39 +1,30 @@
-// TopK selection (for topk and topk_quantize): the k largest |u|.
-//
-// Selection works on key(i) = float bits of |u_i|, whose unsigned order is
-// the order of |u| (NaN and Inf sort above every finite value, which is how
-// non-finite input is caught without an extra pass).
+// TopK selection (for topk and topk_quantize): the k largest |u|; the
+// contract is in topk_select.h.
 // EXACT: a radix histogram on the top 16 key bits finds the bucket holding
 // the k-th largest key; the exact threshold comes from that bucket alone.
-// SAMPLED: the threshold is the matching order statistic of a deterministic
-// sample; one filter pass keeps key >= threshold. If that keeps more than
-// 1.1 k (and the buffer held them), exact selection runs on the kept
-// elements only, which yields exactly the EXACT answer; fewer than 0.9 k, or
-// a full buffer, falls back to EXACT on everything.
+// SAMPLED: threshold from the sample, then one filter pass.
+#include "common/impl/topk_select.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
-#include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
 #include "common/internal/cpu.h"
-#include "common/internal/float16.h"
-#include "common/internal/rng.h"
 
 namespace pserver {
 namespace impl {
-namespace {
 
-constexpr uint32_t kInfKey = 0x7f800000;
+namespace {
 constexpr int kHistShift = 15;  // 31-bit keys -> 65536 buckets
 constexpr size_t kBuckets = size_t{1} << (31 - kHistShift);
+}  // namespace
 
-// Histogram tables reused by every SelectExact call on a thread: allocating
-// and zero-filling them (about 1 MiB) per call showed up in review. h0 and h1
-// are all zero between calls (each use clears what it counted); hist is
-// fully rewritten by each call; low is cleared before use.
+// h0 and h1 are all zero between calls (each use clears what it counted);
+// hist is fully rewritten by each call; low is cleared before use.
 struct Histograms {
   std::vector<uint32_t> h0 = std::vector<uint32_t>(kBuckets, 0);
   std::vector<uint32_t> h1 = std::vector<uint32_t>(kBuckets, 0);
@@ -41,10 +32,10 @@ struct Histograms {
   std::vector<uint64_t> low = std::vector<uint64_t>(size_t{1} << kHistShift);
 };
 
-Histograms& ThreadHistograms() {
-  thread_local Histograms h;
-  return h;
-}
+TopKScratch::TopKScratch() = default;
+TopKScratch::~TopKScratch() = default;
+
+namespace {
 
 // hist = (keep ? hist : 0) + h0 + h1, leaving h0 and h1 zero.
 void DrainCounts(Histograms* h, bool keep) {
@@ -57,8 +48,6 @@ void DrainCounts(Histograms* h, bool keep) {
   }
 }
 
-inline uint32_t KeyOf(float f) { return internal::FloatBits(f) & 0x7fffffff; }
-
 absl::Status FirstNonFinite(absl::Span<const float> u) {
   for (size_t i = 0; i < u.size(); ++i) {
     if (!std::isfinite(u[i])) return NonFiniteInput(i, u[i]);
@@ -66,12 +55,12 @@ absl::Status FirstNonFinite(absl::Span<const float> u) {
   return absl::OkStatus();
 }
 
-// Keeps i with key(u_i) >= threshold into idx/val (capacity `cap`).
-// Returns the count, or cap + 1 if it would not fit.
-size_t FilterScalar(const float* u, size_t n, uint32_t threshold,
-                    uint64_t* idx, float* val, size_t cap) {
-  size_t c = 0;
-  for (size_t i = 0; i < n; ++i) {
+// Appends i >= `from` with key(u_i) >= threshold to idx/val after the first
+// c entries, one element at a time. Returns the new count, or cap + 1 as
+// soon as it would exceed cap.
+size_t FilterScalar(const float* u, size_t from, size_t n, uint32_t threshold,
+                    uint64_t* idx, float* val, size_t c, size_t cap) {
+  for (size_t i = from; i < n; ++i) {
     if (KeyOf(u[i]) >= threshold) {
       if (c == cap) return cap + 1;
       idx[c] = i;
@@ -83,62 +72,81 @@ size_t FilterScalar(const float* u, size_t n, uint32_t threshold,
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) size_t FilterAvx2(
-    const float* u, size_t n, uint32_t threshold, uint64_t* idx, float* val,
-    size_t cap) {
-  // Keys are non-negative int32, so a signed compare against T - 1 works;
-  // threshold >= 1 here.
+#define PSERVER_AVX2_BMI __attribute__((target("avx2,fma,bmi,popcnt")))
+
+// Bit j: key(u[j]) > tm1 for the 8 elements at u.
+PSERVER_AVX2_BMI inline __attribute__((always_inline)) uint32_t Above8(
+    const float* u, __m256i absmask, __m256i tm1) {
+  __m256i k = _mm256_and_si256(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)), absmask);
+  return static_cast<uint32_t>(
+      _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, tm1))));
+}
+
+// As FilterScalar from 0, 32 elements per step. A mispredicted branch per
+// kept element would cost more than the memory stream (k is about 1% of n):
+// the first two hits of each group are written unconditionally (into the
+// kFilterSlack room when there are fewer), and only groups with three or
+// more hits take a branch. REQUIRES: threshold >= 1.
+PSERVER_AVX2_BMI size_t FilterAvx2(const float* u, size_t n,
+                                   uint32_t threshold, uint64_t* idx,
+                                   float* val, size_t cap) {
+  // Keys are non-negative int32, so a signed compare against T - 1 works.
   const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
   const __m256i tm1 = _mm256_set1_epi32(static_cast<int>(threshold - 1));
   size_t c = 0, i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i k0 = _mm256_and_si256(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + i)), absmask);
-    __m256i k1 = _mm256_and_si256(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + i + 8)),
-        absmask);
-    uint32_t m = static_cast<uint32_t>(
-        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k0, tm1))));
-    m |= static_cast<uint32_t>(_mm256_movemask_ps(
-             _mm256_castsi256_ps(_mm256_cmpgt_epi32(k1, tm1))))
-         << 8;
-    if (m) {
-      if (c + 16 > cap) return cap + 1;
-      do {
-        unsigned j = static_cast<unsigned>(__builtin_ctz(m));
-        idx[c] = i + j;
-        val[c] = u[i + j];
-        ++c;
-        m &= m - 1;
-      } while (m);
+  for (; i + 32 <= n; i += 32) {
+    const uint32_t m = Above8(u + i, absmask, tm1) |
+                       Above8(u + i + 8, absmask, tm1) << 8 |
+                       Above8(u + i + 16, absmask, tm1) << 16 |
+                       Above8(u + i + 24, absmask, tm1) << 24;
+    uint32_t w = m;
+    const uint32_t j0 = _tzcnt_u32(w) & 31;  // 32 (no hit) reads u[i]
+    idx[c] = i + j0;
+    val[c] = u[i + j0];
+    w = _blsr_u32(w);
+    const uint32_t j1 = _tzcnt_u32(w) & 31;
+    idx[c + 1] = i + j1;
+    val[c + 1] = u[i + j1];
+    w = _blsr_u32(w);
+    const uint32_t hits = static_cast<uint32_t>(_mm_popcnt_u32(m));
+    if (hits > 2) {
+      for (size_t q = c + 2; w != 0; ++q, w = _blsr_u32(w)) {
+        const uint32_t j = _tzcnt_u32(w);
+        idx[q] = i + j;
+        val[q] = u[i + j];
+      }
     }
+    c += hits;
+    if (c > cap) return cap + 1;
   }
-  for (; i < n; ++i) {
-    if (KeyOf(u[i]) >= threshold) {
-      if (c == cap) return cap + 1;
-      idx[c] = i;
-      val[c] = u[i];
-      ++c;
-    }
-  }
-  return c;
+  return FilterScalar(u, i, n, threshold, idx, val, c, cap);
 }
 #endif
 
-size_t Filter(const float* u, size_t n, uint32_t threshold, uint64_t* idx,
-              float* val, size_t cap) {
+// Keeps i with key(u_i) >= threshold into out (count, or cap + 1 if more
+// than cap). REQUIRES: threshold >= 1.
+size_t Filter(absl::Span<const float> u, uint32_t threshold, size_t cap,
+              Selected* out) {
+  out->Reserve(cap);
 #if defined(__x86_64__)
-  if (internal::UseAvx2()) return FilterAvx2(u, n, threshold, idx, val, cap);
+  if (internal::UseAvx2()) {
+    return FilterAvx2(u.data(), u.size(), threshold, out->idx.data(),
+                      out->val.data(), cap);
+  }
 #endif
-  return FilterScalar(u, n, threshold, idx, val, cap);
+  return FilterScalar(u.data(), 0, u.size(), threshold, out->idx.data(),
+                      out->val.data(), 0, cap);
 }
 
-// The k largest keys (ties: lower index), k >= 1, k <= u.size().
+}  // namespace
+
 absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
-                         std::vector<uint64_t>* idx, std::vector<float>* val) {
+                         TopKScratch* s, Selected* out) {
   const size_t n = u.size();
   const float* p = u.data();
-  Histograms& tables = ThreadHistograms();
+  if (!s->hist) s->hist = std::make_unique<Histograms>();
+  Histograms& tables = *s->hist;
   const std::vector<uint64_t>& hist = tables.hist;
   {
     // Two interleaved tables halve store-to-load stalls on repeated buckets.
@@ -172,39 +180,37 @@ absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
   const uint64_t rank = k - above;  // 1-based rank inside the bucket
   const uint32_t bucket_lo = static_cast<uint32_t>(bucket << kHistShift);
   const uint64_t kept = above + in_bucket;
+  uint64_t* idx = nullptr;
+  float* val = nullptr;
   if (bucket_lo > 0 && kept <= k + (uint64_t{1} << 20)) {
     // Usual case: one filter pass keeps every key of the bucket and above
     // (exactly `kept` of them), then the threshold is found among those.
-    // The AVX2 filter wants 16 spare slots; it then keeps exactly `kept`.
-    idx->resize(kept + 16);
-    val->resize(kept + 16);
-    size_t c = Filter(p, n, bucket_lo, idx->data(), val->data(), kept + 16);
-    idx->resize(c);
-    val->resize(c);
-    std::vector<uint32_t> keys;
-    keys.reserve(in_bucket);
+    Filter(u, bucket_lo, kept, out);
+    idx = out->idx.data();
+    val = out->val.data();
+    uint32_t* keys = s->keys.Reserve(in_bucket);
+    size_t in = 0;
     for (size_t j = 0; j < kept; ++j) {
-      uint32_t key = KeyOf((*val)[j]);
-      if ((key >> kHistShift) == bucket) keys.push_back(key);
+      uint32_t key = KeyOf(val[j]);
+      if ((key >> kHistShift) == bucket) keys[in++] = key;
     }
-    std::nth_element(keys.begin(), keys.begin() + (rank - 1), keys.end(),
+    std::nth_element(keys, keys + (rank - 1), keys + in,
                      std::greater<uint32_t>());
     const uint32_t threshold = keys[rank - 1];
     uint64_t greater = above;
-    for (uint32_t key : keys) greater += key > threshold;
+    for (size_t j = 0; j < in; ++j) greater += keys[j] > threshold;
     uint64_t take_equal = k - greater;
-    size_t out = 0;
+    size_t c = 0;
     for (size_t j = 0; j < kept; ++j) {
-      uint32_t key = KeyOf((*val)[j]);
+      uint32_t key = KeyOf(val[j]);
       if (key > threshold || (key == threshold && take_equal > 0)) {
         if (key == threshold) --take_equal;
-        (*idx)[out] = (*idx)[j];
-        (*val)[out] = (*val)[j];
-        ++out;
+        idx[c] = idx[j];
+        val[c] = val[j];
+        ++c;
       }
     }
-    idx->resize(out);
-    val->resize(out);
+    out->count = c;
     return absl::OkStatus();
   }
   // Huge bucket (e.g. mostly zeros): second histogram on the low key bits
@@ -225,93 +231,140 @@ absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
   }
   const uint32_t threshold = bucket_lo | static_cast<uint32_t>(j);
   uint64_t take_equal = k - above - cum;
-  idx->clear();
-  val->clear();
-  idx->reserve(k);
-  val->reserve(k);
+  out->Reserve(k);
+  idx = out->idx.data();
+  val = out->val.data();
+  size_t c = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t key = KeyOf(p[i]);
     if (key > threshold || (key == threshold && take_equal > 0)) {
       if (key == threshold) --take_equal;
-      idx->push_back(i);
-      val->push_back(p[i]);
+      idx[c] = i;
+      val[c] = p[i];
+      ++c;
     }
   }
+  out->count = c;
   return absl::OkStatus();
 }
 
-// Threshold key from a deterministic sample: about `want` of n keys are >=
-// it. The sample positions depend only on n.
-uint32_t SampleThreshold(absl::Span<const float> u, uint64_t want) {
-  const size_t n = u.size();
-  const size_t m = std::min<size_t>(n, std::max<size_t>(n / 1000, 16384));
-  const size_t stride = n / m;
-  const uint64_t key = internal::StreamKey(0x70b4);
-  std::vector<uint32_t> sample(m);
-  for (size_t j = 0; j < m; ++j) {
-    size_t pos = j * stride + internal::Below(internal::Draw(key, j), stride);
-    sample[j] = KeyOf(u[pos]);
-  }
+SamplePlan::SamplePlan(size_t n)
+    : n(n),
+      m(std::min<size_t>(n, std::max<size_t>(n / 1000, 16384))),
+      stride(m == 0 ? 1 : n / m),
+      key(internal::StreamKey(0x70b4)) {}
+
+uint32_t SampleThreshold(const SamplePlan& plan, uint64_t want,
+                         uint32_t* keys) {
   // Aim 3% above k: overshoot is refined exactly on the kept set, cheaply.
-  double r = std::ceil(static_cast<double>(want) * 1.03 * m / n);
-  size_t rank = static_cast<size_t>(std::clamp<double>(r, 1.0, m));
-  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
+  const double r = std::ceil(static_cast<double>(want) * 1.03 *
+                             static_cast<double>(plan.m) /
+                             static_cast<double>(plan.n));
+  const size_t rank = static_cast<size_t>(
+      std::clamp<double>(r, 1.0, static_cast<double>(plan.m)));
+  std::nth_element(keys, keys + (rank - 1), keys + plan.m,
                    std::greater<uint32_t>());
-  return sample[rank - 1];
+  return keys[rank - 1];
 }
+
+absl::Status JudgeCandidates(uint64_t k, TopKScratch* s,
+                             SampledOutcome* outcome) {
+  const size_t c = s->sel.count;
+  if (c * 10 < k * 9) {
+    *outcome = SampledOutcome::kFallBack;
+    return absl::OkStatus();
+  }
+  // Non-finite keys exceed any finite threshold, so they are all kept, in
+  // index order.
+  const float* val = s->sel.val.data();
+  for (size_t j = 0; j < c; ++j) {
+    if (!std::isfinite(val[j])) {
+      return NonFiniteInput(s->sel.idx.data()[j], val[j]);
+    }
+  }
+  if (c * 10 <= k * 11) {
+    *outcome = SampledOutcome::kDone;
+    return absl::OkStatus();
+  }
+  *outcome = SampledOutcome::kRefined;
+  return SelectExact(s->sel.values(), k, s, &s->refined);
+}
+
+void KeepRefined(TopKScratch* s) {
+  // Ranks increase and rank j >= j, so the compaction runs in place.
+  const uint64_t* rank = s->refined.idx.data();
+  const float* kept = s->refined.val.data();
+  uint64_t* idx = s->sel.idx.data();
+  float* val = s->sel.val.data();
+  for (size_t j = 0; j < s->refined.count; ++j) {
+    idx[j] = idx[rank[j]];
+    val[j] = kept[j];
+  }
+  s->sel.count = s->refined.count;
+}
+
+namespace {
 
 absl::Status SelectSampled(absl::Span<const float> u, uint64_t k,
-                           std::vector<uint64_t>* idx,
-                           std::vector<float>* val) {
-  const size_t n = u.size();
-  uint32_t threshold = SampleThreshold(u, k);
+                           TopKScratch* s) {
+  const SamplePlan plan(u.size());
+  uint32_t* keys = s->sample.Reserve(plan.m);
+  const float* p = u.data();
+  // The sample is a gather across the whole tensor (a cache and TLB miss per
+  // key): prefetch a few positions ahead so that the misses overlap.
+  constexpr size_t kAhead = 16;
+  for (size_t j = 0; j < plan.m; ++j) {
+    if (j + kAhead < plan.m) {
+      __builtin_prefetch(p + plan.Position(j + kAhead));
+    }
+    keys[j] = KeyOf(p[plan.Position(j)]);
+  }
+  const uint32_t threshold = SampleThreshold(plan, k, keys);
   if (threshold == 0 || threshold >= kInfKey) {
-    return SelectExact(u, k, idx, val);  // degenerate sample or bad input
+    return SelectExact(u, k, s, &s->sel);  // degenerate sample or bad input
   }
-  const size_t cap = k + k / 2 + 64;
-  idx->resize(cap);
-  val->resize(cap);
-  size_t c = Filter(u.data(), n, threshold, idx->data(), val->data(), cap);
-  if (c > cap || c * 10 < k * 9) return SelectExact(u, k, idx, val);
-  idx->resize(c);
-  val->resize(c);
-  // Non-finite keys exceed any finite threshold, so they are all kept here,
-  // in index order.
-  for (size_t j = 0; j < c; ++j) {
-    if (!std::isfinite((*val)[j])) return NonFiniteInput((*idx)[j], (*val)[j]);
+  const size_t cap = SampledCapacity(k);
+  const size_t c = Filter(u, threshold, cap, &s->sel);
+  if (c > cap) return SelectExact(u, k, s, &s->sel);
+  s->sel.count = c;
+  SampledOutcome outcome;
+  absl::Status status = JudgeCandidates(k, s, &outcome);
+  if (!status.ok()) return status;
+  switch (outcome) {
+    case SampledOutcome::kDone:
+      return absl::OkStatus();
+    case SampledOutcome::kRefined:
+      KeepRefined(s);
+      return absl::OkStatus();
+    case SampledOutcome::kFallBack:
+      break;
   }
-  if (c * 10 > k * 11) {
-    std::vector<uint64_t> pos;
-    std::vector<float> kept;
-    absl::Status s = SelectExact(*val, k, &pos, &kept);
-    if (!s.ok()) return s;
-    for (size_t j = 0; j < pos.size(); ++j) (*idx)[j] = (*idx)[pos[j]];
-    idx->resize(pos.size());
-    *val = std::move(kept);
-  }
-  return absl::OkStatus();
+  return SelectExact(u, k, s, &s->sel);
 }
 
 }  // namespace
 
 absl::Status SelectTopK(absl::Span<const float> u, uint64_t k,
-                        v1::TopKSelection selection,
-                        std::vector<uint64_t>* idx, std::vector<float>* val) {
-  idx->clear();
-  val->clear();
+                        v1::TopKSelection selection, TopKScratch* s) {
+  s->sel.count = 0;
   if (k == 0) return CheckFinite(u);
   if (k >= u.size()) {
-    absl::Status s = CheckFinite(u);
-    if (!s.ok()) return s;
-    for (size_t i = 0; i < u.size(); ++i) idx->push_back(i);
-    val->assign(u.begin(), u.end());
+    absl::Status status = CheckFinite(u);
+    if (!status.ok()) return status;
+    s->sel.Reserve(u.size());
+    for (size_t i = 0; i < u.size(); ++i) s->sel.idx.data()[i] = i;
+    if (!u.empty()) {
+      std::memcpy(s->sel.val.data(), u.data(), u.size() * sizeof(float));
+    }
+    s->sel.count = u.size();
     return absl::OkStatus();
   }
   // Small tensors: a sample would be the whole tensor anyway.
-  if (selection == v1::TOPK_SELECTION_EXACT || u.size() < (size_t{1} << 16)) {
-    return SelectExact(u, k, idx, val);
+  if (selection == v1::TOPK_SELECTION_EXACT ||
+      u.size() < kMinSampledElements) {
+    return SelectExact(u, k, s, &s->sel);
   }
-  return SelectSampled(u, k, idx, val);
+  return SelectSampled(u, k, s);
 }
 
 }  // namespace impl
