@@ -226,15 +226,14 @@ absl::Status SelectWithFeedback(absl::Span<const float> g,
   // The sample of u, formed where it is read (prefetched a few ahead: each
   // key is a cache and TLB miss in g and in e_in).
   const SamplePlan plan(n);
+  const uint64_t* pos = SamplePositions(plan, s);
   uint32_t* keys = s->sample.Reserve(plan.m);
-  constexpr size_t kAhead = 16;
   for (size_t j = 0; j < plan.m; ++j) {
-    if (j + kAhead < plan.m) {
-      const size_t ahead = plan.Position(j + kAhead);
-      __builtin_prefetch(gp + ahead);
-      __builtin_prefetch(ep + ahead);
+    if (j + kSampleAhead < plan.m) {
+      __builtin_prefetch(gp + pos[j + kSampleAhead]);
+      __builtin_prefetch(ep + pos[j + kSampleAhead]);
     }
-    keys[j] = KeyOf(InputAt(gp, ep, decay, plan.Position(j)));
+    keys[j] = KeyOf(InputAt(gp, ep, decay, pos[j]));
   }
   const uint32_t threshold = SampleThreshold(plan, k, keys);
   if (threshold == 0 || threshold >= kInfKey) {

@@ -254,6 +254,15 @@ SamplePlan::SamplePlan(size_t n)
       stride(m == 0 ? 1 : n / m),
       key(internal::StreamKey(0x70b4)) {}
 
+const uint64_t* SamplePositions(const SamplePlan& plan, TopKScratch* s) {
+  if (s->positions_n != plan.n || s->positions.data() == nullptr) {
+    uint64_t* pos = s->positions.Reserve(plan.m);
+    for (size_t j = 0; j < plan.m; ++j) pos[j] = plan.Position(j);
+    s->positions_n = plan.n;
+  }
+  return s->positions.data();
+}
+
 uint32_t SampleThreshold(const SamplePlan& plan, uint64_t want,
                          uint32_t* keys) {
   // Aim 3% above k: overshoot is refined exactly on the kept set, cheaply.
@@ -262,9 +271,26 @@ uint32_t SampleThreshold(const SamplePlan& plan, uint64_t want,
                              static_cast<double>(plan.n));
   const size_t rank = static_cast<size_t>(
       std::clamp<double>(r, 1.0, static_cast<double>(plan.m)));
-  std::nth_element(keys, keys + (rank - 1), keys + plan.m,
+  // The rank-th largest key: a histogram of the top 12 key bits finds its
+  // bucket, then only that bucket's keys are ordered.
+  constexpr int kShift = 19;  // 31-bit keys -> 4096 buckets
+  uint32_t counts[uint32_t{1} << (31 - kShift)] = {};
+  for (size_t j = 0; j < plan.m; ++j) ++counts[keys[j] >> kShift];
+  uint32_t bucket = uint32_t{1} << (31 - kShift);
+  size_t above = 0;
+  while (bucket > 0) {
+    --bucket;
+    if (above + counts[bucket] >= rank) break;
+    above += counts[bucket];
+  }
+  size_t in = 0;  // the bucket's keys, moved to the front
+  for (size_t j = 0; j < plan.m; ++j) {
+    if ((keys[j] >> kShift) == bucket) keys[in++] = keys[j];
+  }
+  const size_t inner = rank - above;  // 1-based, <= in
+  std::nth_element(keys, keys + (inner - 1), keys + in,
                    std::greater<uint32_t>());
-  return keys[rank - 1];
+  return keys[inner - 1];
 }
 
 absl::Status JudgeCandidates(uint64_t k, TopKScratch* s,
@@ -275,12 +301,13 @@ absl::Status JudgeCandidates(uint64_t k, TopKScratch* s,
     return absl::OkStatus();
   }
   // Non-finite keys exceed any finite threshold, so they are all kept, in
-  // index order.
-  const float* val = s->sel.val.data();
-  for (size_t j = 0; j < c; ++j) {
-    if (!std::isfinite(val[j])) {
-      return NonFiniteInput(s->sel.idx.data()[j], val[j]);
-    }
+  // index order. CheckFinite names the candidate; report its element.
+  absl::Status finite = CheckFinite(s->sel.values());
+  if (!finite.ok()) {
+    const float* val = s->sel.val.data();
+    size_t j = 0;
+    while (std::isfinite(val[j])) ++j;
+    return NonFiniteInput(s->sel.idx.data()[j], val[j]);
   }
   if (c * 10 <= k * 11) {
     *outcome = SampledOutcome::kDone;
@@ -308,16 +335,14 @@ namespace {
 absl::Status SelectSampled(absl::Span<const float> u, uint64_t k,
                            TopKScratch* s) {
   const SamplePlan plan(u.size());
+  const uint64_t* pos = SamplePositions(plan, s);
   uint32_t* keys = s->sample.Reserve(plan.m);
   const float* p = u.data();
   // The sample is a gather across the whole tensor (a cache and TLB miss per
-  // key): prefetch a few positions ahead so that the misses overlap.
-  constexpr size_t kAhead = 16;
+  // key): prefetch ahead so that the misses overlap.
   for (size_t j = 0; j < plan.m; ++j) {
-    if (j + kAhead < plan.m) {
-      __builtin_prefetch(p + plan.Position(j + kAhead));
-    }
-    keys[j] = KeyOf(p[plan.Position(j)]);
+    if (j + kSampleAhead < plan.m) __builtin_prefetch(p + pos[j + kSampleAhead]);
+    keys[j] = KeyOf(p[pos[j]]);
   }
   const uint32_t threshold = SampleThreshold(plan, k, keys);
   if (threshold == 0 || threshold >= kInfKey) {

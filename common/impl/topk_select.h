@@ -62,6 +62,10 @@ struct TopKScratch {
   Selected refined;  // exact selection among sampled candidates
   Buffer<uint32_t> sample;
   Buffer<uint32_t> keys;
+  // The sample's positions for tensors of positions_n elements (they depend
+  // only on n, and a stream encodes the same n every step).
+  Buffer<uint64_t> positions;
+  size_t positions_n = 0;
   Buffer<uint8_t> bytes;             // encoded index gaps (AppendIndices)
   std::unique_ptr<Histograms> hist;  // made by the first exact selection
 };
@@ -90,6 +94,12 @@ struct SamplePlan {
   size_t n, m, stride;
   uint64_t key;
 };
+
+// How far ahead the sample gathers prefetch.
+constexpr size_t kSampleAhead = 32;
+
+// plan's positions, from s->positions when they were made for plan.n.
+const uint64_t* SamplePositions(const SamplePlan& plan, TopKScratch* s);
 
 // The threshold key from the m sample keys in keys[0..m) (reordered): about
 // 1.03 * want of n keys are >= it. 0 or >= kInfKey means "do not filter"
