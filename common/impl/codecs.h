@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/codec.h"
+#include "common/impl/scratch.h"
 #include "common/internal/varint.h"
 
 namespace pserver {
@@ -133,9 +134,11 @@ struct QuantizeSpec {
 // From tensor params (decoding) or codec params (encoding).
 absl::Status QuantizeSpecFrom(const v1::CodecParams& p, QuantizeSpec* spec);
 // Appends the quantize payload of u (finite). `seed` drives stochastic
-// rounding of element i through Draw(StreamKey(seed), i).
+// rounding of element i through Draw(StreamKey(seed), i). *block_mags is
+// the adaptive range's workspace (one block of |u|).
 void QuantizeAppend(absl::Span<const float> u, const QuantizeSpec& spec,
-                    uint64_t seed, std::string* out);
+                    uint64_t seed, Buffer<float>* block_mags,
+                    std::string* out);
 // Checks that `payload` is exactly a quantize payload for n values.
 absl::Status QuantizeCheck(absl::string_view payload, uint64_t n,
                            const QuantizeSpec& spec, absl::string_view what);

@@ -20,16 +20,18 @@ class TopKQuantizeCodec final : public CodecBase {
 
   absl::Status Encode(absl::Span<const float> u, uint64_t seed,
                       v1::EncodedTensor* out) const override {
-    ScratchPool<TopKScratch>::Lease scratch = scratch_.Take();
+    ScratchPool<Workspace>::Lease scratch = scratch_.Take();
     const uint64_t k = ResolveK(params(), u.size());
-    absl::Status s = SelectTopK(u, k, params().selection(), &*scratch);
+    absl::Status s = SelectTopK(u, k, params().selection(), &scratch->select);
     if (!s.ok()) return s;
     StartOutput(u.size(), out);
     out->mutable_params()->set_k(k);
     out->mutable_params()->set_seed(seed);
     std::string* payload = out->mutable_payload();
-    AppendIndices(scratch->sel.indices(), &scratch->bytes, payload);
-    QuantizeAppend(scratch->sel.values(), spec_, seed, payload);
+    AppendIndices(scratch->select.sel.indices(), &scratch->select.bytes,
+                  payload);
+    QuantizeAppend(scratch->select.sel.values(), spec_, seed,
+                   &scratch->block_mags, payload);
     return absl::OkStatus();
   }
 
@@ -64,9 +66,14 @@ class TopKQuantizeCodec final : public CodecBase {
   }
 
  private:
+  struct Workspace {
+    TopKScratch select;
+    Buffer<float> block_mags;
+  };
+
   QuantizeSpec spec_;
   // Encoding workspaces (codec.h: calls may run concurrently).
-  mutable ScratchPool<TopKScratch> scratch_;
+  mutable ScratchPool<Workspace> scratch_;
 };
 
 }  // namespace
