@@ -8,6 +8,7 @@
 // candidates' residuals are restored to u and the generic steps follow.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/impl/codecs.h"
@@ -60,14 +61,17 @@ void RestoreCandidates(const Selected& sel, size_t count, float* e_out) {
 // (or +0 for a recorded candidate when kZero); candidates key(u) >= threshold
 // are recorded while the count is at most cap (so cap + 1 recorded means
 // "too many"), later ones only get e_out = u. Returns the recorded count.
+// *max_key: at least the largest key seen.
 template <bool kZero>
 size_t FilterFeedbackScalar(const float* g, const float* e_in, float decay,
                             float* e_out, size_t from, size_t n,
                             uint32_t threshold, uint64_t* idx, float* val,
-                            size_t c, size_t cap) {
+                            size_t c, size_t cap, uint32_t* max_key) {
   for (size_t i = from; i < n; ++i) {
     const float u = InputAt(g, e_in, decay, i);
-    if (KeyOf(u) >= threshold && c <= cap) {
+    const uint32_t key = KeyOf(u);
+    *max_key = std::max(*max_key, key);
+    if (key >= threshold && c <= cap) {
       idx[c] = i;
       val[c] = u;
       ++c;
@@ -83,15 +87,16 @@ size_t FilterFeedbackScalar(const float* g, const float* e_in, float decay,
 #define PSERVER_AVX2_BMI __attribute__((target("avx2,fma,bmi,popcnt")))
 
 // u for 8 elements at i into e_out (+0 where a candidate, when kZero);
-// returns the candidate bits.
+// returns the candidate bits. *vmax: lane-wise maximum of the keys.
 template <bool kZero, bool kStream>
 PSERVER_AVX2_BMI inline __attribute__((always_inline)) uint32_t Feed8(
     const float* g, const float* e_in, float* e_out, size_t i, __m256 vdecay,
-    __m256i absmask, __m256i tm1) {
+    __m256i absmask, __m256i tm1, __m256i* vmax) {
   const __m256 u = _mm256_add_ps(
       _mm256_loadu_ps(g + i), _mm256_mul_ps(vdecay, _mm256_loadu_ps(e_in + i)));
-  const __m256i hit =
-      _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(u), absmask), tm1);
+  const __m256i key = _mm256_and_si256(_mm256_castps_si256(u), absmask);
+  *vmax = _mm256_max_epu32(*vmax, key);
+  const __m256i hit = _mm256_cmpgt_epi32(key, tm1);
   const __m256 r = kZero ? _mm256_andnot_ps(_mm256_castsi256_ps(hit), u) : u;
   if (kStream) {
     _mm_stream_ps(e_out + i, _mm256_castps256_ps128(r));
@@ -112,19 +117,23 @@ PSERVER_AVX2_BMI size_t FilterFeedbackAvx2(const float* g, const float* e_in,
                                            float decay, float* e_out,
                                            size_t n, uint32_t threshold,
                                            uint64_t* idx, float* val,
-                                           size_t cap) {
+                                           size_t cap, uint32_t* max_key) {
   const __m256 vdecay = _mm256_set1_ps(decay);
+  __m256i vmax = _mm256_setzero_si256();
   const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
   const __m256i tm1 = _mm256_set1_epi32(static_cast<int>(threshold - 1));
   size_t c = 0, i = 0;
   for (; i + 32 <= n; i += 32) {
     const uint32_t m =
-        Feed8<kZero, kStream>(g, e_in, e_out, i, vdecay, absmask, tm1) |
-        Feed8<kZero, kStream>(g, e_in, e_out, i + 8, vdecay, absmask, tm1)
+        Feed8<kZero, kStream>(g, e_in, e_out, i, vdecay, absmask, tm1, &vmax) |
+        Feed8<kZero, kStream>(g, e_in, e_out, i + 8, vdecay, absmask, tm1,
+                              &vmax)
             << 8 |
-        Feed8<kZero, kStream>(g, e_in, e_out, i + 16, vdecay, absmask, tm1)
+        Feed8<kZero, kStream>(g, e_in, e_out, i + 16, vdecay, absmask, tm1,
+                              &vmax)
             << 16 |
-        Feed8<kZero, kStream>(g, e_in, e_out, i + 24, vdecay, absmask, tm1)
+        Feed8<kZero, kStream>(g, e_in, e_out, i + 24, vdecay, absmask, tm1,
+                              &vmax)
             << 24;
     uint32_t w = m;
     const uint32_t j0 = _tzcnt_u32(w) & 31;
@@ -144,15 +153,18 @@ PSERVER_AVX2_BMI size_t FilterFeedbackAvx2(const float* g, const float* e_in,
       }
     }
     c += hits;
-    if (c > cap) {
+    if (c > cap) {  // too many: the caller does not look at max_key
       i += 32;
       FormInput(g, e_in, decay, e_out, i, n);
       i = n;
       break;
     }
   }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vmax);
+  *max_key = *std::max_element(lanes, lanes + 8);
   c = FilterFeedbackScalar<kZero>(g, e_in, decay, e_out, i, n, threshold, idx,
-                                  val, c, cap);
+                                  val, c, cap, max_key);
   // Non-temporal stores are weakly ordered: fence them before whoever
   // synchronises with this thread reads e_out.
   if (kStream) _mm_sfence();
@@ -160,31 +172,40 @@ PSERVER_AVX2_BMI size_t FilterFeedbackAvx2(const float* g, const float* e_in,
 }
 #endif
 
-// The filter pass into s->sel (count recorded as the pass returns it).
+// The filter pass into *out (count recorded as the pass returns it).
 size_t FilterFeedback(const float* g, const float* e_in, float decay,
                       float* e_out, size_t n, uint32_t threshold, size_t cap,
                       bool zero, Selected* out) {
   out->Reserve(cap + 1);
   uint64_t* idx = out->idx.data();
   float* val = out->val.data();
+  uint32_t max_key = 0;
+  size_t c;
 #if defined(__x86_64__)
   if (internal::UseAvx2()) {
     const bool stream = zero && n * sizeof(float) >= kStreamBytes &&
                         reinterpret_cast<uintptr_t>(e_out) % 16 == 0;
     if (stream) {
-      return FilterFeedbackAvx2<true, true>(g, e_in, decay, e_out, n,
-                                            threshold, idx, val, cap);
+      c = FilterFeedbackAvx2<true, true>(g, e_in, decay, e_out, n, threshold,
+                                         idx, val, cap, &max_key);
+    } else if (zero) {
+      c = FilterFeedbackAvx2<true, false>(g, e_in, decay, e_out, n, threshold,
+                                          idx, val, cap, &max_key);
+    } else {
+      c = FilterFeedbackAvx2<false, false>(g, e_in, decay, e_out, n,
+                                           threshold, idx, val, cap, &max_key);
     }
-    return zero ? FilterFeedbackAvx2<true, false>(g, e_in, decay, e_out, n,
-                                                  threshold, idx, val, cap)
-                : FilterFeedbackAvx2<false, false>(g, e_in, decay, e_out, n,
-                                                   threshold, idx, val, cap);
-  }
+  } else  // NOLINT(readability/braces)
 #endif
-  return zero ? FilterFeedbackScalar<true>(g, e_in, decay, e_out, 0, n,
-                                           threshold, idx, val, 0, cap)
-              : FilterFeedbackScalar<false>(g, e_in, decay, e_out, 0, n,
-                                            threshold, idx, val, 0, cap);
+  {
+    c = zero ? FilterFeedbackScalar<true>(g, e_in, decay, e_out, 0, n,
+                                          threshold, idx, val, 0, cap, &max_key)
+             : FilterFeedbackScalar<false>(g, e_in, decay, e_out, 0, n,
+                                           threshold, idx, val, 0, cap,
+                                           &max_key);
+  }
+  out->all_finite = max_key < kInfKey;
+  return c;
 }
 
 // The generic steps on u, which e_out holds: select, then residuals.

@@ -57,11 +57,14 @@ absl::Status FirstNonFinite(absl::Span<const float> u) {
 
 // Appends i >= `from` with key(u_i) >= threshold to idx/val after the first
 // c entries, one element at a time. Returns the new count, or cap + 1 as
-// soon as it would exceed cap.
+// soon as it would exceed cap. *max_key: at least the largest key seen.
 size_t FilterScalar(const float* u, size_t from, size_t n, uint32_t threshold,
-                    uint64_t* idx, float* val, size_t c, size_t cap) {
+                    uint64_t* idx, float* val, size_t c, size_t cap,
+                    uint32_t* max_key) {
   for (size_t i = from; i < n; ++i) {
-    if (KeyOf(u[i]) >= threshold) {
+    const uint32_t key = KeyOf(u[i]);
+    *max_key = std::max(*max_key, key);
+    if (key >= threshold) {
       if (c == cap) return cap + 1;
       idx[c] = i;
       val[c] = u[i];
@@ -74,11 +77,13 @@ size_t FilterScalar(const float* u, size_t from, size_t n, uint32_t threshold,
 #if defined(__x86_64__)
 #define PSERVER_AVX2_BMI __attribute__((target("avx2,fma,bmi,popcnt")))
 
-// Bit j: key(u[j]) > tm1 for the 8 elements at u.
+// Bit j: key(u[j]) > tm1 for the 8 elements at u; *vmax: lane-wise maximum
+// of the keys.
 PSERVER_AVX2_BMI inline __attribute__((always_inline)) uint32_t Above8(
-    const float* u, __m256i absmask, __m256i tm1) {
+    const float* u, __m256i absmask, __m256i tm1, __m256i* vmax) {
   __m256i k = _mm256_and_si256(
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)), absmask);
+  *vmax = _mm256_max_epu32(*vmax, k);
   return static_cast<uint32_t>(
       _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, tm1))));
 }
@@ -90,16 +95,18 @@ PSERVER_AVX2_BMI inline __attribute__((always_inline)) uint32_t Above8(
 // more hits take a branch. REQUIRES: threshold >= 1.
 PSERVER_AVX2_BMI size_t FilterAvx2(const float* u, size_t n,
                                    uint32_t threshold, uint64_t* idx,
-                                   float* val, size_t cap) {
+                                   float* val, size_t cap,
+                                   uint32_t* max_key) {
   // Keys are non-negative int32, so a signed compare against T - 1 works.
   const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
   const __m256i tm1 = _mm256_set1_epi32(static_cast<int>(threshold - 1));
+  __m256i vmax = _mm256_setzero_si256();
   size_t c = 0, i = 0;
   for (; i + 32 <= n; i += 32) {
-    const uint32_t m = Above8(u + i, absmask, tm1) |
-                       Above8(u + i + 8, absmask, tm1) << 8 |
-                       Above8(u + i + 16, absmask, tm1) << 16 |
-                       Above8(u + i + 24, absmask, tm1) << 24;
+    const uint32_t m = Above8(u + i, absmask, tm1, &vmax) |
+                       Above8(u + i + 8, absmask, tm1, &vmax) << 8 |
+                       Above8(u + i + 16, absmask, tm1, &vmax) << 16 |
+                       Above8(u + i + 24, absmask, tm1, &vmax) << 24;
     uint32_t w = m;
     const uint32_t j0 = _tzcnt_u32(w) & 31;  // 32 (no hit) reads u[i]
     idx[c] = i + j0;
@@ -120,7 +127,10 @@ PSERVER_AVX2_BMI size_t FilterAvx2(const float* u, size_t n,
     c += hits;
     if (c > cap) return cap + 1;
   }
-  return FilterScalar(u, i, n, threshold, idx, val, c, cap);
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vmax);
+  *max_key = *std::max_element(lanes, lanes + 8);
+  return FilterScalar(u, i, n, threshold, idx, val, c, cap, max_key);
 }
 #endif
 
@@ -129,14 +139,20 @@ PSERVER_AVX2_BMI size_t FilterAvx2(const float* u, size_t n,
 size_t Filter(absl::Span<const float> u, uint32_t threshold, size_t cap,
               Selected* out) {
   out->Reserve(cap);
+  uint32_t max_key = 0;
+  size_t c;
 #if defined(__x86_64__)
   if (internal::UseAvx2()) {
-    return FilterAvx2(u.data(), u.size(), threshold, out->idx.data(),
-                      out->val.data(), cap);
-  }
+    c = FilterAvx2(u.data(), u.size(), threshold, out->idx.data(),
+                   out->val.data(), cap, &max_key);
+  } else  // NOLINT(readability/braces)
 #endif
-  return FilterScalar(u.data(), 0, u.size(), threshold, out->idx.data(),
-                      out->val.data(), 0, cap);
+  {
+    c = FilterScalar(u.data(), 0, u.size(), threshold, out->idx.data(),
+                     out->val.data(), 0, cap, &max_key);
+  }
+  out->all_finite = max_key < kInfKey;
+  return c;
 }
 
 }  // namespace
@@ -302,7 +318,8 @@ absl::Status JudgeCandidates(uint64_t k, TopKScratch* s,
   }
   // Non-finite keys exceed any finite threshold, so they are all kept, in
   // index order. CheckFinite names the candidate; report its element.
-  absl::Status finite = CheckFinite(s->sel.values());
+  absl::Status finite =
+      s->sel.all_finite ? absl::OkStatus() : CheckFinite(s->sel.values());
   if (!finite.ok()) {
     const float* val = s->sel.val.data();
     size_t j = 0;

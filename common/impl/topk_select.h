@@ -40,6 +40,9 @@ struct Selected {
   Buffer<uint64_t> idx;
   Buffer<float> val;
   size_t count = 0;
+  // Set by the filter passes: false if the input may hold a non-finite
+  // value (then it is among the candidates).
+  bool all_finite = false;
 
   // Room for n entries plus the filter kernels' slack.
   void Reserve(size_t n) {

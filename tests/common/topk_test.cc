@@ -234,24 +234,32 @@ TEST(TopKCodec, FusedFeedbackOnLargeTensors) {
   }
 }
 
-// Non-finite input: the fused kernel names the element the generic one
-// names (the first non-finite u_i), whichever path finds it.
-TEST(TopKCodec, FusedFeedbackRejectsNonFiniteLikeGeneric) {
+// Non-finite input on the sampled path: Encode and the fused kernel name
+// the first non-finite u_i, with either kernel, wherever it lies.
+TEST(TopKCodec, SampledRejectsNonFiniteNamingTheFirst) {
   const size_t n = size_t{1} << 17;
   auto codec = MustMake(v1::CODEC_TOPK);
-  for (size_t at : {size_t{5}, n / 2, n - 1}) {
-    std::vector<float> g = RandomVector(n, 41), e = RandomVector(n, 42);
-    g[at] = NAN;
-    g[n - 2] = INFINITY;
-    std::vector<float> out(n);
-    v1::EncodedTensor t;
-    absl::Status s = EncodeWithFeedback(*codec, g, e, 1.0f, 0, &t,
-                                        absl::MakeSpan(out));
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    const size_t first = std::min(at, n - 2);
-    EXPECT_NE(s.message().find("input element " + std::to_string(first) + " "),
-              std::string::npos)
-        << s;
+  for (bool scalar : {false, true}) {
+    for (size_t at : {size_t{5}, n / 2, n - 1}) {
+      SCOPED_TRACE(::testing::Message() << scalar << " " << at);
+      std::vector<float> g = RandomVector(n, 41), e = RandomVector(n, 42);
+      g[at] = NAN;
+      g[n - 2] = INFINITY;
+      std::vector<float> u(n), out(n);
+      for (size_t i = 0; i < n; ++i) u[i] = g[i] + e[i];
+      const std::string want =
+          "input element " + std::to_string(std::min(at, n - 2)) + " ";
+      internal::ForceScalarKernelsForTesting(scalar);
+      v1::EncodedTensor t;
+      absl::Status fused = EncodeWithFeedback(*codec, g, e, 1.0f, 0, &t,
+                                              absl::MakeSpan(out));
+      absl::Status plain = codec->Encode(u, 0, &t);
+      internal::ForceScalarKernelsForTesting(false);
+      EXPECT_EQ(fused.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(fused.message().find(want), std::string::npos) << fused;
+      EXPECT_EQ(plain.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(plain.message().find(want), std::string::npos) << plain;
+    }
   }
 }
 
