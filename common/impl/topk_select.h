@@ -82,6 +82,13 @@ absl::Status SelectTopK(absl::Span<const float> u, uint64_t k,
 absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
                          TopKScratch* s, Selected* out);
 
+// The elements with key >= threshold, in index order, into *out (count and
+// all_finite set): returns the count, or cap + 1 if there are more than cap
+// (then out's contents are unspecified). REQUIRES: threshold >= 1.
+// topk_filter.cc.
+size_t FilterCandidates(absl::Span<const float> u, uint32_t threshold,
+                        size_t cap, Selected* out);
+
 // ---- Sampled selection, step by step ----
 // SAMPLED is used when 1 <= k < n and n is at least this.
 constexpr size_t kMinSampledElements = size_t{1} << 16;

@@ -18,14 +18,20 @@ thread_local bool counting = false;
 thread_local size_t allocations = 0;
 }  // namespace
 
-void* operator new(size_t size) {
+// Not inlined: GCC would otherwise pair the free() below with the new
+// expressions it sees and warn (-Wmismatched-new-delete).
+__attribute__((noinline)) void* operator new(size_t size) {
   if (counting) ++allocations;
   void* p = std::malloc(size == 0 ? 1 : size);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p) noexcept {
+  std::free(p);
+}
+__attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace pserver {
 namespace {

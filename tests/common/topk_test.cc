@@ -187,7 +187,9 @@ TEST(TopKCodec, FusedFeedbackMatchesGenericOnEverySampledPath) {
       for (size_t i = 0; i < n; ++i) want[i] = u[i] - want[i];
       std::vector<float> d;
       const size_t count = DecodedSupport(*codec, plain, &d).size();
-      if (c.sample_scale != 1.0f || c.ties) EXPECT_EQ(count, 1311u) << c.name;
+      if (c.sample_scale != 1.0f || c.ties) {
+        EXPECT_EQ(count, 1311u) << c.name;  // refined or exact: exactly k
+      }
       for (bool scalar : {false, true}) {
         for (size_t offset : {0, 1}) {
           SCOPED_TRACE(::testing::Message() << c.name << " " << f << " "
