@@ -256,44 +256,33 @@ absl::Status EncodeAvx2Dispatch(const EncodeArgs& a, uint64_t n,
 }
 
 // REQUIRES: every block starts at a multiple of 8.
-// kSignFlip.lanes[b][j] is the sign bit where bit j of sign byte b is 0
-// (a negative element): s XOR it is +s or -s, exactly what negation gives.
-struct SignFlipTable {
-  constexpr SignFlipTable() : lanes() {
-    for (int b = 0; b < 256; ++b) {
-      for (int j = 0; j < 8; ++j) {
-        lanes[b][j] = (b >> j & 1) ? 0u : 0x80000000u;
-      }
-    }
-  }
-  alignas(32) uint32_t lanes[256][8];
-};
-constexpr SignFlipTable kSignFlip;
-
-PSERVER_AVX2 inline __attribute__((always_inline)) void Accumulate8(
-    uint8_t sign_byte, __m256 vpos, float* acc) {
-  const __m256 flip = _mm256_load_ps(
-      reinterpret_cast<const float*>(kSignFlip.lanes[sign_byte]));
-  _mm256_storeu_ps(acc, _mm256_add_ps(_mm256_loadu_ps(acc),
-                                      _mm256_xor_ps(vpos, flip)));
-}
-
+// REQUIRES: every block starts at a multiple of 8.
 PSERVER_AVX2 void AccumulateAvx2(const uint8_t* scales, const uint8_t* signs,
                                  uint64_t n, const Layout& l, float alpha,
                                  float* acc) {
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   for (uint64_t b = 0; b < l.blocks; ++b) {
     const uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
     const float pos = alpha * LoadScale(scales, b);
-    const __m256 vpos = _mm256_set1_ps(pos);
+    const __m256 vpos = _mm256_set1_ps(pos), vneg = _mm256_set1_ps(-pos);
     uint64_t i = b0;
-    for (; i + 32 <= b1; i += 32) {
-      const uint8_t* s = signs + (i >> 3);
-      Accumulate8(s[0], vpos, acc + i);
-      Accumulate8(s[1], vpos, acc + i + 8);
-      Accumulate8(s[2], vpos, acc + i + 16);
-      Accumulate8(s[3], vpos, acc + i + 24);
+    for (; i + 16 <= b1; i += 16) {
+      __m256i m0 = _mm256_set1_epi32(signs[i >> 3]);
+      __m256i m1 = _mm256_set1_epi32(signs[(i >> 3) + 1]);
+      m0 = _mm256_cmpeq_epi32(_mm256_and_si256(m0, bit), bit);
+      m1 = _mm256_cmpeq_epi32(_mm256_and_si256(m1, bit), bit);
+      __m256 v0 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m0));
+      __m256 v1 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m1));
+      _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), v0));
+      _mm256_storeu_ps(acc + i + 8,
+                       _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), v1));
     }
-    for (; i + 8 <= b1; i += 8) Accumulate8(signs[i >> 3], vpos, acc + i);
+    for (; i + 8 <= b1; i += 8) {
+      __m256i m0 = _mm256_set1_epi32(signs[i >> 3]);
+      m0 = _mm256_cmpeq_epi32(_mm256_and_si256(m0, bit), bit);
+      __m256 v0 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m0));
+      _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), v0));
+    }
     for (; i < b1; ++i) {
       acc[i] += ((signs[i >> 3] >> (i & 7)) & 1) ? pos : -pos;
     }
