@@ -34,6 +34,12 @@ inline uint32_t KeyOf(float f) { return internal::FloatBits(f) & 0x7fffffff; }
 
 // Filter kernels may write this many entries past the count they return.
 constexpr size_t kFilterSlack = 32;
+// The read-only filter pass prefetches u this many floats (8 KiB) ahead:
+// measured on this machine kind, it lifts the pass from ~75% of the read
+// bandwidth to ~95% (the hardware prefetchers alone do not run far enough
+// ahead of a loop that does this much work per line). The error-feedback
+// pass, bound by two reads and a write, measured slower with it.
+constexpr size_t kStreamAhead = 2048;
 
 // Selected positions (increasing) and their values.
 struct Selected {
