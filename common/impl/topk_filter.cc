@@ -59,11 +59,13 @@ PSERVER_AVX2_BMI size_t FilterAvx2(const float* u, size_t n,
   __m256i vmax = _mm256_setzero_si256();
   size_t c = 0, i = 0;
   for (; i + 32 <= n; i += 32) {
-    // Two lines ahead; past the end is harmless (prefetches do not fault).
-    _mm_prefetch(reinterpret_cast<const char*>(u + i + kStreamAhead),
-                 _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(u + i + kStreamAhead + 16),
-                 _MM_HINT_T0);
+    // Two lines ahead. Past the end is harmless (prefetches do not fault);
+    // the address is formed as an integer, as pointer arithmetic beyond the
+    // array would be undefined.
+    const uintptr_t ahead =
+        reinterpret_cast<uintptr_t>(u + i) + kStreamAhead * sizeof(float);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
     const uint32_t m = Above8(u + i, absmask, tm1, &vmax) |
                        Above8(u + i + 8, absmask, tm1, &vmax) << 8 |
                        Above8(u + i + 16, absmask, tm1, &vmax) << 16 |
