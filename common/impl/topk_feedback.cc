@@ -21,7 +21,8 @@ namespace impl {
 namespace {
 
 // Residuals of a call at least this large (bytes) are written with
-// non-temporal stores (see onebit.cc: no read-for-ownership of e_out).
+// non-temporal stores (as in onebit_kernels.cc: no read-for-ownership of
+// e_out lines that are only written).
 constexpr uint64_t kStreamBytes = uint64_t{16} << 20;
 
 inline float InputAt(const float* g, const float* e_in, float decay,
