@@ -87,8 +87,9 @@ class TopKCodec final : public CodecBase, public FusedFeedbackEncoder {
     StartOutput(n, out);
     out->mutable_params()->set_k(k);
     std::string* payload = out->mutable_payload();
-    payload->reserve(s->sel.count * (1 + ValueBytes(params().value_format())) +
-                     16);
+    // Gaps take one or two bytes below a gap of 2^14 (any useful density).
+    payload->reserve(s->sel.count * (2 + ValueBytes(params().value_format())) +
+                     32);
     AppendIndices(s->sel.indices(), &s->bytes, payload);
     AppendValues(s->sel.values(), params().value_format(), payload);
   }

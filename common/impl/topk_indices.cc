@@ -1,6 +1,7 @@
 // The index part of topk and topk_quantize payloads: varint count c, then c
 // varint gaps (first: the index itself; then index - previous - 1), so
 // indices strictly increase and a gap below 128 takes one byte.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -36,16 +37,18 @@ inline uint8_t* PutGap(uint64_t gap, uint8_t* p) {
 
 void AppendIndices(absl::Span<const uint64_t> idx, Buffer<uint8_t>* bytes,
                    std::string* out) {
-  // Staged in *bytes (no zero-fill, unlike growing the string), then
-  // appended once.
+  // Staged in *bytes a chunk at a time (small, and no zero-fill, unlike
+  // growing the string), then appended.
+  constexpr size_t kChunk = 4096;
   uint8_t* const start =
-      bytes->Reserve((idx.size() + 1) * internal::kMaxVarintBytes);
+      bytes->Reserve((kChunk + 2) * internal::kMaxVarintBytes);
+  out->reserve(out->size() + idx.size() * 2 + 2 * internal::kMaxVarintBytes);
   uint8_t* p = internal::PutVarint(idx.size(), start);
-  if (!idx.empty()) {
-    p = internal::PutVarint(idx[0], p);
-    size_t j = 1;
+  if (!idx.empty()) p = internal::PutVarint(idx[0], p);
+  for (size_t j = 1; j < idx.size();) {
+    const size_t end = std::min(idx.size(), j + kChunk);
     // Two short gaps per step, in one 4-byte store.
-    for (; j + 2 <= idx.size(); j += 2) {
+    for (; j + 2 <= end; j += 2) {
       const uint64_t g0 = idx[j] - idx[j - 1] - 1;
       const uint64_t g1 = idx[j + 1] - idx[j] - 1;
       if ((g0 | g1) >= kShortGap) {
@@ -57,10 +60,15 @@ void AppendIndices(absl::Span<const uint64_t> idx, Buffer<uint8_t>* bytes,
       std::memcpy(p, &both, 4);
       p += 2 + m0 + m1;
     }
-    for (; j < idx.size(); ++j) p = PutGap(idx[j] - idx[j - 1] - 1, p);
+    for (; j < end; ++j) p = PutGap(idx[j] - idx[j - 1] - 1, p);
+    out->append(reinterpret_cast<const char*>(start),
+                static_cast<size_t>(p - start));
+    p = start;
   }
-  out->append(reinterpret_cast<const char*>(start),
-              static_cast<size_t>(p - start));
+  if (p != start) {  // the count (and first index) alone
+    out->append(reinterpret_cast<const char*>(start),
+                static_cast<size_t>(p - start));
+  }
 }
 
 absl::Status ParseIndices(absl::string_view payload, uint64_t n,
