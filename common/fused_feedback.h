@@ -14,7 +14,8 @@
 
 namespace pserver {
 
-// Thread safety: implementations are immutable; calls may run concurrently.
+// Thread safety: implementations are thread-safe (immutable, or with
+// internally locked workspaces); calls may run concurrently.
 class FusedFeedbackEncoder {
  public:
   virtual ~FusedFeedbackEncoder() = default;

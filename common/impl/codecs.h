@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/codec.h"
+#include "common/impl/scratch.h"
 #include "common/internal/varint.h"
 
 namespace pserver {
@@ -80,17 +81,7 @@ absl::Status CheckValues(const uint8_t* p, uint64_t count, v1::ValueFormat f,
 float LoadValue(const uint8_t* p, v1::ValueFormat f);  // REQUIRES: checked
 absl::Status CheckValueFormat(const v1::CodecParams& p);
 
-// ---- TopK selection (topk_select.cc) ----
-// The selected positions (increasing) and their values u[idx]. EXACT: the k
-// largest |u|, ties to the lower index. SAMPLED: see codec.proto.
-// INVALID_ARGUMENT names the first non-finite element of u.
-absl::Status SelectTopK(absl::Span<const float> u, uint64_t k,
-                        v1::TopKSelection selection,
-                        std::vector<uint64_t>* idx, std::vector<float>* val);
-
-// ---- TopK indices (topk_indices.cc) ----
-// Appends varint count and gaps.
-void AppendIndices(absl::Span<const uint64_t> idx, std::string* out);
+// ---- TopK indices (topk_indices.cc; writing: topk_select.h) ----
 // Checks the varint count and gaps of a payload for n elements (count <= n,
 // indices increasing and below n); on success sets *count and the offset of
 // the first byte after the gaps.
@@ -143,9 +134,11 @@ struct QuantizeSpec {
 // From tensor params (decoding) or codec params (encoding).
 absl::Status QuantizeSpecFrom(const v1::CodecParams& p, QuantizeSpec* spec);
 // Appends the quantize payload of u (finite). `seed` drives stochastic
-// rounding of element i through Draw(StreamKey(seed), i).
+// rounding of element i through Draw(StreamKey(seed), i). *block_mags is
+// the adaptive range's workspace (one block of |u|).
 void QuantizeAppend(absl::Span<const float> u, const QuantizeSpec& spec,
-                    uint64_t seed, std::string* out);
+                    uint64_t seed, Buffer<float>* block_mags,
+                    std::string* out);
 // Checks that `payload` is exactly a quantize payload for n values.
 absl::Status QuantizeCheck(absl::string_view payload, uint64_t n,
                            const QuantizeSpec& spec, absl::string_view what);

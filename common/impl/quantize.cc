@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
+#include "common/impl/scratch.h"
 #include "common/internal/rng.h"
 
 namespace pserver {
@@ -127,7 +128,8 @@ class QuantizeCodec final : public CodecBase {
     if (!s.ok()) return s;
     StartOutput(u.size(), out);
     out->mutable_params()->set_seed(seed);
-    QuantizeAppend(u, spec_, seed, out->mutable_payload());
+    ScratchPool<Buffer<float>>::Lease mags = scratch_.Take();
+    QuantizeAppend(u, spec_, seed, &*mags, out->mutable_payload());
     return absl::OkStatus();
   }
 
@@ -151,6 +153,9 @@ class QuantizeCodec final : public CodecBase {
 
  private:
   QuantizeSpec spec_;
+  // |u| of one block for the adaptive range (codec.h: calls may run
+  // concurrently).
+  mutable ScratchPool<Buffer<float>> scratch_;
 };
 
 }  // namespace
@@ -181,7 +186,8 @@ absl::Status QuantizeSpecFrom(const v1::CodecParams& p, QuantizeSpec* spec) {
 }
 
 void QuantizeAppend(absl::Span<const float> u, const QuantizeSpec& s,
-                    uint64_t seed, std::string* out) {
+                    uint64_t seed, Buffer<float>* block_mags,
+                    std::string* out) {
   const uint64_t n = u.size();
   Geometry g = MakeGeometry(n, s);
   const size_t old = out->size();
@@ -190,20 +196,19 @@ void QuantizeAppend(absl::Span<const float> u, const QuantizeSpec& s,
   BitWriter bits(head + g.header_bytes);
   const uint32_t top = (1u << s.bits) - 1;
   const uint64_t key = internal::StreamKey(seed);
-  std::vector<float> scratch;
+  float* const mags = s.adaptive ? block_mags->Reserve(g.block) : nullptr;
   for (uint64_t b = 0; b < g.blocks; ++b) {
     const uint64_t b0 = b * g.block, b1 = std::min(n, b0 + g.block);
     float lo, hi;
     if (s.adaptive) {
-      scratch.resize(b1 - b0);
-      for (uint64_t i = b0; i < b1; ++i) scratch[i - b0] = std::fabs(u[i]);
+      const size_t len = b1 - b0;
+      for (uint64_t i = b0; i < b1; ++i) mags[i - b0] = std::fabs(u[i]);
       double want = std::ceil(static_cast<double>(s.percentile) / 100.0 *
-                              static_cast<double>(scratch.size()));
+                              static_cast<double>(len));
       size_t rank = static_cast<size_t>(
-          std::clamp<double>(want, 1.0, static_cast<double>(scratch.size())));
-      std::nth_element(scratch.begin(), scratch.begin() + (rank - 1),
-                       scratch.end());
-      lo = scratch[rank - 1];  // c
+          std::clamp<double>(want, 1.0, static_cast<double>(len)));
+      std::nth_element(mags, mags + (rank - 1), mags + len);
+      lo = mags[rank - 1];  // c
       hi = lo;
       std::memcpy(head + b * 4, &lo, 4);
     } else {

@@ -13,28 +13,44 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
+#include "common/impl/scratch.h"
 #include "common/internal/rng.h"
 
 namespace pserver {
 namespace impl {
 namespace {
 
-std::vector<uint64_t> IndexSet(uint64_t n, uint64_t k, uint64_t seed) {
-  std::vector<uint64_t> bitmap(CeilDiv(n, 64), 0);
+// Workspace of one call: the index set's bitmap and the selected values.
+struct RandomKScratch {
+  Buffer<uint64_t> bitmap;
+  Buffer<float> val;
+};
+
+// Marks the index set of (n, k, seed) in s->bitmap (CeilDiv(n, 64) words)
+// and returns it.
+const uint64_t* MarkIndexSet(uint64_t n, uint64_t k, uint64_t seed,
+                             RandomKScratch* s) {
+  const size_t words = CeilDiv(n, 64);
+  uint64_t* bitmap = s->bitmap.Reserve(words);
+  std::fill(bitmap, bitmap + words, 0);
   const uint64_t key = internal::StreamKey(seed);
   for (uint64_t j = n - k; j < n; ++j) {
     uint64_t t = internal::Below(internal::Draw(key, j), j + 1);
     if (bitmap[t >> 6] >> (t & 63) & 1) t = j;
     bitmap[t >> 6] |= uint64_t{1} << (t & 63);
   }
-  std::vector<uint64_t> idx;
-  idx.reserve(k);
-  for (uint64_t w = 0; w < bitmap.size(); ++w) {
+  return bitmap;
+}
+
+// Calls f(j, index) for the marked indices in increasing order, j = 0, 1...
+template <typename F>
+void ForEachIndex(const uint64_t* bitmap, uint64_t n, F f) {
+  uint64_t j = 0;
+  for (uint64_t w = 0; w < CeilDiv(n, 64); ++w) {
     for (uint64_t bits = bitmap[w]; bits; bits &= bits - 1) {
-      idx.push_back(w * 64 + static_cast<uint64_t>(__builtin_ctzll(bits)));
+      f(j++, w * 64 + static_cast<uint64_t>(__builtin_ctzll(bits)));
     }
   }
-  return idx;
 }
 
 class RandomKCodec final : public CodecBase {
@@ -53,17 +69,19 @@ class RandomKCodec final : public CodecBase {
     StartOutput(n, out);
     out->mutable_params()->set_k(k);
     out->mutable_params()->set_seed(set_seed);
-    std::vector<uint64_t> idx = IndexSet(n, k, set_seed);
-    std::vector<float> val(k);
+    ScratchPool<RandomKScratch>::Lease scratch = scratch_.Take();
+    const uint64_t* bitmap = MarkIndexSet(n, k, set_seed, &*scratch);
+    float* val = scratch->val.Reserve(k);
     const float scale = params().unbiased() && k > 0
                             ? static_cast<float>(static_cast<double>(n) / k)
                             : 1.0f;
-    for (uint64_t j = 0; j < k; ++j) {
-      float v = u[idx[j]] * scale;
+    ForEachIndex(bitmap, n, [&](uint64_t j, uint64_t i) {
+      float v = u[i] * scale;
       // Scaling can overflow only near FLT_MAX: saturate, stay finite.
       val[j] = std::isfinite(v) ? v : std::copysign(FLT_MAX, v);
-    }
-    AppendValues(val, params().value_format(), out->mutable_payload());
+    });
+    AppendValues(absl::MakeConstSpan(val, k), params().value_format(),
+                 out->mutable_payload());
     return absl::OkStatus();
   }
 
@@ -92,15 +110,23 @@ class RandomKCodec final : public CodecBase {
  protected:
   void AccumulateValid(const v1::EncodedTensor& t, float alpha,
                        absl::Span<float> acc) const override {
-    const uint64_t k = t.params().k();
-    std::vector<uint64_t> idx = IndexSet(acc.size(), k, t.params().seed());
+    const uint64_t n = acc.size();
+    ScratchPool<RandomKScratch>::Lease s = scratch_.Take();
+    const uint64_t* bitmap = MarkIndexSet(n, t.params().k(), t.params().seed(),
+                                          &*s);
     const v1::ValueFormat f = t.params().value_format();
     const size_t w = ValueBytes(f);
     const uint8_t* p = reinterpret_cast<const uint8_t*>(t.payload().data());
-    for (uint64_t j = 0; j < k; ++j) {
-      acc[idx[j]] += alpha * LoadValue(p + j * w, f);
-    }
+    float* a = acc.data();
+    ForEachIndex(bitmap, n, [&](uint64_t j, uint64_t i) {
+      a[i] += alpha * LoadValue(p + j * w, f);
+    });
   }
+
+ private:
+  // Encoding and decoding workspaces: DecoderFor's instance decodes on many
+  // threads at once (codec.h).
+  mutable ScratchPool<RandomKScratch> scratch_;
 };
 
 }  // namespace

@@ -2,30 +2,45 @@
 // largest |u| (selection: topk_select.cc). Payload: varint count, varint
 // index gaps (topk_indices.cc), values in value_format.
 #include "absl/strings/str_cat.h"
+#include "common/fused_feedback.h"
 #include "common/impl/codecs.h"
+#include "common/impl/scratch.h"
+#include "common/impl/topk_select.h"
 
 namespace pserver {
 namespace impl {
 namespace {
 
-class TopKCodec final : public CodecBase {
+// Also its own fused error-feedback kernel (topk_feedback.cc).
+class TopKCodec final : public CodecBase, public FusedFeedbackEncoder {
  public:
   explicit TopKCodec(const v1::CodecParams& params)
       : CodecBase(v1::CODEC_TOPK, params) {}
 
+  const FusedFeedbackEncoder* fused_feedback() const override { return this; }
+
   absl::Status Encode(absl::Span<const float> u, uint64_t seed,
                       v1::EncodedTensor* out) const override {
-    std::vector<uint64_t> idx;
-    std::vector<float> val;
-    uint64_t k = ResolveK(params(), u.size());
-    absl::Status s = SelectTopK(u, k, params().selection(), &idx, &val);
-    if (!s.ok()) return s;
-    StartOutput(u.size(), out);
-    out->mutable_params()->set_k(k);
-    std::string* payload = out->mutable_payload();
-    payload->reserve(idx.size() * 8 + 10);
-    AppendIndices(idx, payload);
-    AppendValues(val, params().value_format(), payload);
+    ScratchPool<TopKScratch>::Lease s = scratch_.Take();
+    const uint64_t k = ResolveK(params(), u.size());
+    absl::Status status = SelectTopK(u, k, params().selection(), &*s);
+    if (!status.ok()) return status;
+    Write(u.size(), k, &*s, out);
+    return absl::OkStatus();
+  }
+
+  absl::Status EncodeWithFeedback(absl::Span<const float> g,
+                                  absl::Span<const float> e_in, float decay,
+                                  uint64_t seed, v1::EncodedTensor* out,
+                                  absl::Span<float> e_out) const override {
+    // ErrorFeedback checked the sizes and decay (FusedFeedbackEncoder).
+    ScratchPool<TopKScratch>::Lease s = scratch_.Take();
+    const uint64_t k = ResolveK(params(), g.size());
+    absl::Status status =
+        SelectWithFeedback(g, e_in, decay, k, params().selection(),
+                           params().value_format(), e_out, &*s);
+    if (!status.ok()) return status;
+    Write(g.size(), k, &*s, out);
     return absl::OkStatus();
   }
 
@@ -64,6 +79,23 @@ class TopKCodec final : public CodecBase {
       acc[at.Next()] += alpha * LoadValue(values + j * w, f);
     }
   }
+
+ private:
+  // *out = the tensor of the selection in s->sel.
+  void Write(uint64_t n, uint64_t k, TopKScratch* s,
+             v1::EncodedTensor* out) const {
+    StartOutput(n, out);
+    out->mutable_params()->set_k(k);
+    std::string* payload = out->mutable_payload();
+    // Gaps take one or two bytes below a gap of 2^14 (any useful density).
+    payload->reserve(s->sel.count * (2 + ValueBytes(params().value_format())) +
+                     32);
+    AppendIndices(s->sel.indices(), &s->bytes, payload);
+    AppendValues(s->sel.values(), params().value_format(), payload);
+  }
+
+  // Encoding workspaces (codec.h: calls may run concurrently).
+  mutable ScratchPool<TopKScratch> scratch_;
 };
 
 }  // namespace

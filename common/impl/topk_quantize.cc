@@ -4,6 +4,8 @@
 // value j is Draw(StreamKey(seed), j)).
 #include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
+#include "common/impl/scratch.h"
+#include "common/impl/topk_select.h"
 
 namespace pserver {
 namespace impl {
@@ -18,17 +20,18 @@ class TopKQuantizeCodec final : public CodecBase {
 
   absl::Status Encode(absl::Span<const float> u, uint64_t seed,
                       v1::EncodedTensor* out) const override {
-    std::vector<uint64_t> idx;
-    std::vector<float> val;
+    ScratchPool<Workspace>::Lease scratch = scratch_.Take();
     const uint64_t k = ResolveK(params(), u.size());
-    absl::Status s = SelectTopK(u, k, params().selection(), &idx, &val);
+    absl::Status s = SelectTopK(u, k, params().selection(), &scratch->select);
     if (!s.ok()) return s;
     StartOutput(u.size(), out);
     out->mutable_params()->set_k(k);
     out->mutable_params()->set_seed(seed);
     std::string* payload = out->mutable_payload();
-    AppendIndices(idx, payload);
-    QuantizeAppend(val, spec_, seed, payload);
+    AppendIndices(scratch->select.sel.indices(), &scratch->select.bytes,
+                  payload);
+    QuantizeAppend(scratch->select.sel.values(), spec_, seed,
+                   &scratch->block_mags, payload);
     return absl::OkStatus();
   }
 
@@ -63,7 +66,14 @@ class TopKQuantizeCodec final : public CodecBase {
   }
 
  private:
+  struct Workspace {
+    TopKScratch select;
+    Buffer<float> block_mags;
+  };
+
   QuantizeSpec spec_;
+  // Encoding workspaces (codec.h: calls may run concurrently).
+  mutable ScratchPool<Workspace> scratch_;
 };
 
 }  // namespace

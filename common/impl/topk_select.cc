@@ -1,39 +1,27 @@
-// TopK selection (for topk and topk_quantize): the k largest |u|.
-//
-// Selection works on key(i) = float bits of |u_i|, whose unsigned order is
-// the order of |u| (NaN and Inf sort above every finite value, which is how
-// non-finite input is caught without an extra pass).
+// TopK selection (for topk and topk_quantize): the k largest |u|; the
+// contract is in topk_select.h.
 // EXACT: a radix histogram on the top 16 key bits finds the bucket holding
 // the k-th largest key; the exact threshold comes from that bucket alone.
-// SAMPLED: the threshold is the matching order statistic of a deterministic
-// sample; one filter pass keeps key >= threshold. If that keeps more than
-// 1.1 k (and the buffer held them), exact selection runs on the kept
-// elements only, which yields exactly the EXACT answer; fewer than 0.9 k, or
-// a full buffer, falls back to EXACT on everything.
-#include <immintrin.h>
+// SAMPLED: threshold from the sample, then one filter pass.
+#include "common/impl/topk_select.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
-#include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
-#include "common/internal/cpu.h"
-#include "common/internal/float16.h"
-#include "common/internal/rng.h"
 
 namespace pserver {
 namespace impl {
-namespace {
 
-constexpr uint32_t kInfKey = 0x7f800000;
+namespace {
 constexpr int kHistShift = 15;  // 31-bit keys -> 65536 buckets
 constexpr size_t kBuckets = size_t{1} << (31 - kHistShift);
+}  // namespace
 
-// Histogram tables reused by every SelectExact call on a thread: allocating
-// and zero-filling them (about 1 MiB) per call showed up in review. h0 and h1
-// are all zero between calls (each use clears what it counted); hist is
-// fully rewritten by each call; low is cleared before use.
+// h0 and h1 are all zero between calls (each use clears what it counted);
+// hist is fully rewritten by each call; low is cleared before use.
 struct Histograms {
   std::vector<uint32_t> h0 = std::vector<uint32_t>(kBuckets, 0);
   std::vector<uint32_t> h1 = std::vector<uint32_t>(kBuckets, 0);
@@ -41,10 +29,10 @@ struct Histograms {
   std::vector<uint64_t> low = std::vector<uint64_t>(size_t{1} << kHistShift);
 };
 
-Histograms& ThreadHistograms() {
-  thread_local Histograms h;
-  return h;
-}
+TopKScratch::TopKScratch() = default;
+TopKScratch::~TopKScratch() = default;
+
+namespace {
 
 // hist = (keep ? hist : 0) + h0 + h1, leaving h0 and h1 zero.
 void DrainCounts(Histograms* h, bool keep) {
@@ -57,8 +45,6 @@ void DrainCounts(Histograms* h, bool keep) {
   }
 }
 
-inline uint32_t KeyOf(float f) { return internal::FloatBits(f) & 0x7fffffff; }
-
 absl::Status FirstNonFinite(absl::Span<const float> u) {
   for (size_t i = 0; i < u.size(); ++i) {
     if (!std::isfinite(u[i])) return NonFiniteInput(i, u[i]);
@@ -66,79 +52,14 @@ absl::Status FirstNonFinite(absl::Span<const float> u) {
   return absl::OkStatus();
 }
 
-// Keeps i with key(u_i) >= threshold into idx/val (capacity `cap`).
-// Returns the count, or cap + 1 if it would not fit.
-size_t FilterScalar(const float* u, size_t n, uint32_t threshold,
-                    uint64_t* idx, float* val, size_t cap) {
-  size_t c = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (KeyOf(u[i]) >= threshold) {
-      if (c == cap) return cap + 1;
-      idx[c] = i;
-      val[c] = u[i];
-      ++c;
-    }
-  }
-  return c;
-}
+}  // namespace
 
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) size_t FilterAvx2(
-    const float* u, size_t n, uint32_t threshold, uint64_t* idx, float* val,
-    size_t cap) {
-  // Keys are non-negative int32, so a signed compare against T - 1 works;
-  // threshold >= 1 here.
-  const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
-  const __m256i tm1 = _mm256_set1_epi32(static_cast<int>(threshold - 1));
-  size_t c = 0, i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i k0 = _mm256_and_si256(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + i)), absmask);
-    __m256i k1 = _mm256_and_si256(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + i + 8)),
-        absmask);
-    uint32_t m = static_cast<uint32_t>(
-        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k0, tm1))));
-    m |= static_cast<uint32_t>(_mm256_movemask_ps(
-             _mm256_castsi256_ps(_mm256_cmpgt_epi32(k1, tm1))))
-         << 8;
-    if (m) {
-      if (c + 16 > cap) return cap + 1;
-      do {
-        unsigned j = static_cast<unsigned>(__builtin_ctz(m));
-        idx[c] = i + j;
-        val[c] = u[i + j];
-        ++c;
-        m &= m - 1;
-      } while (m);
-    }
-  }
-  for (; i < n; ++i) {
-    if (KeyOf(u[i]) >= threshold) {
-      if (c == cap) return cap + 1;
-      idx[c] = i;
-      val[c] = u[i];
-      ++c;
-    }
-  }
-  return c;
-}
-#endif
-
-size_t Filter(const float* u, size_t n, uint32_t threshold, uint64_t* idx,
-              float* val, size_t cap) {
-#if defined(__x86_64__)
-  if (internal::UseAvx2()) return FilterAvx2(u, n, threshold, idx, val, cap);
-#endif
-  return FilterScalar(u, n, threshold, idx, val, cap);
-}
-
-// The k largest keys (ties: lower index), k >= 1, k <= u.size().
 absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
-                         std::vector<uint64_t>* idx, std::vector<float>* val) {
+                         TopKScratch* s, Selected* out) {
   const size_t n = u.size();
   const float* p = u.data();
-  Histograms& tables = ThreadHistograms();
+  if (!s->hist) s->hist = std::make_unique<Histograms>();
+  Histograms& tables = *s->hist;
   const std::vector<uint64_t>& hist = tables.hist;
   {
     // Two interleaved tables halve store-to-load stalls on repeated buckets.
@@ -172,39 +93,37 @@ absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
   const uint64_t rank = k - above;  // 1-based rank inside the bucket
   const uint32_t bucket_lo = static_cast<uint32_t>(bucket << kHistShift);
   const uint64_t kept = above + in_bucket;
+  uint64_t* idx = nullptr;
+  float* val = nullptr;
   if (bucket_lo > 0 && kept <= k + (uint64_t{1} << 20)) {
     // Usual case: one filter pass keeps every key of the bucket and above
     // (exactly `kept` of them), then the threshold is found among those.
-    // The AVX2 filter wants 16 spare slots; it then keeps exactly `kept`.
-    idx->resize(kept + 16);
-    val->resize(kept + 16);
-    size_t c = Filter(p, n, bucket_lo, idx->data(), val->data(), kept + 16);
-    idx->resize(c);
-    val->resize(c);
-    std::vector<uint32_t> keys;
-    keys.reserve(in_bucket);
+    FilterCandidates(u, bucket_lo, kept, out);
+    idx = out->idx.data();
+    val = out->val.data();
+    uint32_t* keys = s->keys.Reserve(in_bucket);
+    size_t in = 0;
     for (size_t j = 0; j < kept; ++j) {
-      uint32_t key = KeyOf((*val)[j]);
-      if ((key >> kHistShift) == bucket) keys.push_back(key);
+      uint32_t key = KeyOf(val[j]);
+      if ((key >> kHistShift) == bucket) keys[in++] = key;
     }
-    std::nth_element(keys.begin(), keys.begin() + (rank - 1), keys.end(),
+    std::nth_element(keys, keys + (rank - 1), keys + in,
                      std::greater<uint32_t>());
     const uint32_t threshold = keys[rank - 1];
     uint64_t greater = above;
-    for (uint32_t key : keys) greater += key > threshold;
+    for (size_t j = 0; j < in; ++j) greater += keys[j] > threshold;
     uint64_t take_equal = k - greater;
-    size_t out = 0;
+    size_t c = 0;
     for (size_t j = 0; j < kept; ++j) {
-      uint32_t key = KeyOf((*val)[j]);
+      uint32_t key = KeyOf(val[j]);
       if (key > threshold || (key == threshold && take_equal > 0)) {
         if (key == threshold) --take_equal;
-        (*idx)[out] = (*idx)[j];
-        (*val)[out] = (*val)[j];
-        ++out;
+        idx[c] = idx[j];
+        val[c] = val[j];
+        ++c;
       }
     }
-    idx->resize(out);
-    val->resize(out);
+    out->count = c;
     return absl::OkStatus();
   }
   // Huge bucket (e.g. mostly zeros): second histogram on the low key bits
@@ -225,93 +144,166 @@ absl::Status SelectExact(absl::Span<const float> u, uint64_t k,
   }
   const uint32_t threshold = bucket_lo | static_cast<uint32_t>(j);
   uint64_t take_equal = k - above - cum;
-  idx->clear();
-  val->clear();
-  idx->reserve(k);
-  val->reserve(k);
+  out->Reserve(k);
+  idx = out->idx.data();
+  val = out->val.data();
+  size_t c = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t key = KeyOf(p[i]);
     if (key > threshold || (key == threshold && take_equal > 0)) {
       if (key == threshold) --take_equal;
-      idx->push_back(i);
-      val->push_back(p[i]);
+      idx[c] = i;
+      val[c] = p[i];
+      ++c;
     }
   }
+  out->count = c;
   return absl::OkStatus();
 }
 
-// Threshold key from a deterministic sample: about `want` of n keys are >=
-// it. The sample positions depend only on n.
-uint32_t SampleThreshold(absl::Span<const float> u, uint64_t want) {
-  const size_t n = u.size();
-  const size_t m = std::min<size_t>(n, std::max<size_t>(n / 1000, 16384));
-  const size_t stride = n / m;
-  const uint64_t key = internal::StreamKey(0x70b4);
-  std::vector<uint32_t> sample(m);
-  for (size_t j = 0; j < m; ++j) {
-    size_t pos = j * stride + internal::Below(internal::Draw(key, j), stride);
-    sample[j] = KeyOf(u[pos]);
+SamplePlan::SamplePlan(size_t n)
+    : n(n),
+      m(std::min<size_t>(n, std::max<size_t>(n / 1000, 16384))),
+      stride(m == 0 ? 1 : n / m),
+      key(internal::StreamKey(0x70b4)) {}
+
+const uint64_t* SamplePositions(const SamplePlan& plan, TopKScratch* s) {
+  if (s->positions_n != plan.n || s->positions.data() == nullptr) {
+    uint64_t* pos = s->positions.Reserve(plan.m);
+    for (size_t j = 0; j < plan.m; ++j) pos[j] = plan.Position(j);
+    s->positions_n = plan.n;
   }
-  // Aim 3% above k: overshoot is refined exactly on the kept set, cheaply.
-  double r = std::ceil(static_cast<double>(want) * 1.03 * m / n);
-  size_t rank = static_cast<size_t>(std::clamp<double>(r, 1.0, m));
-  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
-                   std::greater<uint32_t>());
-  return sample[rank - 1];
+  return s->positions.data();
 }
+
+uint32_t SampleThreshold(const SamplePlan& plan, uint64_t want,
+                         uint32_t* keys) {
+  // Aim 3% above k: overshoot is refined exactly on the kept set, cheaply.
+  const double r = std::ceil(static_cast<double>(want) * 1.03 *
+                             static_cast<double>(plan.m) /
+                             static_cast<double>(plan.n));
+  const size_t rank = static_cast<size_t>(
+      std::clamp<double>(r, 1.0, static_cast<double>(plan.m)));
+  // The rank-th largest key: a histogram of the top 12 key bits finds its
+  // bucket, then only that bucket's keys are ordered.
+  constexpr int kShift = 19;  // 31-bit keys -> 4096 buckets
+  uint32_t counts[uint32_t{1} << (31 - kShift)] = {};
+  for (size_t j = 0; j < plan.m; ++j) ++counts[keys[j] >> kShift];
+  uint32_t bucket = uint32_t{1} << (31 - kShift);
+  size_t above = 0;
+  while (bucket > 0) {
+    --bucket;
+    if (above + counts[bucket] >= rank) break;
+    above += counts[bucket];
+  }
+  size_t in = 0;  // the bucket's keys, moved to the front
+  for (size_t j = 0; j < plan.m; ++j) {
+    if ((keys[j] >> kShift) == bucket) keys[in++] = keys[j];
+  }
+  const size_t inner = rank - above;  // 1-based, <= in
+  std::nth_element(keys, keys + (inner - 1), keys + in,
+                   std::greater<uint32_t>());
+  return keys[inner - 1];
+}
+
+absl::Status JudgeCandidates(uint64_t k, TopKScratch* s,
+                             SampledOutcome* outcome) {
+  const size_t c = s->sel.count;
+  if (c * 10 < k * 9) {
+    *outcome = SampledOutcome::kFallBack;
+    return absl::OkStatus();
+  }
+  // Non-finite keys exceed any finite threshold, so they are all kept, in
+  // index order. CheckFinite names the candidate; report its element.
+  absl::Status finite =
+      s->sel.all_finite ? absl::OkStatus() : CheckFinite(s->sel.values());
+  if (!finite.ok()) {
+    const float* val = s->sel.val.data();
+    size_t j = 0;
+    while (std::isfinite(val[j])) ++j;
+    return NonFiniteInput(s->sel.idx.data()[j], val[j]);
+  }
+  if (c * 10 <= k * 11) {
+    *outcome = SampledOutcome::kDone;
+    return absl::OkStatus();
+  }
+  *outcome = SampledOutcome::kRefined;
+  return SelectExact(s->sel.values(), k, s, &s->refined);
+}
+
+void KeepRefined(TopKScratch* s) {
+  // Ranks increase and rank j >= j, so the compaction runs in place.
+  const uint64_t* rank = s->refined.idx.data();
+  const float* kept = s->refined.val.data();
+  uint64_t* idx = s->sel.idx.data();
+  float* val = s->sel.val.data();
+  for (size_t j = 0; j < s->refined.count; ++j) {
+    idx[j] = idx[rank[j]];
+    val[j] = kept[j];
+  }
+  s->sel.count = s->refined.count;
+}
+
+namespace {
 
 absl::Status SelectSampled(absl::Span<const float> u, uint64_t k,
-                           std::vector<uint64_t>* idx,
-                           std::vector<float>* val) {
-  const size_t n = u.size();
-  uint32_t threshold = SampleThreshold(u, k);
+                           TopKScratch* s) {
+  const SamplePlan plan(u.size());
+  const uint64_t* pos = SamplePositions(plan, s);
+  uint32_t* keys = s->sample.Reserve(plan.m);
+  const float* p = u.data();
+  // The sample is a gather across the whole tensor (a cache and TLB miss per
+  // key): prefetch ahead so that the misses overlap.
+  for (size_t j = 0; j < plan.m; ++j) {
+    if (j + kSampleAhead < plan.m) __builtin_prefetch(p + pos[j + kSampleAhead]);
+    keys[j] = KeyOf(p[pos[j]]);
+  }
+  const uint32_t threshold = SampleThreshold(plan, k, keys);
   if (threshold == 0 || threshold >= kInfKey) {
-    return SelectExact(u, k, idx, val);  // degenerate sample or bad input
+    return SelectExact(u, k, s, &s->sel);  // degenerate sample or bad input
   }
-  const size_t cap = k + k / 2 + 64;
-  idx->resize(cap);
-  val->resize(cap);
-  size_t c = Filter(u.data(), n, threshold, idx->data(), val->data(), cap);
-  if (c > cap || c * 10 < k * 9) return SelectExact(u, k, idx, val);
-  idx->resize(c);
-  val->resize(c);
-  // Non-finite keys exceed any finite threshold, so they are all kept here,
-  // in index order.
-  for (size_t j = 0; j < c; ++j) {
-    if (!std::isfinite((*val)[j])) return NonFiniteInput((*idx)[j], (*val)[j]);
+  const size_t cap = SampledCapacity(k);
+  const size_t c = FilterCandidates(u, threshold, cap, &s->sel);
+  if (c > cap) return SelectExact(u, k, s, &s->sel);
+  s->sel.count = c;
+  SampledOutcome outcome;
+  absl::Status status = JudgeCandidates(k, s, &outcome);
+  if (!status.ok()) return status;
+  switch (outcome) {
+    case SampledOutcome::kDone:
+      return absl::OkStatus();
+    case SampledOutcome::kRefined:
+      KeepRefined(s);
+      return absl::OkStatus();
+    case SampledOutcome::kFallBack:
+      break;
   }
-  if (c * 10 > k * 11) {
-    std::vector<uint64_t> pos;
-    std::vector<float> kept;
-    absl::Status s = SelectExact(*val, k, &pos, &kept);
-    if (!s.ok()) return s;
-    for (size_t j = 0; j < pos.size(); ++j) (*idx)[j] = (*idx)[pos[j]];
-    idx->resize(pos.size());
-    *val = std::move(kept);
-  }
-  return absl::OkStatus();
+  return SelectExact(u, k, s, &s->sel);
 }
 
 }  // namespace
 
 absl::Status SelectTopK(absl::Span<const float> u, uint64_t k,
-                        v1::TopKSelection selection,
-                        std::vector<uint64_t>* idx, std::vector<float>* val) {
-  idx->clear();
-  val->clear();
+                        v1::TopKSelection selection, TopKScratch* s) {
+  s->sel.count = 0;
   if (k == 0) return CheckFinite(u);
   if (k >= u.size()) {
-    absl::Status s = CheckFinite(u);
-    if (!s.ok()) return s;
-    for (size_t i = 0; i < u.size(); ++i) idx->push_back(i);
-    val->assign(u.begin(), u.end());
+    absl::Status status = CheckFinite(u);
+    if (!status.ok()) return status;
+    s->sel.Reserve(u.size());
+    for (size_t i = 0; i < u.size(); ++i) s->sel.idx.data()[i] = i;
+    if (!u.empty()) {
+      std::memcpy(s->sel.val.data(), u.data(), u.size() * sizeof(float));
+    }
+    s->sel.count = u.size();
     return absl::OkStatus();
   }
   // Small tensors: a sample would be the whole tensor anyway.
-  if (selection == v1::TOPK_SELECTION_EXACT || u.size() < (size_t{1} << 16)) {
-    return SelectExact(u, k, idx, val);
+  if (selection == v1::TOPK_SELECTION_EXACT ||
+      u.size() < kMinSampledElements) {
+    return SelectExact(u, k, s, &s->sel);
   }
-  return SelectSampled(u, k, idx, val);
+  return SelectSampled(u, k, s);
 }
 
 }  // namespace impl

@@ -5,6 +5,7 @@
 #ifndef PSERVER_COMMON_IMPL_WIRE_SCALAR_H_
 #define PSERVER_COMMON_IMPL_WIRE_SCALAR_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -54,19 +55,25 @@ inline float LoadScalar(const uint8_t* p) {
 }
 
 // Appends v as S values (narrowing rounds to nearest even and saturates).
+// Appends rather than growing the string first, which would zero-fill it.
 // REQUIRES: every v[i] is finite.
 template <Scalar S>
 void AppendScalars(absl::Span<const float> v, std::string* out) {
-  const size_t old = out->size();
-  out->resize(old + v.size() * kScalarBytes<S>);
-  char* p = &(*out)[0] + old;
   if constexpr (S == Scalar::kFp32) {
-    if (!v.empty()) std::memcpy(p, v.data(), v.size() * 4);
+    if (!v.empty()) {
+      out->append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+    }
   } else {
-    for (size_t i = 0; i < v.size(); ++i) {
-      uint16_t h = S == Scalar::kFp16 ? internal::FloatToHalf(v[i])
-                                      : internal::FloatToBf16(v[i]);
-      std::memcpy(p + 2 * i, &h, 2);
+    out->reserve(out->size() + v.size() * 2);
+    constexpr size_t kChunk = 512;
+    uint16_t half[kChunk];
+    for (size_t b = 0; b < v.size(); b += kChunk) {
+      const size_t len = std::min(kChunk, v.size() - b);
+      for (size_t i = 0; i < len; ++i) {
+        half[i] = S == Scalar::kFp16 ? internal::FloatToHalf(v[b + i])
+                                     : internal::FloatToBf16(v[b + i]);
+      }
+      out->append(reinterpret_cast<const char*>(half), len * 2);
     }
   }
 }

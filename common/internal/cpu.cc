@@ -10,7 +10,10 @@ bool CpuHasAvx2() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    // The AVX2 kernels also use BMI1 (tzcnt, blsr) and POPCNT, which every
+    // AVX2 CPU has, but a virtual machine may hide them.
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt");
   }();
   return has;
 #else

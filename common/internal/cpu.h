@@ -1,14 +1,14 @@
-// Run-time CPU dispatch: hot kernels are compiled for AVX2+FMA with function
-// target attributes and used only when the CPU has them, so binaries stay
-// portable x86-64 (no -march=native).
+// Run-time CPU dispatch: hot kernels are compiled for AVX2+FMA (with BMI1
+// and POPCNT) with function target attributes and used only when the CPU
+// has them, so binaries stay portable x86-64 (no -march=native).
 #ifndef PSERVER_COMMON_INTERNAL_CPU_H_
 #define PSERVER_COMMON_INTERNAL_CPU_H_
 
 namespace pserver {
 namespace internal {
 
-// True if AVX2 kernels may run: the CPU has AVX2 and FMA and the scalar path
-// is not forced. Thread-safe.
+// True if AVX2 kernels may run: the CPU has AVX2, FMA, BMI1 and POPCNT and
+// the scalar path is not forced. Thread-safe.
 bool UseAvx2();
 
 // For tests and benchmarks only: forces the portable scalar kernels, which

@@ -207,10 +207,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
       std::string rest = name.substr(0, name.rfind("/real_time"));
       return rest.substr(0, rest.rfind('/'));
     };
-    std::map<std::string, double> copy, nth;
+    std::map<std::string, double> copy, nth, sampled;
     for (const auto& [name, rate] : rates_) {
       if (base_of(name) == "copy") copy[size_of(name)] = rate;
       if (base_of(name) == "topk1pct_nth_element/encode") nth[size_of(name)] = rate;
+      if (base_of(name) == "topk1pct_sampled/encode") sampled[size_of(name)] = rate;
     }
     std::printf("\n%-40s %10s %12s %10s %10s\n", "benchmark", "elements", "Gelem/s",
                 "x copy", "x nth_el");
@@ -229,7 +230,13 @@ class RatioReporter : public benchmark::ConsoleReporter {
       // The targets, judged on this run's figures.
       const std::string base = base_of(name);
       const double to_copy = c > 0 ? rate / c : 0, to_nth = t > 0 ? rate / t : 0;
+      const double sel = sampled.count(size) ? sampled.at(size) : 0;
       double ratio = 0, target = 0;
+      if (base == "topk1pct/encode_ef" && sel > 0) {
+        // Time relative to the sampled selection alone: at most 2x.
+        std::printf("  %.2fx sampled's time, target 2x: %s", sel / rate,
+                    sel / rate <= 2.0 ? "met" : "MISSED");
+      }
       if (base == "onebit/encode_ef") { ratio = to_copy; target = 0.7; }
       if (base == "onebit/decode_acc") { ratio = to_copy; target = 1.0; }
       if (base == "topk1pct_sampled/encode") { ratio = to_nth; target = 20; }
@@ -240,7 +247,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       std::printf("\n");
     }
     std::printf("\nTargets: onebit/encode_ef >= 0.7x copy, onebit/decode_acc >= 1.0x copy,\n"
-                "topk1pct_sampled >= 20x nth_element, topk1pct_exact >= 4x nth_element.\n");
+                "topk1pct_sampled >= 20x nth_element, topk1pct_exact >= 4x nth_element,\n"
+                "topk1pct/encode_ef (error feedback, as pushes run it) within 2x of\n"
+                "topk1pct_sampled's time.\n");
   }
 
  private:

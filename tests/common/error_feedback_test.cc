@@ -192,14 +192,17 @@ TEST(ErrorFeedback, ResidualIsInputMinusDecoded) {
   EXPECT_NEAR(ef.ResidualNorm(), std::sqrt(norm), 1e-12 * std::sqrt(norm));
 }
 
-// onebit offers a one-pass kernel; the wrapper runs the generic algorithm for
-// the others. Both must give what encode-then-decode gives (codec_test's
-// FusedFeedbackEqualsEncodeThenDecode checks every codec bit for bit).
+// onebit and topk offer a one-pass kernel; the wrapper runs the generic
+// algorithm for the others. Both must give what encode-then-decode gives
+// (codec_test's FusedFeedbackEqualsEncodeThenDecode checks every codec bit
+// for bit; topk_test the sampled selection's paths).
 TEST(ErrorFeedback, FusedKernelIsAnOptionalCapability) {
-  EXPECT_NE(MustMake(v1::CODEC_ONEBIT)->fused_feedback(), nullptr);
-  EXPECT_NE(DecoderFor(v1::CODEC_ONEBIT)->fused_feedback(), nullptr);
+  for (v1::Codec c : {v1::CODEC_ONEBIT, v1::CODEC_TOPK}) {
+    EXPECT_NE(MustMake(c)->fused_feedback(), nullptr) << CodecName(c);
+    EXPECT_NE(DecoderFor(c)->fused_feedback(), nullptr) << CodecName(c);
+  }
   for (v1::Codec c : {v1::CODEC_FP32, v1::CODEC_FP16, v1::CODEC_BF16,
-                      v1::CODEC_TOPK, v1::CODEC_RANDOMK, v1::CODEC_QUANTIZE,
+                      v1::CODEC_RANDOMK, v1::CODEC_QUANTIZE,
                       v1::CODEC_TOPK_QUANTIZE}) {
     EXPECT_EQ(MustMake(c)->fused_feedback(), nullptr) << CodecName(c);
   }

@@ -165,6 +165,37 @@ TEST(OneBitCodec, Avx2AndScalarKernelsAreBitIdentical) {
   }
 }
 
+// Residuals of large calls (16 MiB and up) leave the AVX2 kernel through
+// non-temporal stores when e_out is 16-byte aligned, and through ordinary
+// stores otherwise; both must be the scalar kernel's bytes.
+TEST(OneBitCodec, LargeCallsMatchScalarKernelWhateverTheAlignment) {
+  if (!internal::UseAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const size_t n = (size_t{1} << 22) + 13;
+  std::vector<float> g = RandomVector(n, 5), e = RandomVector(n, 6, 0.1f);
+  g[1000] = 3e38f;  // one block takes the double fallback
+  for (uint32_t block : {256u, 4096u}) {
+    auto codec = MustMake(v1::CODEC_ONEBIT, Params(block, false));
+    // offset 0: vector storage, 16-byte aligned; offset 1: 4 bytes off.
+    for (size_t offset : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << block << " " << offset);
+      std::vector<float> out1(n + 1, 7.0f), out2(n + 1, 7.0f);
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(out1.data()) % 16, 0u);
+      v1::EncodedTensor t1, t2;
+      ASSERT_TRUE(EncodeWithFeedback(*codec, g, e, 0.9f, 0, &t1,
+                                     absl::MakeSpan(out1).subspan(offset, n))
+                      .ok());
+      {
+        ScalarPath scalar;
+        ASSERT_TRUE(EncodeWithFeedback(*codec, g, e, 0.9f, 0, &t2,
+                                       absl::MakeSpan(out2).subspan(offset, n))
+                        .ok());
+      }
+      ASSERT_EQ(t1.payload(), t2.payload());
+      ASSERT_EQ(0, std::memcmp(out1.data(), out2.data(), (n + 1) * 4));
+    }
+  }
+}
+
 TEST(OneBitCodec, ScalarPathRejectsNonFiniteLikeAvx2) {
   ScalarPath scalar;
   auto codec = MustMake(v1::CODEC_ONEBIT);

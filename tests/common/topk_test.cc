@@ -1,9 +1,12 @@
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
 #include "common/codec.h"
+#include "common/error_feedback.h"
+#include "common/impl/topk_select.h"
 #include "common/internal/cpu.h"
 #include "gtest/gtest.h"
 #include "tests/common/codec_test_util.h"
@@ -139,6 +142,127 @@ TEST(TopKCodec, SampledFallsBackToExactOnHeavyTies) {
   ASSERT_TRUE(codec->Encode(u, 0, &t).ok());
   std::vector<float> d;
   EXPECT_EQ(DecodedSupport(*codec, t, &d), ReferenceTopK(u, 1311));
+}
+
+// The fused error-feedback kernel (EncodeWithFeedback) against the generic
+// algorithm (u = g + decay * e, Encode(u), e = u - Decode), bit for bit, on
+// each path of the sampled selection, with the AVX2 and scalar kernels, fp32
+// and fp16 values, aligned and unaligned residual buffers. Scaling the
+// inputs at the sample's positions steers the filter pass: by 0.97 it keeps
+// about 1.3 k candidates (exact refinement among them), by 1.05 about 0.75 k
+// (too few: exact selection on everything), by 0.9 about 1.9 k (more than
+// the candidate buffer holds: exact selection too); ties keep half of u.
+TEST(TopKCodec, FusedFeedbackMatchesGenericOnEverySampledPath) {
+  const size_t n = (size_t{1} << 17) + 5;
+  const impl::SamplePlan plan(n);
+  struct Case {
+    const char* name;
+    float sample_scale;
+    bool ties;
+  };
+  for (Case c : {Case{"kept", 1.0f, false}, Case{"refined", 0.97f, false},
+                 Case{"too_few", 1.05f, false}, Case{"too_many", 0.9f, false},
+                 Case{"ties", 1.0f, true}}) {
+    std::vector<float> g = RandomVector(n, 21), e = RandomVector(n, 22, 0.3f);
+    for (size_t j = 0; j < plan.m; ++j) {
+      g[plan.Position(j)] *= c.sample_scale;
+      e[plan.Position(j)] *= c.sample_scale;
+    }
+    if (c.ties) {
+      for (size_t i = 0; i < n; i += 2) g[i] = (i % 4 ? 1.0f : -1.0f);
+    }
+    std::vector<float> u(n);
+    for (size_t i = 0; i < n; ++i) {
+      float d = 0.75f * e[i];
+      u[i] = g[i] + d;
+    }
+    for (v1::ValueFormat f : {v1::VALUE_FORMAT_FP32, v1::VALUE_FORMAT_FP16}) {
+      v1::CodecParams p;
+      p.set_value_format(f);
+      auto codec = MustMake(v1::CODEC_TOPK, p);
+      v1::EncodedTensor plain;
+      ASSERT_TRUE(codec->Encode(u, 3, &plain).ok());
+      std::vector<float> want(n);
+      ASSERT_TRUE(codec->Decode(plain, absl::MakeSpan(want)).ok());
+      for (size_t i = 0; i < n; ++i) want[i] = u[i] - want[i];
+      std::vector<float> d;
+      const size_t count = DecodedSupport(*codec, plain, &d).size();
+      if (c.sample_scale != 1.0f || c.ties) {
+        EXPECT_EQ(count, 1311u) << c.name;  // refined or exact: exactly k
+      }
+      for (bool scalar : {false, true}) {
+        for (size_t offset : {0, 1}) {
+          SCOPED_TRACE(::testing::Message() << c.name << " " << f << " "
+                                            << scalar << " " << offset);
+          internal::ForceScalarKernelsForTesting(scalar);
+          std::vector<float> out(n + 1, 7.0f);
+          v1::EncodedTensor t;
+          absl::Status s = EncodeWithFeedback(
+              *codec, g, e, 0.75f, 3, &t,
+              absl::MakeSpan(out).subspan(offset, n));
+          internal::ForceScalarKernelsForTesting(false);
+          ASSERT_TRUE(s.ok()) << s;
+          EXPECT_EQ(t.SerializeAsString(), plain.SerializeAsString());
+          ASSERT_EQ(0, std::memcmp(out.data() + offset, want.data(), n * 4));
+        }
+      }
+    }
+  }
+}
+
+// Large calls write their residuals with non-temporal stores (aligned
+// buffers) or ordinary ones: same bytes as the generic algorithm.
+TEST(TopKCodec, FusedFeedbackOnLargeTensors) {
+  const size_t n = (size_t{1} << 22) + 9;
+  std::vector<float> g = RandomVector(n, 31), e = RandomVector(n, 32, 0.3f);
+  std::vector<float> u(n);
+  for (size_t i = 0; i < n; ++i) u[i] = g[i] + e[i];
+  auto codec = MustMake(v1::CODEC_TOPK);
+  v1::EncodedTensor plain;
+  ASSERT_TRUE(codec->Encode(u, 0, &plain).ok());
+  std::vector<float> want(n);
+  ASSERT_TRUE(codec->Decode(plain, absl::MakeSpan(want)).ok());
+  for (size_t i = 0; i < n; ++i) want[i] = u[i] - want[i];
+  for (size_t offset : {0, 1}) {
+    std::vector<float> out(n + 1, 7.0f);
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(out.data()) % 16, 0u);
+    v1::EncodedTensor t;
+    ASSERT_TRUE(EncodeWithFeedback(*codec, g, e, 1.0f, 0, &t,
+                                   absl::MakeSpan(out).subspan(offset, n))
+                    .ok());
+    EXPECT_EQ(t.payload(), plain.payload()) << offset;
+    ASSERT_EQ(0, std::memcmp(out.data() + offset, want.data(), n * 4))
+        << offset;
+  }
+}
+
+// Non-finite input on the sampled path: Encode and the fused kernel name
+// the first non-finite u_i, with either kernel, wherever it lies.
+TEST(TopKCodec, SampledRejectsNonFiniteNamingTheFirst) {
+  const size_t n = size_t{1} << 17;
+  auto codec = MustMake(v1::CODEC_TOPK);
+  for (bool scalar : {false, true}) {
+    for (size_t at : {size_t{5}, n / 2, n - 1}) {
+      SCOPED_TRACE(::testing::Message() << scalar << " " << at);
+      std::vector<float> g = RandomVector(n, 41), e = RandomVector(n, 42);
+      g[at] = NAN;
+      g[n - 2] = INFINITY;
+      std::vector<float> u(n), out(n);
+      for (size_t i = 0; i < n; ++i) u[i] = g[i] + e[i];
+      const std::string want =
+          "input element " + std::to_string(std::min(at, n - 2)) + " ";
+      internal::ForceScalarKernelsForTesting(scalar);
+      v1::EncodedTensor t;
+      absl::Status fused = EncodeWithFeedback(*codec, g, e, 1.0f, 0, &t,
+                                              absl::MakeSpan(out));
+      absl::Status plain = codec->Encode(u, 0, &t);
+      internal::ForceScalarKernelsForTesting(false);
+      EXPECT_EQ(fused.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(fused.message().find(want), std::string::npos) << fused;
+      EXPECT_EQ(plain.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(plain.message().find(want), std::string::npos) << plain;
+    }
+  }
 }
 
 TEST(TopKCodec, ExactWithOneHugeBucket) {
