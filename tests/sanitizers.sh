@@ -48,9 +48,10 @@ SERVER_TESTS=(
   tests/server/shard_stress_test tests/server/service_test
   tests/server/metrics_test tests/server/checkpoint_test
   tests/server/lease_test tests/server/shard_components_test
-  tests/server/shard_holes_test
+  tests/server/shard_holes_test tests/server/model_install_test
 )
-WORKER_TESTS=(tests/worker/worker_model_test tests/worker/client_test)
+WORKER_TESTS=(tests/worker/worker_model_test tests/worker/client_test
+  tests/worker/client_chunks_test)
 FUZZ_REPLAYS=(
   tests/fuzz/fuzz_codec_replay tests/fuzz/fuzz_shard_replay
   tests/fuzz/fuzz_checkpoint_replay
@@ -165,7 +166,8 @@ tsan() {
            tests/server/metrics_test tests/server/lease_test
            tests/server/shard_server_test tests/server/shard_components_test
            tests/server/shard_holes_test tests/common/clock_thread_pool_test
-           tests/worker/client_test)
+           tests/server/model_install_test tests/worker/client_test
+           tests/worker/client_chunks_test tests/common/codec_test)
   else
     tests=(tests/server/shard_stress_test tests/server/shard_test
            tests/server/lease_test tests/server/service_test)
