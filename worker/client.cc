@@ -311,6 +311,7 @@ absl::StatusOr<std::optional<Preconditioner>> Client::PrepareStage(
                                            valid.status().message()));
         }
         valid->DecodeInto(absl::MakeSpan(v).subspan(plan.begin(c), plan.size(c)));
+        metrics_.CountVariance(resp.variance().payload().size());
         return absl::OkStatus();
       });
   if (!got[0].ok()) return got[0];

@@ -22,6 +22,9 @@ struct ClientStats {
   uint64_t push_fp32_bytes = 0;     // what fp32 would have sent
   uint64_t pull_fp32_bytes = 0;
   uint64_t snapshots = 0;           // pulls answered with a full snapshot
+  // The frozen variance fetched (fp32) when 1-bit Adam enters compression:
+  // downlink bytes that are neither pushes nor pulls.
+  uint64_t variance_payload_bytes = 0;
   uint64_t checksum_mismatches = 0;
   uint64_t retries = 0;
   uint64_t rejoins = 0;  // re-registrations after a shard restart or a drop
@@ -44,6 +47,9 @@ class ClientMetrics {
   void CountPush(uint64_t payload_bytes, uint64_t fp32_bytes);
   void CountPull(uint64_t payload_bytes, uint64_t fp32_bytes);
   void CountSnapshot();
+  void CountVariance(uint64_t payload_bytes) {
+    stats_.variance_payload_bytes += payload_bytes;
+  }
   void CountChecksumMismatch();
   void CountRetries(uint64_t n);
   void CountRejoin();

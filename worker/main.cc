@@ -150,14 +150,14 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       "\"push_bytes\": %d, \"pull_bytes\": %d, \"push_fp32_bytes\": %d, "
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
       "\"encode_seconds\": %.4f, \"push_seconds\": %.4f, "
-      "\"pull_seconds\": %.4f, ",
+      "\"pull_seconds\": %.4f, \"variance_bytes\": %d, ",
       c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
       t.model, t.init == InitScheme::kPyTorch ? "pytorch" : "he_normal",
       t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
       r.wall_seconds, r.test_accuracy, r.test_loss, r.last_loss,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
       s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds,
-      s.push_seconds, s.pull_seconds);
+      s.push_seconds, s.pull_seconds, s.variance_payload_bytes);
   // Per step, in order (tests/bench/network.sh takes medians of these).
   out << "\"step_seconds\": ["
       << absl::StrJoin(r.step_log, ", ",

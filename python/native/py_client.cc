@@ -266,6 +266,7 @@ py::dict PyClient::Stats() const {
                 : static_cast<double>(s.push_fp32_bytes + s.pull_fp32_bytes) /
                       static_cast<double>(sent);
   d["snapshots"] = s.snapshots;
+  d["variance_payload_bytes"] = s.variance_payload_bytes;
   d["checksum_mismatches"] = s.checksum_mismatches;
   d["retries"] = s.retries;
   d["rejoins"] = s.rejoins;

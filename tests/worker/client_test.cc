@@ -414,6 +414,8 @@ TEST(ClientOneBitAdam, SwitchesToPreconditionedOneBitPushesAfterFreeze) {
     EXPECT_EQ(stats[w].push_payload_bytes,
               kFreeze * n * 4 + (kSteps - kFreeze) * onebit_all);
     EXPECT_EQ(stats[w].snapshots, kShards);
+    // The frozen variance, fp32, fetched once per shard at the freeze.
+    EXPECT_EQ(stats[w].variance_payload_bytes, n * 4);
     EXPECT_TRUE(BitEqual(final_weights[w], final_weights[0]));
   }
   for (uint32_t s = 0; s < kShards; ++s) {
