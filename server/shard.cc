@@ -135,6 +135,15 @@ absl::Status Shard::CheckWorker(uint32_t worker_id) const {
   return absl::OkStatus();
 }
 
+absl::Status Shard::CheckChunk(uint32_t c) const {
+  if (c < round_.num_chunks()) return absl::OkStatus();
+  return Reject(v1::REJECT_REASON_INVALID_FIELD,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "chunk is ", c, "; expected 0..", round_.num_chunks() - 1,
+                    " (the slice's ", range_.size(), " elements in chunks of ",
+                    config_.chunk_elements, ")")));
+}
+
 absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
   bool queued = false;
   return Push(std::make_shared<const v1::PushRequest>(req), nullptr, &queued);
@@ -165,14 +174,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
                         "worker_id ", req.worker_id(),
                         " has not registered; call Register first")));
     }
-    if (c >= round_.num_chunks()) {
-      return Reject(v1::REJECT_REASON_INVALID_FIELD,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "chunk is ", c, "; expected 0..",
-                        round_.num_chunks() - 1, " (the slice's ",
-                        range_.size(), " elements in chunks of ",
-                        config_.chunk_elements, ")")));
-    }
+    if (absl::Status s = CheckChunk(c); !s.ok()) return s;
     n = round_.plan().size(c);
   }
   // Payload checks need no state: run them before taking the lock.

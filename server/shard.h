@@ -193,6 +193,8 @@ class Shard {
         std::unique_ptr<ReplicaTracker> replica);
 
   absl::Status CheckWorker(uint32_t worker_id) const;
+  // INVALID_FIELD naming the slice's chunk count unless chunk c exists.
+  absl::Status CheckChunk(uint32_t c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Register's checks that need no state; on success *slots is the layout.
   absl::Status CheckRegisterRequest(const v1::RegisterRequest& req,
                                     std::vector<TensorSlot>* slots) const;

@@ -45,13 +45,8 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
       error = NotRegistered();
     } else if (absl::Status s = CheckWorker(w); !s.ok()) {
       error = s;
-    } else if (req.chunk() >= round_.num_chunks()) {
-      error = Reject(v1::REJECT_REASON_INVALID_FIELD,
-                     absl::InvalidArgumentError(absl::StrCat(
-                         "chunk is ", req.chunk(), "; expected 0..",
-                         round_.num_chunks() - 1, " (the slice's ",
-                         range_.size(), " elements in chunks of ",
-                         config_.chunk_elements, ")")));
+    } else if (absl::Status c = CheckChunk(req.chunk()); !c.ok()) {
+      error = c;
     } else if (leases_.Touch(w),
                req.step() > step_ + policy_.max_pull_ahead()) {
       error = Reject(v1::REJECT_REASON_FUTURE_STEP,
@@ -137,13 +132,7 @@ absl::StatusOr<v1::GetFrozenVarianceResponse> Shard::GetFrozenVariance(
                       "; the shard is at step ", step_)));
   }
   const uint32_t c = req.chunk();
-  if (c >= round_.num_chunks()) {
-    return Reject(v1::REJECT_REASON_INVALID_FIELD,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "chunk is ", c, "; expected 0..", round_.num_chunks() - 1,
-                      " (the slice's ", range_.size(), " elements in chunks of ",
-                      config_.chunk_elements, ")")));
-  }
+  if (absl::Status s = CheckChunk(c); !s.ok()) return s;
   const ChunkPlan& plan = round_.plan();
   v1::GetFrozenVarianceResponse resp;
   resp.set_freeze_step(optimizer_->freeze_at());

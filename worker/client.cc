@@ -83,13 +83,9 @@ absl::Status Client::SendWeights(
   for (size_t s : shards) {
     const v1::RegisterResponse& r = (*resps)[s];
     if (r.model_ready()) continue;
-    const uint64_t c = r.chunk_elements();
-    if (c < kMinChunkElements || c > kMaxChunkElements) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", s, " (", calls_->address(s), ") announced chunk_elements ",
-          c, "; expected ", kMinChunkElements, "..", kMaxChunkElements));
-    }
-    plan[s] = ChunkPlan{slice(s).size(), c};
+    absl::StatusOr<uint64_t> c = AnnouncedChunking(s, r);
+    if (!c.ok()) return c.status();
+    plan[s] = ChunkPlan{slice(s).size(), *c};
     todo.push_back(s);
     chunks.push_back(plan[s].num_chunks());
   }
@@ -244,7 +240,8 @@ v1::OptimizerStage Client::stage() const {
   return v1::OPTIMIZER_STAGE_COMPRESSION;
 }
 
-absl::Status Client::SetChunking(size_t s, const v1::RegisterResponse& resp) {
+absl::StatusOr<uint64_t> Client::AnnouncedChunking(
+    size_t s, const v1::RegisterResponse& resp) const {
   const uint64_t c = resp.chunk_elements();
   if (c < kMinChunkElements || c > kMaxChunkElements) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -252,7 +249,13 @@ absl::Status Client::SetChunking(size_t s, const v1::RegisterResponse& resp) {
         c, "; expected ", kMinChunkElements, "..", kMaxChunkElements,
         " (a shard of another pserver version?)"));
   }
-  plans_[s].chunk_elements = c;
+  return c;
+}
+
+absl::Status Client::SetChunking(size_t s, const v1::RegisterResponse& resp) {
+  absl::StatusOr<uint64_t> c = AnnouncedChunking(s, resp);
+  if (!c.ok()) return c.status();
+  plans_[s].chunk_elements = *c;
   return absl::OkStatus();
 }
 

@@ -196,8 +196,11 @@ class Client {
   absl::Status EncodeChunk(size_t s, uint32_t c,
                            absl::Span<const float> gradient,
                            v1::PushRequest* req);
-  // Sets chunk_elements announced by shard s; FAILED_PRECONDITION when out
-  // of the bounds in common/chunking.h.
+  // The chunk_elements shard s announced; FAILED_PRECONDITION when out of
+  // the bounds in common/chunking.h.
+  absl::StatusOr<uint64_t> AnnouncedChunking(
+      size_t s, const v1::RegisterResponse& resp) const;
+  // Sets plans_[s]'s chunk_elements to what shard s announced.
   absl::Status SetChunking(size_t s, const v1::RegisterResponse& resp);
   // Carries out `recovery` for shard s, which refused a call of the step in
   // progress: registers again (and for kRejoinAndResend pushes `push` again,

@@ -4,22 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/validated_tensor.h"
 
 namespace pserver {
-
-absl::StatusOr<Preconditioner> Preconditioner::FromFrozenVariance(
-    const v1::GetFrozenVarianceResponse& resp, size_t n) {
-  std::vector<float> v(n);
-  absl::StatusOr<ValidatedTensor> valid = ValidateTensor(resp.variance(), n);
-  if (!valid.ok()) {
-    return absl::Status(valid.status().code(),
-                        absl::StrCat("frozen variance: ",
-                                     valid.status().message()));
-  }
-  valid->DecodeInto(absl::MakeSpan(v));
-  return FromVariance(std::move(v), resp.eps());
-}
 
 absl::StatusOr<Preconditioner> Preconditioner::FromVariance(
     std::vector<float> v, float eps) {

@@ -12,19 +12,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "pserver/v1/parameter_server.pb.h"
 
 namespace pserver {
 
 // Thread-compatible (Apply writes a scratch buffer).
 class Preconditioner {
  public:
-  // D from a shard's GetFrozenVariance answer for an n-element slice.
-  // INVALID_ARGUMENT when the variance does not decode to n elements or
-  // gives a non-finite D (negative or non-finite v, eps <= 0 with v = 0).
-  static absl::StatusOr<Preconditioner> FromFrozenVariance(
-      const v1::GetFrozenVarianceResponse& resp, size_t n);
-  // D from the frozen variance `v` (its memory becomes D's), as above.
+  // D = 1 / (sqrt(v) + eps) from a shard's frozen variance `v` (its memory
+  // becomes D's; the client decodes v from the GetFrozenVariance chunks).
+  // INVALID_ARGUMENT naming the element when D is not finite (negative or
+  // non-finite v, eps <= 0 with v = 0).
   static absl::StatusOr<Preconditioner> FromVariance(std::vector<float> v,
                                                      float eps);
 

@@ -38,15 +38,6 @@ PushEncoder::PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
       warmup_ef_(std::move(warmup_ef)),
       push_ef_(std::move(push_ef)) {}
 
-absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t seed,
-                                 v1::PushRequest* req) {
-  if (g.size() != n_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient slice has ", g.size(), " elements; expected ", n_));
-  }
-  return EncodeChunk(g, 0, seed, req);
-}
-
 absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
                                       uint64_t offset, uint64_t seed,
                                       v1::PushRequest* req) {

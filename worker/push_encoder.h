@@ -42,14 +42,11 @@ class PushEncoder {
       const PushCodecs& codecs, uint64_t n, bool freezes,
       v1::GradientSpace space);
 
-  // Sets req's space and gradient from `g` (this shard's slice) and updates
+  // Sets req's space and gradient from `g`, one chunk of this shard's slice
+  // (its elements [offset, offset + g.size())), and updates that piece of
   // the stage's residual. `seed` seeds the encoder's randomness.
-  // INVALID_ARGUMENT (residual unchanged) for a non-finite input.
-  // REQUIRES: g.size() == n.
-  absl::Status Encode(absl::Span<const float> g, uint64_t seed,
-                      v1::PushRequest* req);
-  // The same for one chunk: `g` is the slice's elements [offset, offset +
-  // g.size()); only that piece of the residual changes.
+  // INVALID_ARGUMENT (residual unchanged) for a non-finite input or a piece
+  // outside the slice.
   absl::Status EncodeChunk(absl::Span<const float> g, uint64_t offset,
                            uint64_t seed, v1::PushRequest* req);
 

@@ -114,40 +114,12 @@ std::vector<absl::Status> ShardCalls::Register(
       retry_busy);
 }
 
-std::vector<absl::Status> ShardCalls::Push(
-    const std::vector<size_t>& shards, const std::vector<v1::PushRequest>& reqs,
-    std::vector<v1::PushResponse>* resps) {
-  return CallEach(shards, options_.rpc_timeout, "Push",
-                  [&](size_t s, grpc::ClientContext* ctx, Done done) {
-                    stubs_[s]->async()->Push(ctx, &reqs[s], &(*resps)[s],
-                                             std::move(done));
-                  });
-}
-
-std::vector<absl::Status> ShardCalls::Pull(
-    const std::vector<size_t>& shards, const std::vector<v1::PullRequest>& reqs,
-    std::vector<v1::PullResponse>* resps) {
-  return CallEach(shards, options_.pull_timeout, "Pull",
-                  [&](size_t s, grpc::ClientContext* ctx, Done done) {
-                    stubs_[s]->async()->Pull(ctx, &reqs[s], &(*resps)[s],
-                                             std::move(done));
-                  });
-}
-
 absl::Status ShardCalls::Register(size_t s, const v1::RegisterRequest& req,
                                   v1::RegisterResponse* resp) {
   return CallEach({s}, options_.rpc_timeout, "Register",
                   [&](size_t, grpc::ClientContext* ctx, Done done) {
                     stubs_[s]->async()->Register(ctx, &req, resp,
                                                  std::move(done));
-                  })[0];
-}
-
-absl::Status ShardCalls::Push(size_t s, const v1::PushRequest& req,
-                              v1::PushResponse* resp) {
-  return CallEach({s}, options_.rpc_timeout, "Push",
-                  [&](size_t, grpc::ClientContext* ctx, Done done) {
-                    stubs_[s]->async()->Push(ctx, &req, resp, std::move(done));
                   })[0];
 }
 

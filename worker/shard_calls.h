@@ -8,8 +8,9 @@
 //
 // Usage:
 //   auto calls = ShardCalls::Create(options, &metrics);
-//   std::vector<absl::Status> st = (*calls)->Push(all, reqs, &resps);
+//   std::vector<absl::Status> st = (*calls)->Register(all, reqs, &resps);
 //   // reqs[s] / resps[s] are shard s's; st[i] is shard all[i]'s.
+//   st = (*calls)->PushChunks(all, chunks, prepare, finish);  // chunk calls
 #ifndef PSERVER_WORKER_SHARD_CALLS_H_
 #define PSERVER_WORKER_SHARD_CALLS_H_
 
@@ -68,17 +69,9 @@ class ShardCalls {
       const std::vector<size_t>& shards,
       const std::vector<v1::RegisterRequest>& reqs,
       std::vector<v1::RegisterResponse>* resps, bool retry_busy = true);
-  std::vector<absl::Status> Push(const std::vector<size_t>& shards,
-                                 const std::vector<v1::PushRequest>& reqs,
-                                 std::vector<v1::PushResponse>* resps);
-  std::vector<absl::Status> Pull(const std::vector<size_t>& shards,
-                                 const std::vector<v1::PullRequest>& reqs,
-                                 std::vector<v1::PullResponse>* resps);
   // One shard, one call.
   absl::Status Register(size_t s, const v1::RegisterRequest& req,
                         v1::RegisterResponse* resp);
-  absl::Status Push(size_t s, const v1::PushRequest& req,
-                    v1::PushResponse* resp);
 
   // Chunked pushes and pulls (parameter_server.proto, "Chunks"): for every
   // shard s in `shards`, one call per chunk 0 .. chunks[s] - 1, at most

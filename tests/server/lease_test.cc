@@ -25,14 +25,9 @@ using testing_util::RegisterRequestFor;
 
 constexpr absl::Duration kLease = absl::Milliseconds(300);
 
-// SGD with lr 1 and no momentum: x_{t+1} = x_t - mean(g), easy to check.
+// x_{t+1} = x_t - mean(g) (testing_util::ExactSgdConfig), with leases.
 ShardConfig Config(uint32_t workers) {
-  ShardConfig c;
-  c.num_workers = workers;
-  c.optimizer.kind = OptimizerKind::kSgd;
-  c.optimizer.lr = 1.0f;
-  c.optimizer.momentum = 0.0f;
-  c.pull_codec = v1::CODEC_FP32;
+  ShardConfig c = testing_util::ExactSgdConfig(workers);
   c.lease_timeout = kLease;
   return c;
 }

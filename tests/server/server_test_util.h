@@ -30,6 +30,19 @@ inline v1::ModelLayout SmallLayout() {
 }
 inline constexpr uint64_t kSmallElements = 1024;
 
+// SGD with lr 1 and no momentum, fp32 pulls by default: x(t+1) = x(t) -
+// mean(g), exactly in float, easy to check.
+inline ShardConfig ExactSgdConfig(uint32_t workers,
+                                  v1::Codec pull = v1::CODEC_FP32) {
+  ShardConfig c;
+  c.num_workers = workers;
+  c.optimizer.kind = OptimizerKind::kSgd;
+  c.optimizer.lr = 1.0f;
+  c.optimizer.momentum = 0.0f;
+  c.pull_codec = pull;
+  return c;
+}
+
 // 1-bit Adam at lr 1e-2 freezing at `freeze_step`, onebit pulls by default.
 inline ShardConfig OneBitAdamConfig(uint32_t workers, uint64_t freeze_step,
                                     v1::Codec pull = v1::CODEC_ONEBIT) {

@@ -27,6 +27,7 @@ namespace {
 using testing_util::RssKb;
 
 using testing_util::DecodeAll;
+using testing_util::ExactSgdConfig;
 using testing_util::Fp32Tensor;
 using testing_util::Gradient;
 using testing_util::InitialWeights;
@@ -43,16 +44,6 @@ v1::ModelLayout OneTensor(uint64_t n) {
   return l;
 }
 
-// SGD at lr 1: x_{t+1} = x_t - mean(g).
-ShardConfig SgdConfig(uint32_t workers) {
-  ShardConfig c;
-  c.num_workers = workers;
-  c.optimizer.kind = OptimizerKind::kSgd;
-  c.optimizer.lr = 1.0f;
-  c.optimizer.momentum = 0.0f;
-  c.pull_codec = v1::CODEC_FP32;
-  return c;
-}
 
 std::unique_ptr<Shard> MakeShard(const ShardConfig& c) {
   auto s = Shard::Create(c, nullptr);
@@ -151,7 +142,7 @@ TEST(ShardHoles, Hole1TinyRegisterCannotBuyMemory) {
 }
 
 TEST(ShardHoles, Hole1InitialWeightsMessageNamesTheExpectedCodecAndSize) {
-  auto shard = MakeShard(SgdConfig(1));
+  auto shard = MakeShard(ExactSgdConfig(1));
   ASSERT_NE(shard, nullptr);
   v1::RegisterRequest r = RegisterRequestFor(0, 1, InitialWeights(kSmallElements));
   r.mutable_initial_weights()->set_codec(v1::CODEC_TOPK);
@@ -168,7 +159,7 @@ TEST(ShardHoles, Hole1InitialWeightsMessageNamesTheExpectedCodecAndSize) {
 }
 
 TEST(ShardHoles, Hole1LayoutOverMaxModelElementsIsRefused) {
-  ShardConfig c = SgdConfig(1);
+  ShardConfig c = ExactSgdConfig(1);
   c.max_model_elements = uint64_t{1} << 20;
   auto shard = MakeShard(c);
   ASSERT_NE(shard, nullptr);
@@ -202,7 +193,7 @@ TEST(ShardHoles, Hole1LayoutOverMaxModelElementsIsRefused) {
 // completed a round in this incarnation accepts at most step + 1.
 
 TEST(ShardHoles, Hole2HugeResumeStepIsRefusedAndChangesNothing) {
-  auto shard = MakeShard(SgdConfig(2));
+  auto shard = MakeShard(ExactSgdConfig(2));
   ASSERT_NE(shard, nullptr);
   Shard& s = *shard;
   // Unregistered and catching up: even the first Register is refused.
@@ -244,7 +235,7 @@ TEST(ShardHoles, Hole2HugeResumeStepIsRefusedAndChangesNothing) {
 }
 
 TEST(ShardHoles, Hole2ResumeStepAheadOfTheNextStepNeedsACatchingUpShard) {
-  auto shard = MakeShard(SgdConfig(2));
+  auto shard = MakeShard(ExactSgdConfig(2));
   ASSERT_NE(shard, nullptr);
   Shard& s = *shard;
   for (uint32_t w = 0; w < 2; ++w) {
@@ -270,7 +261,7 @@ TEST(ShardHoles, Hole2ResumeStepAheadOfTheNextStepNeedsACatchingUpShard) {
 }
 
 TEST(ShardHoles, Hole2CatchingUpShardFastForwardsWithoutWrapping) {
-  auto shard = MakeShard(SgdConfig(1));
+  auto shard = MakeShard(ExactSgdConfig(1));
   ASSERT_NE(shard, nullptr);
   Shard& s = *shard;
   // A fresh incarnation (say it lost its checkpoints) may be far behind.
@@ -331,7 +322,7 @@ TEST(ShardHoles, Hole4ContributorsAreExactlyThePushesSummed) {
 }
 
 TEST(ShardHoles, Hole4InvalidPushIsNeverQueuedSoNeverCounted) {
-  auto shard = MakeShard(SgdConfig(2));
+  auto shard = MakeShard(ExactSgdConfig(2));
   ASSERT_NE(shard, nullptr);
   Shard& s = *shard;
   std::vector<float> x0(kSmallElements, 10.0f);
@@ -439,7 +430,7 @@ TEST(ShardHoles, Hole5GetStatusFloodDoesNotStallTheRounds) {
 
 TEST(ShardHoles, Hole8SnapshotAboveTheResponseLimitIsRefused) {
   constexpr uint64_t kLimit = 64 * 1024;
-  ShardConfig c = SgdConfig(1);
+  ShardConfig c = ExactSgdConfig(1);
   c.max_response_bytes = kLimit;
   auto shard = MakeShard(c);
   ASSERT_NE(shard, nullptr);
@@ -477,7 +468,7 @@ TEST(ShardHoles, Hole8LargestModelAgreesWithTheMessageCap) {
   // refused before anything is allocated, naming the cap.
   constexpr uint64_t kCap = uint64_t{2047} << 20;
   for (uint64_t cap : {kCap, uint64_t{128} << 20}) {
-    ShardConfig c = SgdConfig(1);
+    ShardConfig c = ExactSgdConfig(1);
     c.max_response_bytes = cap;
     c.chunk_elements = kMaxChunkElements;  // 256 MiB of fp32 per chunk
     auto shard = MakeShard(c);
@@ -509,7 +500,7 @@ TEST(ShardHoles, Hole8LargestModelAgreesWithTheMessageCap) {
 // naming the number, before any state is read or changed.
 
 TEST(ShardHoles, Hole11UnknownGradientSpaceIsInvalidArgumentNamingTheNumber) {
-  auto shard = MakeShard(SgdConfig(2));
+  auto shard = MakeShard(ExactSgdConfig(2));
   ASSERT_NE(shard, nullptr);
   Shard& s = *shard;
   const std::vector<float> g(kSmallElements, 1.0f);

@@ -24,6 +24,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing_util::DecodeAll;
+using testing_util::ExactSgdConfig;
 using testing_util::Fp32Tensor;
 using testing_util::OneBitAdamConfig;
 using testing_util::Gradient;
@@ -36,16 +37,6 @@ using testing_util::Replica;
 
 constexpr uint64_t kN = kSmallElements;
 
-// SGD with lr 1 and no momentum: x(t+1) = x(t) - mean, exactly in float.
-ShardConfig SgdConfig(uint32_t workers, v1::Codec pull = v1::CODEC_FP32) {
-  ShardConfig c;
-  c.num_workers = workers;
-  c.optimizer.kind = OptimizerKind::kSgd;
-  c.optimizer.lr = 1.0f;
-  c.optimizer.momentum = 0.0f;
-  c.pull_codec = pull;
-  return c;
-}
 
 std::unique_ptr<Shard> MakeRegisteredShard(const ShardConfig& c,
                                            const std::vector<float>& x0) {
@@ -165,7 +156,7 @@ TEST(Shard, MeanIsSumOverWorkersInWorkerIdOrder) {
   g[2][0] = -1e8f;
   g[3][0] = 1.0f;
 
-  std::unique_ptr<Shard> shard = MakeRegisteredShard(SgdConfig(4), x0);
+  std::unique_ptr<Shard> shard = MakeRegisteredShard(ExactSgdConfig(4), x0);
   ASSERT_NE(shard, nullptr);
   for (uint32_t w : {3u, 1u, 2u, 0u}) {
     ASSERT_TRUE(shard->Push(PushRequestFor(w, 0, Fp32Tensor(g[w]))).ok());
@@ -239,7 +230,7 @@ TEST(Shard, PushForAFutureStepIsRefusedWithTheCurrentStep) {
 
 TEST(Shard, PullOfTheNextStepWaitsForTheRound) {
   const std::vector<float> x0 = InitialWeights(kN);
-  std::unique_ptr<Shard> shard = MakeRegisteredShard(SgdConfig(2), x0);
+  std::unique_ptr<Shard> shard = MakeRegisteredShard(ExactSgdConfig(2), x0);
   ASSERT_NE(shard, nullptr);
 
   // A worker that has not pushed the round would wait for itself forever:
@@ -282,7 +273,7 @@ TEST(Shard, PullOfTheNextStepWaitsForTheRound) {
 
 TEST(Shard, PullBlockingTimesOutWithDeadlineExceeded) {
   const std::vector<float> x0 = InitialWeights(kN);
-  std::unique_ptr<Shard> shard = MakeRegisteredShard(SgdConfig(2), x0);
+  std::unique_ptr<Shard> shard = MakeRegisteredShard(ExactSgdConfig(2), x0);
   ASSERT_NE(shard, nullptr);
   ASSERT_TRUE(shard->Push(PushRequestFor(0, 0, Fp32Tensor(Gradient(kN, 0, 0)))).ok());
   const uint64_t before = shard->Status().state_checksum();
@@ -306,7 +297,7 @@ TEST(Shard, PullBlockingTimesOutWithDeadlineExceeded) {
 
 TEST(Shard, ShutdownAnswersWaitingPullsWithUnavailable) {
   const std::vector<float> x0 = InitialWeights(kN);
-  std::unique_ptr<Shard> shard = MakeRegisteredShard(SgdConfig(2), x0);
+  std::unique_ptr<Shard> shard = MakeRegisteredShard(ExactSgdConfig(2), x0);
   ASSERT_NE(shard, nullptr);
   ASSERT_TRUE(shard->Push(PushRequestFor(0, 0, Fp32Tensor(Gradient(kN, 0, 0)))).ok());
   absl::StatusOr<v1::PullResponse> r;
@@ -418,7 +409,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, ShardPullCodec,
 TEST(Shard, Fp32PullCodecAlwaysSendsSnapshotsOfTheWeights) {
   const std::vector<float> x0 = InitialWeights(kN);
   std::unique_ptr<Shard> shard =
-      MakeRegisteredShard(SgdConfig(2, v1::CODEC_FP32), x0);
+      MakeRegisteredShard(ExactSgdConfig(2, v1::CODEC_FP32), x0);
   ASSERT_NE(shard, nullptr);
   std::vector<float> x = x0;
   for (uint64_t t = 0; t < 5; ++t) {
@@ -479,7 +470,7 @@ TEST(Shard, FrozenVarianceIsServedOnlyAfterTheFreeze) {
   EXPECT_EQ(shard->GetFrozenVariance(req).status().code(),
             absl::StatusCode::kInvalidArgument);
 
-  std::unique_ptr<Shard> sgd = MakeRegisteredShard(SgdConfig(2), x0);
+  std::unique_ptr<Shard> sgd = MakeRegisteredShard(ExactSgdConfig(2), x0);
   ASSERT_NE(sgd, nullptr);
   req.set_worker_id(0);
   absl::StatusOr<v1::GetFrozenVarianceResponse> none = sgd->GetFrozenVariance(req);
@@ -544,7 +535,7 @@ TEST(Shard, DeepSpeedModeKeepsRawGradientsAfterTheFreeze) {
 TEST(Shard, RegistrationChecksWorkerCountShardAndLayout) {
   const std::vector<float> x0 = InitialWeights(kN);
   absl::StatusOr<std::unique_ptr<Shard>> created =
-      Shard::Create(SgdConfig(2), nullptr);
+      Shard::Create(ExactSgdConfig(2), nullptr);
   ASSERT_TRUE(created.ok());
   Shard& shard = **created;
 
