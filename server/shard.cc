@@ -209,7 +209,13 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
                   ? absl::StrCat("it is counted again from step ", step_ + 1)
                   : "call Register to rejoin")));
     }
-    if (req.step() < step_) {
+    if (req.step() < step_ && req.step() >= lost_from_ &&
+        req.step() < lost_to_ &&
+        last_pushed_[w] < static_cast<int64_t>(req.step())) {
+      // That round was lost in a restart and skipped; the current weights
+      // stand for its result, so the worker only has to pull them.
+      resp.set_round_lost(true);
+    } else if (req.step() < step_) {
       if (last_pushed_[w] < static_cast<int64_t>(req.step())) {
         return Reject(v1::REJECT_REASON_STALE_STEP,
                       absl::AbortedError(absl::StrCat(

@@ -125,7 +125,8 @@ class Shard {
   // (and any queued chunks it unblocks) on the calling thread when it is
   // the chunk's next in worker order, and for the round's last chunk runs
   // the optimizer, so it may block that long. Returns duplicate=true for a
-  // (worker, step, chunk) already received.
+  // (worker, step, chunk) already received, and round_lost=true for a step
+  // this shard skipped when a worker resumed past it (nothing is applied).
   // When the chunk was queued (*queued set true), `on_summed` runs exactly
   // once, without the shard's lock, when the chunk has been summed or
   // dropped (possibly before Push returns); otherwise it never runs. The
@@ -245,6 +246,12 @@ class Shard {
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;     // completed rounds
   // Last step each worker's push was received for (-1: none).
   std::vector<int64_t> last_pushed_ ABSL_GUARDED_BY(mu_);
+  // The latest rounds this incarnation skipped by fast-forwarding,
+  // [lost_from_, lost_to_) (empty when equal): a late push for one of them
+  // is acknowledged with round_lost, not refused as never pushed, because
+  // other workers resumed past it while this one was still resending it.
+  uint64_t lost_from_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t lost_to_ ABSL_GUARDED_BY(mu_) = 0;
   const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);

@@ -286,6 +286,10 @@ void Shard::FastForward(uint64_t step) {
                config_.shard_index, static_cast<unsigned long>(step_),
                static_cast<unsigned long>(step),
                static_cast<unsigned long>(skipped));
+  // Consecutive fast-forwards (no round completed between them) extend one
+  // lost range.
+  if (lost_to_ != step_) lost_from_ = step_;
+  lost_to_ = step;
   step_ = step;
   optimizer_->FastForward(step);
   // Workers' replicas of this shard are not x_hat any more: snapshots only.

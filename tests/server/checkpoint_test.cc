@@ -299,6 +299,55 @@ TEST(Checkpoint, ResumeStepFastForwardsAShardThatLostRounds) {
   EXPECT_EQ(fr->freeze_step(), 55u);
 }
 
+// CI found it (e2e.shard_failure): after a restart one worker resumed at
+// step t (the shard fast-forwarded to t), another at t + 1 before the first
+// had resent its push for t. That push was refused as "never pushed" and the
+// worker died; it is a push for a lost round and is acknowledged instead.
+TEST(Checkpoint, LostRoundPushAfterASecondFastForwardIsAcknowledged) {
+  std::string dir = NewDir("ckpt_lost_round");
+  {
+    auto before = NewRegisteredShard(Config(dir, 100));
+    RunRounds(*before, 0, 3);
+    ASSERT_TRUE(before->Close().ok());  // the last checkpoint: step 3
+  }
+  auto restarted = Shard::Create(Config(dir, 100), nullptr);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  Shard* a = restarted->get();
+  const std::vector<float> x0 = InitialWeights(kSmallElements);
+  v1::RegisterRequest r0 = RegisterRequestFor(0, 2, x0);
+  r0.set_resume_step(4);  // worker 0 still has to finish step 4
+  ASSERT_TRUE(a->Register(r0).ok());
+  v1::RegisterRequest r1 = RegisterRequestFor(1, 2, x0);
+  r1.set_resume_step(5);  // worker 1 already finished it
+  auto resp1 = a->Register(r1);
+  ASSERT_TRUE(resp1.ok()) << resp1.status();
+  ASSERT_EQ(resp1->current_step(), 5u);
+  const uint64_t before = a->Status().state_checksum();
+
+  auto late = a->Push(PushRequestFor(
+      0, 4, Fp32Tensor(Gradient(kSmallElements, 0, 4, 0.1f))));
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->round_lost());
+  EXPECT_FALSE(late->duplicate());
+  EXPECT_EQ(late->current_step(), 5u);
+  EXPECT_EQ(a->Status().state_checksum(), before);  // nothing applied
+  // A step before the lost rounds that the checkpoint says was pushed is
+  // still a duplicate, and a step the shard has not reached is refused.
+  auto old = a->Push(PushRequestFor(
+      0, 2, Fp32Tensor(Gradient(kSmallElements, 0, 2, 0.1f))));
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_TRUE(old->duplicate());
+  EXPECT_FALSE(old->round_lost());
+  EXPECT_FALSE(a->Push(PushRequestFor(
+                   0, 6, Fp32Tensor(Gradient(kSmallElements, 0, 6, 0.1f))))
+                   .ok());
+  // Worker 0 pulls the current weights and both go on.
+  auto pull = a->PullBlocking(PullRequestFor(0, 5, 3, 0), absl::Seconds(1));
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  EXPECT_EQ(pull->kind(), v1::PULL_KIND_SNAPSHOT);
+  RunRounds(*a, 5, 7);
+}
+
 // kill -9 while checkpoints are being written, at many points: whatever is
 // on disk afterwards loads completely (the newest complete one) or not at
 // all, never partly.
