@@ -21,6 +21,7 @@ bytes at the end.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -49,6 +50,21 @@ class Net(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
+def batch_indices(n, seed, step, per_epoch, world, rank, batch, cache={}):
+    """Example indices of worker `rank`'s batch at global step `step`: each
+    epoch a permutation of the n examples seeded by (seed, epoch); global
+    batch g of the epoch covers positions [g*world*batch, (g+1)*world*batch)
+    and worker w takes its `batch` of them. One process with world=1 and
+    batch=W*b gets exactly the union of W workers' batches."""
+    epoch, g = divmod(step, per_epoch)
+    if cache.get("key") != (n, seed, epoch):
+        gen = torch.Generator().manual_seed(seed * 1000003 + epoch)
+        cache["key"], cache["perm"] = (n, seed, epoch), torch.randperm(
+            n, generator=gen)
+    begin = (g * world + rank) * batch
+    return cache["perm"][begin:begin + batch]
+
+
 @torch.no_grad()
 def evaluate(net, x, y, chunk=1000):
     correct, loss = 0, 0.0
@@ -70,9 +86,13 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--push-codec", default="onebit")
     p.add_argument("--warmup-codec", default="bf16")
+    p.add_argument("--k-fraction", type=float, default=0.01,
+                   help="fraction of elements a topk push keeps")
     p.add_argument("--train-subset", type=int, default=0)
     p.add_argument("--test-subset", type=int, default=0)
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--result-json", default="",
+                   help="rank 0 writes its test accuracy, loss and bytes here")
     args = p.parse_args()
     torch.set_num_threads(1)  # the workers share the machine's cores
 
@@ -90,21 +110,16 @@ def main():
     net = Net()
     opt = pserver.torch.DistributedOptimizer(
         net.named_parameters(), **where, push_codec=args.push_codec,
-        warmup_codec=args.warmup_codec)
+        warmup_codec=args.warmup_codec, k_fraction=args.k_fraction)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"{sum(p.numel() for p in net.parameters())} parameters, "
         f"{world} workers, {per_epoch} steps per epoch, training to step "
         f"{last}", flush=True)
 
-    perm_epoch, perm = -1, None
     start = time.monotonic()
     while opt.global_step < last:
-        epoch, g = divmod(opt.global_step, per_epoch)
-        if epoch != perm_epoch:
-            gen = torch.Generator().manual_seed(args.seed * 1000003 + epoch)
-            perm, perm_epoch = torch.randperm(len(x_train), generator=gen), epoch
-        begin = (g * world + rank) * args.batch
-        idx = perm[begin:begin + args.batch]
+        idx = batch_indices(len(x_train), args.seed, opt.global_step,
+                            per_epoch, world, rank, args.batch)
         loss = torch.nn.functional.cross_entropy(net(x_train[idx]),
                                                  y_train[idx])
         loss.backward()
@@ -130,6 +145,18 @@ def main():
         acc, test_loss = evaluate(net, x_test, y_test)
         print(f"test accuracy {acc:.4f}, test loss {test_loss:.4f} after "
               f"{last} steps", flush=True)
+        if args.result_json:
+            with open(args.result_json, "w") as f:
+                json.dump({"workload": "cnn", "seed": args.seed,
+                           "steps": last, "workers": world,
+                           "parameters": sum(p.numel()
+                                             for p in net.parameters()),
+                           "test_accuracy": acc, "test_loss": test_loss,
+                           "seconds": seconds, **{k: s[k] for k in (
+                               "push_payload_bytes", "pull_payload_bytes",
+                               "push_fp32_bytes", "pull_fp32_bytes",
+                               "variance_payload_bytes")}},
+                          f, indent=1)
 
 
 if __name__ == "__main__":

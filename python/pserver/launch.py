@@ -189,6 +189,9 @@ class Cluster:
         for i in range(n):
             port_file = self.run_dir / f"shard{i}.port"
             log = self.run_dir / f"shard{i}.log"
+            # A reused run folder holds the previous run's port files:
+            # waiting on them would hand the workers dead ports.
+            port_file.unlink(missing_ok=True)
             with open(log, "wb") as out:
                 proc = subprocess.Popen(
                     [self.server_bin, f"--shard_index={i}",

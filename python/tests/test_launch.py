@@ -90,6 +90,25 @@ def test_trains_through_the_launcher_and_exits_0(tmp_path):
                             "worker2"]
 
 
+def test_a_reused_run_folder_gets_the_new_shards_ports(tmp_path):
+    """A second run in the same --run-dir waited on the first run's port
+    files and sent its workers to dead ports (found by torch_fidelity.py)."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    run_dir.mkdir()
+    for i in range(2):
+        (run_dir / f"shard{i}.port").write_text("1\n")  # nothing listens
+    p = launcher(run_dir, "--shards", "2", "--workers", "2",
+                 "--optimizer", "adam", "--pull-codec=fp32",
+                 "--start-timeout", "30", WORKER, str(out), "2")
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 0, text
+    assert "rank 0 done at step 2" in text, text
+    ports = [(run_dir / f"shard{i}.port").read_text().strip() for i in (0, 1)]
+    assert "1" not in ports, ports
+    no_process_left(run_dir)
+
+
 def test_a_failing_rank_stops_everything_and_fails(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
