@@ -31,12 +31,14 @@ shard, as --name=value or --name value (dashes become underscores:
 --pull-codec onebit is --pull_codec=onebit); boolean flags need =true/false.
 The launcher sets --listen, --port_file, --shard_index, --num_shards and
 --num_workers itself, and --metrics_listen= (off) and --drain_seconds=0
-unless given.
+unless given. --metrics-listen HOST:PORT gives shard i the port PORT + i
+(PORT 0: any free port each); the launcher prints each shard's metrics URL.
 """
 
 import ctypes
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +57,22 @@ except (OSError, AttributeError):
 
 class UsageError(Exception):
     pass
+
+
+def _shard_metrics(listen, i):
+    """Shard i's --metrics_listen value for the launcher's HOST:PORT: PORT + i,
+    port 0 stays 0 (any free port), empty stays off."""
+    if not listen:
+        return ""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--metrics-listen is '{listen}'; expected HOST:PORT")
+    if int(port) == 0:
+        return listen
+    if int(port) + i > 65535:
+        raise UsageError(f"--metrics-listen port {port} + shard {i} is past "
+                         "65535")
+    return f"{host}:{int(port) + i}"
 
 
 def _positive(name, text):
@@ -117,6 +135,9 @@ def parse_args(argv):
     if i >= len(argv):
         raise UsageError("no script given; usage: python3 -m pserver.launch "
                          "[options] script.py [args]")
+    for f in opts["server_flags"]:
+        if f.startswith("--metrics_listen="):
+            _shard_metrics(f.split("=", 1)[1], opts["shards"] - 1)  # checks
     opts["script"] = argv[i]
     opts["script_args"] = argv[i + 1:]
     if not os.path.isfile(opts["script"]):
@@ -181,8 +202,10 @@ class Cluster:
     def start_shards(self):
         n = self.opts["shards"]
         flags = list(self.opts["server_flags"])
-        if not any(f.startswith("--metrics_listen=") for f in flags):
-            flags.append("--metrics_listen=")
+        metrics = [f for f in flags if f.startswith("--metrics_listen=")]
+        flags = [f for f in flags if not f.startswith("--metrics_listen=")]
+        # The last one given counts, as with the daemon's own flags.
+        metrics = metrics[-1].split("=", 1)[1] if metrics else ""
         if not any(f.startswith("--drain_seconds=") for f in flags):
             flags.append("--drain_seconds=0")
         port_files = []
@@ -198,6 +221,7 @@ class Cluster:
                      f"--num_shards={n}",
                      f"--num_workers={self.opts['workers']}",
                      "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                     f"--metrics_listen={_shard_metrics(metrics, i)}",
                      *flags],
                     stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -221,6 +245,14 @@ class Cluster:
                         f"{_tail(log)}")
                 time.sleep(0.02)
             addrs.append(f"127.0.0.1:{port_file.read_text().strip()}")
+            if metrics:
+                # The daemon logs its ports before it writes the port file.
+                m = re.search(r"\(metrics port (\d+)\)", log.read_text())
+                if m:
+                    host = metrics.rsplit(":", 1)[0] or "127.0.0.1"
+                    if host in ("0.0.0.0", "[::]"):
+                        host = "127.0.0.1"
+                    _say(f"shard {i} metrics: http://{host}:{m.group(1)}/metrics")
         return addrs
 
     def start_workers(self, addrs):

@@ -109,6 +109,38 @@ def test_a_reused_run_folder_gets_the_new_shards_ports(tmp_path):
     no_process_left(run_dir)
 
 
+def test_each_shard_serves_metrics_on_its_own_port(tmp_path):
+    """--metrics-listen HOST:0 gives every shard a free port of its own (one
+    shared port made all but one shard fail); the launcher prints each URL,
+    and each serves while the run goes on."""
+    import re
+    import urllib.request
+    p, run_dir = start_hanging_run(tmp_path, "--metrics-listen",
+                                   "127.0.0.1:0")
+    try:
+        urls, deadline = [], time.monotonic() + 60
+        while len(urls) < 2 and time.monotonic() < deadline:
+            line = p.stdout.readline().decode()
+            urls += re.findall(r"shard \d metrics: (http://\S+)", line)
+        assert len(urls) == 2 and urls[0] != urls[1], urls
+        for i, url in enumerate(urls):
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+            assert f'shard="{i}"' in text, text[:500]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+    no_process_left(run_dir)
+
+
+def test_a_fixed_metrics_port_is_a_base_port():
+    from pserver.launch import _shard_metrics
+    assert _shard_metrics("127.0.0.1:9100", 0) == "127.0.0.1:9100"
+    assert _shard_metrics("127.0.0.1:9100", 3) == "127.0.0.1:9103"
+    assert _shard_metrics("[::1]:9100", 1) == "[::1]:9101"
+    assert _shard_metrics("0.0.0.0:0", 5) == "0.0.0.0:0"
+    assert _shard_metrics("", 1) == ""
+
+
 def test_a_failing_rank_stops_everything_and_fails(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
@@ -123,13 +155,13 @@ def test_a_failing_rank_stops_everything_and_fails(tmp_path):
     no_process_left(run_dir)
 
 
-def start_hanging_run(tmp_path, shards=2, workers=2):
+def start_hanging_run(tmp_path, *flags, shards=2, workers=2):
     """A launcher whose rank 1 hangs after registering; returns it once all
-    its processes run."""
+    its processes run. `flags` go to the launcher."""
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     p = launcher(run_dir, "--shards", str(shards), "--workers", str(workers),
-                 WORKER, str(out), "1000000", "1", "hang")
+                 *flags, WORKER, str(out), "1000000", "1", "hang")
     deadline = time.monotonic() + 60
     while not (run_dir / "pids").exists() or \
             len(started_pids(run_dir)) < shards + workers:
@@ -178,6 +210,10 @@ def test_a_signal_tears_everything_down(tmp_path, sig):
     (["/nonexistent/train.py"], "script '/nonexistent/train.py' is not a"),
     (["--num_workers=3", WORKER], "--num_workers is set by the launcher"),
     (["-x", WORKER], "unknown option '-x'"),
+    (["--metrics-listen", "nohost", WORKER],
+     "--metrics-listen is 'nohost'; expected HOST:PORT"),
+    (["--metrics-listen", "127.0.0.1:65535", WORKER],
+     "--metrics-listen port 65535 + shard 1 is past 65535"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
     p = launcher(tmp_path / "run", *args)
