@@ -68,6 +68,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                             .Help("Gradient elements decoded and summed.")
                             .Register(registry)
                             .Add({{"shard", shard_}})),
+      applied_pushes_(BuildCounter()
+                          .Name("pserver_server_applied_pushes_total")
+                          .Help("Workers' pushes applied by completed rounds "
+                                "(one per contributing worker and round).")
+                          .Register(registry)
+                          .Add({{"shard", shard_}})),
       round_seconds_(BuildHistogram()
                          .Name("pserver_server_round_duration_seconds")
                          .Help("From a round's first push to its weights "
@@ -249,6 +255,9 @@ void ServerMetrics::AddSent(v1::Codec codec, uint64_t bytes,
 
 void ServerMetrics::AddDecodedElements(uint64_t n) {
   decoded_elements_.Increment(static_cast<double>(n));
+}
+void ServerMetrics::AddAppliedPushes(uint64_t n) {
+  applied_pushes_.Increment(static_cast<double>(n));
 }
 void ServerMetrics::ObserveRound(double s) { round_seconds_.Observe(s); }
 void ServerMetrics::ObserveAggregation(double s) {

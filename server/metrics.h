@@ -54,6 +54,10 @@ class ServerMetrics {
   void AddReceived(v1::Codec codec, uint64_t bytes, uint64_t fp32_bytes);
   void AddSent(v1::Codec codec, uint64_t bytes, uint64_t fp32_bytes);
   void AddDecodedElements(uint64_t n);
+  // Workers' pushes that a completed round applied (its contributors); a
+  // push summed into a round that a restart's fast-forward dropped is
+  // decoded but never applied.
+  void AddAppliedPushes(uint64_t n);
   void ObserveRound(double seconds);
   void ObserveAggregation(double seconds);
   void ObserveOptimizer(double seconds);
@@ -86,6 +90,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& bytes_sent_;
   prometheus::Family<prometheus::Gauge>& compression_ratio_;
   prometheus::Counter& decoded_elements_;
+  prometheus::Counter& applied_pushes_;
   prometheus::Histogram& round_seconds_;
   prometheus::Histogram& aggregation_seconds_;
   prometheus::Histogram& optimizer_seconds_;

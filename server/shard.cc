@@ -311,6 +311,7 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   });
   ++arrays_version_;
   catching_up_ = false;
+  metrics_->AddAppliedPushes(round_.contributors());
   metrics_->ObserveOptimizer(optimizer_seconds);
   metrics_->ObservePullEncode(absl::ToDoubleSeconds(clock_->Now() - pull_start));
   metrics_->ObserveRound(absl::ToDoubleSeconds(clock_->Now() - round_start_));
