@@ -37,6 +37,9 @@ ABSL_FLAG(bool, bias_correction, false,
           "apply Adam's bias correction (adam; onebit_adam: in warmup, and "
           "the frozen moments are bias-corrected)");
 ABSL_FLAG(float, momentum, 0.9f, "sgd momentum");
+ABSL_FLAG(bool, nesterov, false,
+          "sgd: Nesterov momentum (with workers' --local_steps > 1: DiLoCo's "
+          "outer optimizer, e.g. --lr=0.7 --momentum=0.9)");
 ABSL_FLAG(uint64_t, freeze_step, 100,
           "onebit_adam: rounds of plain Adam before v is frozen");
 ABSL_FLAG(float, variance_floor, 0.1f,
@@ -126,6 +129,7 @@ int Run() {
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.bias_correction = absl::GetFlag(FLAGS_bias_correction);
   o.momentum = absl::GetFlag(FLAGS_momentum);
+  o.nesterov = absl::GetFlag(FLAGS_nesterov);
   o.freeze_step = absl::GetFlag(FLAGS_freeze_step);
   o.variance_floor = absl::GetFlag(FLAGS_variance_floor);
   // robust: preconditioned pushes, floored variance; deepspeed: neither.

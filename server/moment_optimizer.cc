@@ -52,6 +52,16 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
   double sq = 0;
   if (config_.kind == OptimizerKind::kSgd) {
     const float mu = config_.momentum;
+    if (config_.nesterov) {
+      for (uint64_t i = begin; i < end; ++i) {
+        float gi = g[i] + wd * x[i];
+        m[i] = mu * m[i] + gi;
+        float d = lr * (gi + mu * m[i]);
+        x[i] -= d;
+        sq += double{d} * d;
+      }
+      return sq;
+    }
     for (uint64_t i = begin; i < end; ++i) {
       float gi = g[i] + wd * x[i];
       m[i] = mu * m[i] + gi;

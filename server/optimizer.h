@@ -41,6 +41,12 @@ struct OptimizerConfig {
   // it applies in warmup, and the moments are frozen bias-corrected.
   bool bias_correction = false;
   float momentum = 0.9f;         // sgd only
+  // sgd only: Nesterov's momentum, x -= lr * (g + momentum * m) after
+  // m = momentum * m + g (Sutskever et al. 2013, as torch.optim.SGD's
+  // nesterov=True). With local steps (--local_steps on the workers) the mean
+  // "gradient" is the workers' averaged weight change and this is DiLoCo's
+  // outer optimizer (Douillard et al. 2023: lr 0.7, momentum 0.9).
+  bool nesterov = false;
   // onebit_adam only.
   uint64_t freeze_step = 100;     // rounds of plain Adam before the freeze
   float variance_floor = 0.1f;    // fraction of the per-tensor mean sqrt(v)
@@ -60,7 +66,8 @@ struct LocalSegment {
 
 // What the shard needs of an optimizer: one step on the mean gradient, the
 // stage it is in, and its state for checkpoints and the preconditioner.
-// Adam, 1-bit Adam and SGD are one class (server/moment_optimizer.h);
+// Adam, 1-bit Adam and SGD (heavy-ball or Nesterov) are one class
+// (server/moment_optimizer.h);
 // another optimizer (e.g. an outer optimizer for local steps) is a new
 // implementation, not a branch in the shard.
 //

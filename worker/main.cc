@@ -79,6 +79,14 @@ ABSL_FLAG(std::string, state_file, "",
           "keep this worker's error-feedback residuals here: loaded at start "
           "if present, saved every --state_every steps and at the end");
 ABSL_FLAG(int64_t, state_every, 100, "steps between saves of --state_file");
+ABSL_FLAG(int32_t, local_steps, 1,
+          "local steps (DiLoCo): steps of Adam on this worker's own weights "
+          "between pushes of its weight change (1: push every gradient; > 1 "
+          "with shards running --optimizer=sgd --nesterov as the outer "
+          "optimizer)");
+ABSL_FLAG(float, inner_lr, 1e-3f, "local steps: the inner Adam's learning rate");
+ABSL_FLAG(float, inner_weight_decay, 0.0f,
+          "local steps: the inner Adam's decoupled weight decay");
 ABSL_FLAG(std::string, save_weights, "",
           "if set, write the final weights here as raw little-endian fp32");
 ABSL_FLAG(std::string, summary_json, "",
@@ -150,14 +158,16 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       "\"push_bytes\": %d, \"pull_bytes\": %d, \"push_fp32_bytes\": %d, "
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
       "\"encode_seconds\": %.4f, \"push_seconds\": %.4f, "
-      "\"pull_seconds\": %.4f, \"variance_bytes\": %d, ",
+      "\"pull_seconds\": %.4f, \"variance_bytes\": %d, "
+      "\"local_steps\": %d, ",
       c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
       t.model, t.init == InitScheme::kPyTorch ? "pytorch" : "he_normal",
       t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
       r.wall_seconds, r.test_accuracy, r.test_loss, r.last_loss,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
       s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds,
-      s.push_seconds, s.pull_seconds, s.variance_payload_bytes);
+      s.push_seconds, s.pull_seconds, s.variance_payload_bytes,
+      t.local_steps);
   // Per step, in order (tests/bench/network.sh takes medians of these).
   out << "\"step_seconds\": ["
       << absl::StrJoin(r.step_log, ", ",
@@ -249,6 +259,9 @@ int Run() {
   t.log_interval_seconds = absl::GetFlag(FLAGS_log_interval);
   t.state_file = absl::GetFlag(FLAGS_state_file);
   t.state_every = absl::GetFlag(FLAGS_state_every);
+  t.local_steps = absl::GetFlag(FLAGS_local_steps);
+  t.inner.lr = absl::GetFlag(FLAGS_inner_lr);
+  t.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
   enum class Progress { kAuto, kBar, kLines };
   absl::StatusOr<Progress> progress = ParseEnumFlag<Progress>(
       "progress", absl::GetFlag(FLAGS_progress),

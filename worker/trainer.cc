@@ -111,6 +111,14 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size is ", o.batch_size, "; expected > 0"));
   }
+  if (o.local_steps < 1 || o.local_steps > kMaxLocalSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_steps is ", o.local_steps, "; expected 1..",
+                     kMaxLocalSteps));
+  }
+  if (o.local_steps > 1) {
+    if (absl::Status s = InnerAdam::Validate(o.inner); !s.ok()) return s;
+  }
   absl::StatusOr<std::unique_ptr<Workload>> made;
   if (o.model == "mlp") {
     made = MakeMlpWorkload(o, worker_id, num_workers);
@@ -155,9 +163,52 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
                    static_cast<long>(epoch), e->accuracy, e->mean_loss);
     }
   };
+  if (o.local_steps > 1) {
+    // DiLoCo: H steps of Adam on a local copy from the round's weights,
+    // then the weight change goes out as the round's "gradient". The
+    // shards' step counts rounds; steps and epochs count local steps.
+    const int64_t h = o.local_steps;
+    const int64_t rounds = (total + h - 1) / h;
+    InnerAdam inner(o.inner, grad.size());
+    std::vector<float> local(grad.size());
+    while (static_cast<int64_t>(client->step()) < rounds) {
+      const absl::Time t0 = absl::Now();
+      const int64_t first = static_cast<int64_t>(client->step()) * h;
+      const int64_t last = std::min(total, first + h);
+      absl::Span<const float> replica = client->weights();
+      std::copy(replica.begin(), replica.end(), local.begin());
+      for (int64_t step = first; step < last; ++step) {
+        absl::StatusOr<double> loss =
+            model.Gradient(step, local, absl::MakeSpan(grad));
+        if (!loss.ok()) return loss.status();
+        result.last_loss = *loss;
+        inner.Step(grad, absl::MakeSpan(local));
+      }
+      for (size_t i = 0; i < grad.size(); ++i) grad[i] = replica[i] - local[i];
+      if (absl::Status s = client->Step(grad); !s.ok()) return s;
+      const int64_t done =
+          std::min(total, static_cast<int64_t>(client->step()) * h);
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+      const ClientStats& now = client->stats();
+      result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
+                                 now.pull_payload_bytes - pulled});
+      pushed = now.push_payload_bytes;
+      pulled = now.pull_payload_bytes;
+      metrics->ObserveStep(seconds, done, result.last_loss);
+      if (exported) metrics->SetResidualNorm(client->ResidualNorm());
+      progress.Update(done, per_epoch > 0 ? (done - 1) / per_epoch : 0,
+                      result.last_loss, now, done >= total);
+      SaveWorkerState(o, *client, log, done >= total);
+      // Evaluate when a round crossed into a new epoch.
+      if (o.evaluate_each_epoch && per_epoch > 0 && done < total &&
+          first / per_epoch != done / per_epoch) {
+        evaluate(done / per_epoch);
+      }
+    }
+  }
   // The client's step leads: a worker that joins late starts at the shards'
   // step, and one that was dropped from a round skips ahead with it.
-  while (static_cast<int64_t>(client->step()) < total) {
+  while (o.local_steps == 1 && static_cast<int64_t>(client->step()) < total) {
     const int64_t step = static_cast<int64_t>(client->step());
     absl::Time t0 = absl::Now();
     // Overlapped: each layer's gradient is pushed as backward finishes it

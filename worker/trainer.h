@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/client.h"
+#include "worker/inner_adam.h"
 #include "worker/metrics.h"
 #include "worker/mlp.h"
 
@@ -41,7 +42,17 @@ struct TrainerOptions {
   // present, saved every state_every steps and at the end.
   std::string state_file;
   int64_t state_every = 100;
+  // Local steps (DiLoCo): each round, this many steps of Adam (`inner`) on
+  // the worker's own copy of the weights, then one push of the weight
+  // change (the replica minus the local weights) that the shards average
+  // and apply with their optimizer (sgd --nesterov: the outer optimizer).
+  // 1: a push per step, the shards' optimizer on the gradients (the
+  // default). `steps`/`epochs` count local steps; the shards count rounds.
+  int local_steps = 1;
+  InnerAdamOptions inner;
 };
+
+inline constexpr int kMaxLocalSteps = 100000;
 
 // One step as this worker ran it: wall time from the gradient's start to the
 // next step's weights (compute, push, pull), and the encoded payload bytes it

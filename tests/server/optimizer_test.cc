@@ -232,6 +232,34 @@ TEST(Optimizer, SgdMomentumFollowsTheFormula) {
   EXPECT_EQ(opt.stage(), v1::OPTIMIZER_STAGE_WARMUP);
 }
 
+TEST(Optimizer, SgdNesterovFollowsTorchsFormula) {
+  // torch.optim.SGD(nesterov=True): buf = mu buf + g; x -= lr (g + mu buf),
+  // here against a double-precision loop over varying gradients.
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.lr = 0.7f;
+  c.momentum = 0.9f;
+  c.nesterov = true;
+  MomentOptimizer opt(c, 3, {{0, 3}});
+  std::vector<float> x = {1.0f, -2.0f, 0.5f};
+  double rx[3] = {1.0, -2.0, 0.5}, buf[3] = {0, 0, 0};
+  for (int t = 0; t < 5; ++t) {
+    std::vector<float> g = {0.1f * t, -0.3f, 0.05f * (t - 2)};
+    opt.Step(g, absl::MakeSpan(x));
+    for (int i = 0; i < 3; ++i) {
+      buf[i] = 0.9 * buf[i] + g[i];
+      rx[i] -= 0.7 * (g[i] + 0.9 * buf[i]);
+    }
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(x[i], rx[i], 1e-5) << i;
+  // Heavy-ball momentum gives another trajectory.
+  c.nesterov = false;
+  MomentOptimizer heavy(c, 1, {{0, 1}});
+  std::vector<float> y = {1.0f}, g = {1.0f};
+  heavy.Step(g, absl::MakeSpan(y));
+  EXPECT_NEAR(y[0], 1.0f - 0.7f, 1e-6);  // Nesterov: 1 - 0.7 * 1.9
+}
+
 TEST(Optimizer, LargeShardUsesTwoChunksWithSameResult) {
   // The pool splits large shards; results must equal a one-chunk run.
   const uint64_t n = (1u << 18) + 77;

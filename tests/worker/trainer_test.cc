@@ -3,6 +3,8 @@
 // error-feedback residuals across a restart exactly as the MLP does.
 #include "worker/trainer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -12,6 +14,7 @@
 #include "server/shard_server.h"
 #include "tests/test_util/temp_dir.h"
 #include "worker/client.h"
+#include "worker/workloads.h"
 
 namespace pserver {
 namespace {
@@ -130,6 +133,82 @@ TEST(Trainer, StepLogHasOneEntryPerStepAddingUpToTheClientTotals) {
             r->stats.pull_payload_bytes - before.pull_payload_bytes);
   EXPECT_LE(seconds, r->wall_seconds);
   (*server)->Shutdown(absl::Seconds(1));
+}
+
+// Local steps (DiLoCo) with an outer optimizer that just takes the average
+// (sgd, lr 1, no momentum) and fp32 both ways: one worker's rounds reproduce
+// H x rounds steps of its own Adam, one push and one pull per round.
+TEST(Trainer, LocalStepsPushTheWeightChangeOncePerRound) {
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer.kind = OptimizerKind::kSgd;
+  config.optimizer.lr = 1.0f;
+  config.optimizer.momentum = 0.0f;
+  config.pull_codec = v1::CODEC_FP32;
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  auto server = ShardServer::Start(config, so, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.synthetic_params = 3000;
+  t.synthetic_tensors = 3;
+  t.steps = 10;  // rounds of 4, 4 and 2 local steps
+  t.local_steps = 4;
+  t.inner.lr = 0.01f;
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
+  c.push_codec = v1::CODEC_FP32;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<TrainResult> r =
+      RunTraining(t, client->get(), nullptr, nullptr, 0, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*client)->step(), 3u);  // the shard counts rounds
+  ASSERT_EQ(r->step_log.size(), 3u);
+  for (const StepRecord& s : r->step_log) EXPECT_EQ(s.push_bytes, 3000u * 4);
+
+  // The same 10 steps of Adam in this process.
+  auto model = MakeSyntheticWorkload(t, 0);
+  ASSERT_TRUE(model.ok());
+  std::vector<float> x = (*model)->InitialWeights(), g(x.size());
+  InnerAdam adam(t.inner, x.size());
+  for (int64_t step = 0; step < 10; ++step) {
+    ASSERT_TRUE((*model)->Gradient(step, x, absl::MakeSpan(g)).ok());
+    adam.Step(g, absl::MakeSpan(x));
+  }
+  absl::Span<const float> w = (*client)->weights();
+  ASSERT_EQ(w.size(), x.size());
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, std::abs(double{w[i]} - x[i]));
+  }
+  // x - 1 * (x - local) rounds once per round.
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_GT(std::abs(double{w[0]} - (*model)->InitialWeights()[0]), 1e-4);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+TEST(Trainer, LocalStepsAndInnerOptionsAreChecked) {
+  ClientOptions c;
+  c.server_addresses = {"127.0.0.1:1"};
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.local_steps = 0;
+  absl::StatusOr<TrainResult> r =
+      RunTraining(t, client->get(), nullptr, nullptr, 0, 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("local_steps is 0; expected 1..100000"),
+            std::string::npos) << r.status();
+  t.local_steps = 8;
+  t.inner.lr = 0;
+  r = RunTraining(t, client->get(), nullptr, nullptr, 0, 1);
+  EXPECT_NE(r.status().message().find("inner_lr is 0"), std::string::npos)
+      << r.status();
 }
 
 TEST(Trainer, UnknownModelIsRefusedNamingTheChoices) {
