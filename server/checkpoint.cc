@@ -16,7 +16,9 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
 absl::string_view Magic() { return absl::string_view(kMagic, sizeof(kMagic)); }
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
+// Version 2 had no local_steps; it loads as local_steps 1.
+constexpr uint32_t kOldestVersion = 2;
 constexpr char kPrefix[] = "ckpt-";
 constexpr char kSuffix[] = ".pserver";
 
@@ -97,6 +99,7 @@ std::string SerializeShardState(const ShardState& s) {
   w.Num<uint64_t>(s.freeze_step);
   w.Num<uint64_t>(s.prev_replica_checksum);
   w.Num<uint64_t>(s.replica_checksum);
+  w.Num<uint32_t>(s.local_steps);
   w.Blob(s.layout.SerializeAsString());
   {
     v1::EncodedChunks chunks;
@@ -121,16 +124,17 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
   uint8_t frozen = 0, preconditioned = 0, has_delta = 0, pad = 0;
   std::string layout, delta;
   if (!r.Num(&version)) return absl::DataLossError("truncated header");
-  if (version != kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint format version is ", version, "; expected ", kVersion));
+  if (version < kOldestVersion || version > kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint format version is ", version, "; expected ",
+                     kOldestVersion, "..", kVersion));
   }
   bool ok = r.Num(&s.shard_index) && r.Num(&s.num_shards) &&
             r.Num(&s.num_workers) && r.Num(&s.optimizer_kind) &&
             r.Num(&frozen) && r.Num(&preconditioned) && r.Num(&has_delta) &&
             r.Num(&pad) && r.Num(&s.step) && r.Num(&s.freeze_step) &&
             r.Num(&s.prev_replica_checksum) && r.Num(&s.replica_checksum) &&
-            r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
+            (version < 3 || r.Num(&s.local_steps)) && r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
             r.Floats(&s.m) && r.Floats(&s.v) && r.Floats(&s.x_hat) &&
             r.Int64s(&s.last_pushed);
   if (!ok) return absl::DataLossError("checkpoint is truncated");
@@ -140,6 +144,11 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
   }
   s.frozen = frozen != 0;
   s.preconditioned = preconditioned != 0;
+  if (s.local_steps == 0 || s.local_steps > kMaxJobLocalSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint local_steps is ", s.local_steps,
+                     "; expected 1..", kMaxJobLocalSteps));
+  }
   if (!s.layout.ParseFromString(layout)) {
     return absl::InvalidArgumentError("checkpoint layout does not parse");
   }

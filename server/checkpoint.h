@@ -2,17 +2,18 @@
 // including its compression state (the replica x_hat that workers hold and
 // the last pull delta), so a restart loses no error-feedback memory.
 //
-// File format (version 2), all numbers little-endian:
+// File format (version 3), all numbers little-endian:
 //   "PSCKPT\0\1" | u32 version | u32 shard_index | u32 num_shards |
 //   u32 num_workers | u32 optimizer kind | u8 frozen | u8 preconditioned |
 //   u8 has_delta | u8 0 | u64 step | u64 freeze_step |
-//   u64 prev_replica_checksum | u64 replica_checksum |
+//   u64 prev_replica_checksum | u64 replica_checksum | u32 local_steps |
 //   blob layout (pserver.v1.ModelLayout) | blob delta (pserver.v1.EncodedChunks)
 //   | floats x | floats m | floats v | floats x_hat | i64s last_pushed |
 //   u64 Checksum64 of every byte before it
 // where blob = u64 length + bytes, floats/i64s = u64 count + values (the
 // record format of common/record_io.h). freeze_step is the step at which v
-// freezes (onebit_adam; 0 for the other optimizers).
+// freezes (onebit_adam; 0 for the other optimizers). Version 2 files (no
+// local_steps: the job pushed every step) still load, as local_steps 1.
 // Files are named ckpt-<20-digit step>.pserver and written atomically: a
 // temporary file, fsync, rename, fsync of the folder.
 #ifndef PSERVER_SERVER_CHECKPOINT_H_
@@ -30,6 +31,10 @@
 
 namespace pserver {
 
+// The largest RegisterRequest.local_steps a shard accepts and a checkpoint
+// may hold.
+inline constexpr uint32_t kMaxJobLocalSteps = 1u << 20;
+
 struct ShardState {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
@@ -45,6 +50,7 @@ struct ShardState {
   std::vector<v1::EncodedTensor> delta;  // per chunk; empty: none
   std::vector<float> x, m, v, x_hat;
   std::vector<int64_t> last_pushed;
+  uint32_t local_steps = 1;  // the job's local steps between pushes
 };
 
 // Serialises / parses the format above. Parse never crashes on any input:

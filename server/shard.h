@@ -251,6 +251,9 @@ class Shard {
   // is acknowledged with round_lost, not refused as never pushed, because
   // other workers resumed past it while this one was still resending it.
   uint64_t lost_from_ ABSL_GUARDED_BY(mu_) = 0;
+  // Local steps between the job's pushes (RegisterRequest.local_steps; 1
+  // for a push per step), set by the model's installer and checkpointed.
+  uint32_t local_steps_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t lost_to_ ABSL_GUARDED_BY(mu_) = 0;
   const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);

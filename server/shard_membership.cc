@@ -42,6 +42,12 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
   absl::StatusOr<std::vector<TensorSlot>> s = ValidateLayout(req.layout());
   if (!s.ok()) return Reject(v1::REJECT_REASON_BAD_LAYOUT, s.status());
   *slots = *std::move(s);
+  if (req.local_steps() > kMaxJobLocalSteps) {
+    return Reject(v1::REJECT_REASON_INVALID_FIELD,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "local_steps is ", req.local_steps(), "; expected 0..",
+                      kMaxJobLocalSteps)));
+  }
   if (req.resume_step() >= kMaxResumeStep) {
     return Reject(v1::REJECT_REASON_BAD_RESUME_STEP,
                   absl::InvalidArgumentError(absl::StrCat(
@@ -105,6 +111,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                         step_, " is being summed; retry")));
     }
     v1::RegisterResponse resp;
+    const uint32_t local_steps = std::max<uint32_t>(1, req.local_steps());
     if (registered_) {
       std::string diff = FirstLayoutDifference(req.layout(), layout_);
       if (!diff.empty()) {
@@ -112,6 +119,12 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                       absl::FailedPreconditionError(absl::StrCat(
                           "model layout differs from the registered one: ",
                           diff)));
+      }
+      if (local_steps != local_steps_) {
+        return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "local_steps is ", local_steps, "; the job pushes "
+                          "every ", local_steps_, " local steps")));
       }
     } else if (req.chunked_weights()) {
       absl::StatusOr<bool> complete = InstallChunk(req, std::move(slots));
@@ -128,6 +141,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
         resp.set_model_ready(false);
         return resp;
       }
+      local_steps_ = local_steps;
       resp.set_initialized_model(true);
     } else {
       const uint64_t n = ShardRangeFor(TotalElements(req.layout()),
@@ -159,6 +173,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
       std::vector<float> x(n);
       valid->DecodeInto(absl::MakeSpan(x));
       InstallModel(req.layout(), slots, std::move(x));
+      local_steps_ = local_steps;
       resp.set_initialized_model(true);
     }
     if (req.resume_step() > step_) {

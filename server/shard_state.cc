@@ -116,6 +116,7 @@ ShardState Shard::CaptureState() {
   st.v.assign(optimizer_->v().begin(), optimizer_->v().end());
   st.x_hat.assign(replica_->x_hat().begin(), replica_->x_hat().end());
   st.last_pushed = last_pushed_;
+  st.local_steps = local_steps_;
   return st;
 }
 
@@ -132,6 +133,7 @@ absl::Status Shard::RestoreFrom(ShardState st) {
                            std::move(st.v), st.freeze_step);
   step_ = st.step;
   last_pushed_ = std::move(st.last_pushed);
+  local_steps_ = st.local_steps;
   ++arrays_version_;
   // Workers registered before the restart may push straight away.
   worker_registered_.assign(config_.num_workers, true);

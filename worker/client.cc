@@ -69,6 +69,7 @@ v1::RegisterRequest Client::RegisterRequestFor(size_t s,
   r.set_num_shards(static_cast<uint32_t>(calls_->size()));
   *r.mutable_layout() = layout_;
   r.set_resume_step(resume_step);
+  r.set_local_steps(options_.local_steps);
   r.set_chunked_weights(true);
   return r;
 }

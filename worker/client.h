@@ -74,6 +74,9 @@ struct ClientOptions {
   // Codec of pushes during 1-bit Adam's warmup (fp32 or bf16 usually).
   v1::Codec warmup_codec = v1::CODEC_FP32;
   v1::CodecParams warmup_params;
+  // Local steps between pushes (worker/trainer.h), sent at Register so that
+  // the shards refuse a worker whose schedule differs from the job's.
+  uint32_t local_steps = 1;
   // Decay of the error-feedback residual (1 = exact error feedback).
   float ef_decay = 1.0f;
   // Base of the per-step encoder seeds (stochastic rounding, randomk).

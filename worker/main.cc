@@ -260,6 +260,7 @@ int Run() {
   t.state_file = absl::GetFlag(FLAGS_state_file);
   t.state_every = absl::GetFlag(FLAGS_state_every);
   t.local_steps = absl::GetFlag(FLAGS_local_steps);
+  c.local_steps = t.local_steps < 1 ? 1 : static_cast<uint32_t>(t.local_steps);
   t.inner.lr = absl::GetFlag(FLAGS_inner_lr);
   t.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
   enum class Progress { kAuto, kBar, kLines };

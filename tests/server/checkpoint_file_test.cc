@@ -42,10 +42,12 @@ TEST(Checkpoint, SerializeParseRoundTrip) {
   EXPECT_EQ(SerializeShardState(*back), bytes);
 }
 
-// The on-disk format is unchanged since version 1 (files written before the
-// shared record format must still load): size and Checksum64 of this state's
-// bytes as the original writer produced them.
-TEST(Checkpoint, FormatVersion2IsByteIdentical) {
+// Version 3 is version 2 plus u32 local_steps after replica_checksum. The
+// bytes of this state without that field must be the version 2 file the
+// original writer produced (size and Checksum64 recorded then, unchanged
+// since version 1 but for the version number), and such a file still loads,
+// as a job that pushed every step.
+TEST(Checkpoint, FormatVersion3IsVersion2PlusLocalSteps) {
   ShardState s;
   s.shard_index = 1;
   s.num_shards = 3;
@@ -66,11 +68,35 @@ TEST(Checkpoint, FormatVersion2IsByteIdentical) {
   s.replica_checksum = ChecksumOf(s.x_hat);
   s.last_pushed = {41, -1};
   s.delta = {Fp32Tensor(std::vector<float>(n, 0.25f))};
-  const std::string bytes = SerializeShardState(s);
+  s.local_steps = 1;
+  const std::string v3 = SerializeShardState(s);
+  EXPECT_EQ(v3.size(), 5289u);
+  // Version 2: without the u32 at offset 64 (magic 8, five u32, four u8,
+  // four u64), version 2, the trailing Checksum64 redone.
+  std::string v2 = v3.substr(0, 64) + v3.substr(68, v3.size() - 68 - 8);
+  const uint32_t two = 2;
+  v2.replace(8, 4, reinterpret_cast<const char*>(&two), 4);
+  Checksum64 trailer;
+  trailer.Update(v2.data(), v2.size());
+  const uint64_t sum = trailer.Finish();
+  v2.append(reinterpret_cast<const char*>(&sum), 8);
   Checksum64 h;
-  h.Update(bytes.data(), bytes.size());
-  EXPECT_EQ(bytes.size(), 5285u);
+  h.Update(v2.data(), v2.size());
+  EXPECT_EQ(v2.size(), 5285u);
   EXPECT_EQ(h.Finish(), 0xec80687abfd4e7f8ull);
+  auto old = ParseShardState(v2);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->local_steps, 1u);
+  EXPECT_EQ(old->x, s.x);
+  EXPECT_EQ(old->step, 42u);
+  // Version 3 carries the value; 0 and versions outside 2..3 are refused.
+  s.local_steps = 16;
+  auto now = ParseShardState(SerializeShardState(s));
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->local_steps, 16u);
+  s.local_steps = 0;
+  EXPECT_EQ(ParseShardState(SerializeShardState(s)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Regression (issue 6, found by the checkpoint fuzzer): an Adam checkpoint

@@ -160,6 +160,7 @@ TEST(Trainer, LocalStepsPushTheWeightChangeOncePerRound) {
   ClientOptions c;
   c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
   c.push_codec = v1::CODEC_FP32;
+  c.local_steps = 4;
   c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
   auto client = Client::Connect(c);
   ASSERT_TRUE(client.ok());
