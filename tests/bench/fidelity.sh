@@ -15,6 +15,10 @@
 #   tests/bench/fidelity.sh                   # every run, seeds 1 2 3
 #   SEEDS=1 tests/bench/fidelity.sh           # one seed, a quick look
 #   RUNS="onebit_adam" EPOCHS=1 tests/bench/fidelity.sh
+#   RUNS="adam_fp32 diloco_h16_onebit diloco_h64_onebit" tests/bench/fidelity.sh
+#
+# diloco_h<H>_<codec> (H in 4, 16, 64; codec fp32, q8 or onebit): local
+# steps, see below. They are not in the default RUNS.
 #
 # tests/bench/torch_reference.py is the single-process PyTorch run of the
 # same recipe that adam_fp32 is compared with.
@@ -37,6 +41,7 @@ declare -A OPTS=(
   [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec bf16 --freeze-step ${FREEZE_STEP:-300}"
   [topk]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec bf16 --freeze-step ${TOPK_FREEZE_STEP:-200} --k-fraction 0.01"
 )
+
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
 # adam_fp32_nobc is Adam in DeepSpeed's form (no bias correction, eps outside
 # the square root), the convention the 1-bit runs keep.
@@ -54,6 +59,21 @@ declare -A EXTRA_WORKER=(
   [onebit_adam]="${ONEBIT_WORKER_FLAGS:-}"
   [topk]="${TOPK_WORKER_FLAGS:-}"
 )
+
+# Local steps (DiLoCo): diloco_h<H>_<codec> runs H steps of Adam (lr 1e-3)
+# on each worker between pushes of its weight change, in <codec> both ways
+# (fp32; q8: 8-bit quantize with per-block min/max; onebit), with error
+# feedback on the worker and replica tracking on the shards; the shards'
+# outer optimizer is Nesterov SGD, lr OUTER_LR (0.7) and momentum 0.9.
+for h in 4 16 64; do
+  OPTS[diloco_h${h}_fp32]="--optimizer sgd --lr ${OUTER_LR:-0.7} --push-codec fp32 --pull-codec fp32"
+  OPTS[diloco_h${h}_q8]="--optimizer sgd --lr ${OUTER_LR:-0.7} --push-codec quantize --pull-codec quantize"
+  OPTS[diloco_h${h}_onebit]="--optimizer sgd --lr ${OUTER_LR:-0.7} --push-codec onebit --pull-codec onebit"
+  for c in fp32 q8 onebit; do
+    EXTRA_SERVER[diloco_h${h}_$c]="--nesterov=true --momentum=0.9 --pull_bits=8 ${LOCAL_SERVER_FLAGS:-}"
+    EXTRA_WORKER[diloco_h${h}_$c]="--local_steps=$h --bits=8 ${LOCAL_WORKER_FLAGS:-}"
+  done
+done
 
 field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1"; }
 
