@@ -26,7 +26,8 @@ PYBIND11_MODULE(_native, m) {
                        uint32_t num_workers, std::string push_codec,
                        std::string warmup_codec, uint32_t block_size,
                        double k_fraction, uint32_t bits, float ef_decay,
-                       uint64_t seed, double rpc_timeout, double pull_timeout,
+                       uint64_t seed, uint32_t local_steps,
+                       double rpc_timeout, double pull_timeout,
                        double retry_budget, std::string metrics_listen,
                        std::string tls_ca, std::string tls_cert,
                        std::string tls_key, std::string auth_token_file) {
@@ -41,6 +42,7 @@ PYBIND11_MODULE(_native, m) {
              a.bits = bits;
              a.ef_decay = ef_decay;
              a.seed = seed;
+             a.local_steps = local_steps;
              a.rpc_timeout = rpc_timeout;
              a.pull_timeout = pull_timeout;
              a.retry_budget = retry_budget;
@@ -57,6 +59,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("block_size") = d.block_size,
            py::arg("k_fraction") = d.k_fraction, py::arg("bits") = d.bits,
            py::arg("ef_decay") = d.ef_decay, py::arg("seed") = d.seed,
+           py::arg("local_steps") = d.local_steps,
            py::arg("rpc_timeout") = d.rpc_timeout,
            py::arg("pull_timeout") = d.pull_timeout,
            py::arg("retry_budget") = d.retry_budget,

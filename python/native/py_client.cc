@@ -50,6 +50,11 @@ PyClient::PyClient(const PyClientArgs& a)
   options_.push_params.set_bits(a.bits);
   options_.warmup_params = options_.push_params;
   options_.ef_decay = a.ef_decay;
+  if (a.local_steps < 1 || a.local_steps > 100000) {
+    throw py::value_error(absl::StrCat("local_steps is ", a.local_steps,
+                                       "; expected 1..100000"));
+  }
+  options_.local_steps = a.local_steps;
   options_.seed = a.seed;
   options_.rpc_timeout = SecondsArg(a.rpc_timeout, "rpc_timeout");
   options_.pull_timeout = SecondsArg(a.pull_timeout, "pull_timeout");

@@ -36,6 +36,8 @@ struct PyClientArgs {
   uint32_t bits = 8;
   float ef_decay = 1.0f;
   uint64_t seed = 1;
+  // Local steps between pushes (ClientOptions::local_steps), 1..100000.
+  uint32_t local_steps = 1;
   double rpc_timeout = 30;
   double pull_timeout = 120;
   double retry_budget = 300;

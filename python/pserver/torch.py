@@ -79,12 +79,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
     such an error the step cannot complete (its pushes are on their way):
     make a new optimizer (or restart the worker, with its state_dict).
 
+    local_steps=H with inner_optimizer=OPT (a torch.optim optimizer over
+    the same parameters, e.g. torch.optim.AdamW(model.parameters(),
+    lr=1e-3)) trains with local steps (DiLoCo, Douillard et al. 2023):
+    step() runs OPT on this worker's own parameters, and every H-th step()
+    pushes the weight change since the last synchronisation (through the
+    codec and error feedback, like a gradient) and loads the shards' new
+    weights; the shards run the outer optimizer (pserver_server
+    --optimizer=sgd --nesterov=true --lr=0.7 --momentum=0.9). Every worker of
+    the job must use the same H (the shards refuse another). global_step
+    then counts local steps (H per round); synchronize() pushes a partial
+    round early (e.g. at the end of training when the step count is not a
+    multiple of H). OPT's own state is the caller's to save.
+
     Not yet: parameter groups added after construction.
     """
 
     def __init__(self, named_parameters, servers=None, worker_id=None,
                  num_workers=None, push_codec="onebit", overlap=False,
-                 **client_options):
+                 local_steps=1, inner_optimizer=None, **client_options):
+        if (not isinstance(local_steps, int) or isinstance(local_steps, bool)
+                or not 1 <= local_steps <= 100000):
+            raise ValueError(f"local_steps is {local_steps!r}; expected an "
+                             "integer in 1..100000")
+        if local_steps > 1:
+            if not isinstance(inner_optimizer, torch.optim.Optimizer):
+                raise ValueError(
+                    f"local_steps is {local_steps} and inner_optimizer is "
+                    f"{type(inner_optimizer).__name__}; expected a "
+                    "torch.optim.Optimizer over the same parameters (e.g. "
+                    "torch.optim.AdamW(model.parameters(), lr=1e-3))")
+            if overlap:
+                raise ValueError("overlap=True pushes gradients during "
+                                 "backward; with local_steps > 1 nothing is "
+                                 "pushed per step: use overlap=False")
+        elif inner_optimizer is not None:
+            raise ValueError("inner_optimizer is set but local_steps is 1; "
+                             "expected local_steps > 1 with it")
+        self._local_steps = local_steps
+        self._inner = inner_optimizer
+        self._local_done = 0  # local steps since the last synchronisation
         where = init(servers, worker_id, num_workers)
         names, params = [], []
         for item in named_parameters:
@@ -129,7 +163,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._where = where
         self.client = Client(where["servers"], where["worker_id"],
                              where["num_workers"], push_codec=push_codec,
-                             **client_options)
+                             local_steps=local_steps, **client_options)
         self.client.register(names, self._shapes, self._weights,
                              out=self._weights)
         self._load_weights()
@@ -176,8 +210,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def global_step(self):
-        """The shards' step: rounds completed since the model was created."""
-        return self.client.global_step
+        """The shards' step: rounds completed since the model was created;
+        with local_steps=H, local steps (H per round, plus those taken since
+        the last synchronisation)."""
+        return self.client.global_step * self._local_steps + self._local_done
 
     def stats(self):
         """The client's counters since construction (worker/client_metrics.h).
@@ -200,6 +236,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        if self._local_steps > 1:
+            return self._local_step(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -237,6 +275,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._handed = [False] * len(self._params)
         self._load_weights()
         return loss
+
+    def _local_step(self, closure):
+        loss = self._inner.step(closure)
+        self._local_done += 1
+        if self._local_done == self._local_steps:
+            self.synchronize(loss)
+        return loss
+
+    @torch.no_grad()
+    def synchronize(self, loss=None):
+        """With local_steps > 1: pushes the weight change since the last
+        synchronisation now (a no-op when there is none) and loads the new
+        weights. A refused push raises pserver.Error and changes nothing."""
+        if self._local_steps == 1 or self._local_done == 0:
+            return
+        # The replica (self._weights) minus the local weights: what the
+        # local steps moved, pushed in place of a gradient.
+        self._copy_params_to(self._grad)
+        torch.sub(self._weights, self._grad, out=self._grad)
+        self.client.step(self._grad, self._weights, loss=_as_float(loss))
+        self._local_done = 0
+        self._load_weights()
 
     def state_dict(self):
         """The worker's state, for torch.save and a restarted worker.

@@ -286,3 +286,82 @@ def test_overlapped_steps_equal_plain_steps_and_refuse_accumulation(shards):
         else:
             with pytest.raises(RuntimeError, match="overlap=False"):
                 torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def test_local_steps_push_the_averaged_weight_change(shards):
+    """local_steps=3 with an outer step that just averages (sgd, lr 1, no
+    momentum) and fp32 both ways: after each round every worker holds the
+    mean of the two workers' locally trained weights; global_step counts
+    local steps."""
+    addrs = shards(2, 2, "--optimizer=sgd", "--lr=1", "--momentum=0",
+                   "--pull_codec=fp32")
+    models = [Net(seed=1), Net(seed=1)]
+    refs = [Net(seed=1), Net(seed=1)]  # the same two runs without pserver
+    inner = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    ref_inner = [torch.optim.SGD(m.parameters(), lr=0.05) for m in refs]
+    opts = [None, None]
+
+    def make(r):
+        opts[r] = pserver.torch.DistributedOptimizer(
+            models[r].named_parameters(), servers=addrs, worker_id=r,
+            num_workers=2, push_codec="fp32", local_steps=3,
+            inner_optimizer=inner[r])
+
+    in_threads(lambda: make(1), lambda: make(0))
+    gen = torch.Generator().manual_seed(5)
+    data = [torch.randn(4, 4, generator=gen) for _ in range(12)]
+
+    def local(r, step, model, opt):
+        loss = model(data[step] * (r + 1)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for rnd in range(2):
+        for k in range(3):
+            step = rnd * 3 + k
+            in_threads(*[lambda r=r: local(r, step, models[r], opts[r])
+                         for r in range(2)])
+            for r in range(2):
+                local(r, step, refs[r], ref_inner[r])
+        assert opts[0].global_step == opts[1].global_step == 3 * (rnd + 1)
+        # The round's outcome: the mean of the two local results.
+        with torch.no_grad():
+            for pa, pb in zip(refs[0].parameters(), refs[1].parameters()):
+                if pa.requires_grad:
+                    mean = (pa + pb) / 2
+                    pa.copy_(mean)
+                    pb.copy_(mean)
+        for r in range(2):
+            for p, q in zip(models[r].parameters(), refs[r].parameters()):
+                assert torch.allclose(p, q, atol=1e-6), (rnd, r)
+    assert opts[0].client.global_step == 2  # the shards count rounds
+
+
+def test_local_steps_arguments_and_a_mismatched_worker_are_refused(shards):
+    addrs = shards(1, 2, "--optimizer=sgd", "--pull_codec=fp32")
+    model = Net(seed=1)
+    with pytest.raises(ValueError, match="inner_optimizer is NoneType"):
+        pserver.torch.DistributedOptimizer(
+            model.named_parameters(), servers=addrs, worker_id=0,
+            num_workers=2, local_steps=4)
+    with pytest.raises(ValueError, match="local_steps is 0; expected"):
+        pserver.torch.DistributedOptimizer(
+            model.named_parameters(), servers=addrs, worker_id=0,
+            num_workers=2, local_steps=0)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="use overlap=False"):
+        pserver.torch.DistributedOptimizer(
+            model.named_parameters(), servers=addrs, worker_id=0,
+            num_workers=2, local_steps=4, inner_optimizer=sgd, overlap=True)
+    # Worker 0 installs the model with 4 local steps; worker 1 with 1 is
+    # refused by the shard, naming the field.
+    pserver.torch.DistributedOptimizer(
+        model.named_parameters(), servers=addrs, worker_id=0, num_workers=2,
+        push_codec="fp32", local_steps=4, inner_optimizer=sgd)
+    other = Net(seed=1)
+    with pytest.raises(pserver.Error, match="local_steps is 1; the job "
+                       "pushes every 4 local steps"):
+        pserver.torch.DistributedOptimizer(
+            other.named_parameters(), servers=addrs, worker_id=1,
+            num_workers=2, push_codec="fp32", retry_budget=5)
