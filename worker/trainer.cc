@@ -163,6 +163,27 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
                    static_cast<long>(epoch), e->accuracy, e->mean_loss);
     }
   };
+  // After each push: the step's record, metrics, progress, the state file,
+  // and an evaluation when the step (or round) crossed into a new epoch.
+  // `first` is the first data step it covered, `done` the data steps done.
+  auto after_step = [&](absl::Time t0, int64_t first, int64_t done) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    const ClientStats& now = client->stats();
+    result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
+                               now.pull_payload_bytes - pulled});
+    pushed = now.push_payload_bytes;
+    pulled = now.pull_payload_bytes;
+    metrics->ObserveStep(seconds, done, result.last_loss);
+    // A sum over the residuals' pieces (error_feedback.h): cheap.
+    if (exported) metrics->SetResidualNorm(client->ResidualNorm());
+    progress.Update(done, per_epoch > 0 ? first / per_epoch : 0,
+                    result.last_loss, now, done >= total);
+    SaveWorkerState(o, *client, log, done >= total);
+    if (o.evaluate_each_epoch && per_epoch > 0 && done < total &&
+        first / per_epoch != done / per_epoch) {
+      evaluate(done / per_epoch);
+    }
+  };
   if (o.local_steps > 1) {
     // DiLoCo: H steps of Adam on a local copy from the round's weights,
     // then the weight change goes out as the round's "gradient". The
@@ -186,31 +207,15 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
       }
       for (size_t i = 0; i < grad.size(); ++i) grad[i] = replica[i] - local[i];
       if (absl::Status s = client->Step(grad); !s.ok()) return s;
-      const int64_t done =
-          std::min(total, static_cast<int64_t>(client->step()) * h);
-      const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-      const ClientStats& now = client->stats();
-      result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
-                                 now.pull_payload_bytes - pulled});
-      pushed = now.push_payload_bytes;
-      pulled = now.pull_payload_bytes;
-      metrics->ObserveStep(seconds, done, result.last_loss);
-      if (exported) metrics->SetResidualNorm(client->ResidualNorm());
-      progress.Update(done, per_epoch > 0 ? (done - 1) / per_epoch : 0,
-                      result.last_loss, now, done >= total);
-      SaveWorkerState(o, *client, log, done >= total);
-      // Evaluate when a round crossed into a new epoch.
-      if (o.evaluate_each_epoch && per_epoch > 0 && done < total &&
-          first / per_epoch != done / per_epoch) {
-        evaluate(done / per_epoch);
-      }
+      after_step(t0, first,
+                 std::min(total, static_cast<int64_t>(client->step()) * h));
     }
   }
   // The client's step leads: a worker that joins late starts at the shards'
   // step, and one that was dropped from a round skips ahead with it.
   while (o.local_steps == 1 && static_cast<int64_t>(client->step()) < total) {
     const int64_t step = static_cast<int64_t>(client->step());
-    absl::Time t0 = absl::Now();
+    const absl::Time t0 = absl::Now();
     // Overlapped: each layer's gradient is pushed as backward finishes it
     // (last layer first) while the earlier layers are computed.
     if (absl::Status s = client->StartStep(grad); !s.ok()) return s;
@@ -224,23 +229,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     if (!handed.ok()) return handed;
     if (absl::Status s = client->FinishStep(); !s.ok()) return s;
     result.last_loss = *loss;
-    const int64_t done = static_cast<int64_t>(client->step());
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    const ClientStats& now = client->stats();
-    result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
-                               now.pull_payload_bytes - pulled});
-    pushed = now.push_payload_bytes;
-    pulled = now.pull_payload_bytes;
-    metrics->ObserveStep(seconds, done, *loss);
-    // A sum over the residuals' pieces (error_feedback.h): cheap.
-    if (exported) metrics->SetResidualNorm(client->ResidualNorm());
-    progress.Update(done, per_epoch > 0 ? step / per_epoch : 0, *loss,
-                    client->stats(), done >= total);
-    SaveWorkerState(o, *client, log, done >= total);
-    if (o.evaluate_each_epoch && per_epoch > 0 && done % per_epoch == 0 &&
-        done < total) {
-      evaluate(done / per_epoch);
-    }
+    after_step(t0, step, static_cast<int64_t>(client->step()));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   evaluate(per_epoch > 0 ? (total + per_epoch - 1) / per_epoch : 0);
