@@ -16,6 +16,8 @@
 #   SEEDS=1 tests/bench/fidelity.sh           # one seed, a quick look
 #   RUNS="onebit_adam" EPOCHS=1 tests/bench/fidelity.sh
 #   RUNS="adam_fp32 diloco_h16_onebit diloco_h64_onebit" tests/bench/fidelity.sh
+#   REPORT_ONLY=1 RESULTS=DIR RUNS=... tests/bench/fidelity.sh   # the report
+#       again from DIR/runs, running nothing
 #
 # diloco_h<H>_<codec> (H in 4, 16, 64; codec fp32, q8 or onebit): local
 # steps, see below. They are not in the default RUNS.
@@ -83,6 +85,10 @@ for name in $RUNS; do
   [[ -n "${OPTS[$name]:-}" ]] || { echo "fidelity.sh: unknown run '$name'" >&2; exit 2; }
   for seed in $SEEDS; do
     dir="$RESULTS/runs/$name-seed$seed"
+    if [[ "${REPORT_ONLY:-0}" == 1 ]]; then
+      [[ -f "$dir/worker0.json" ]] ||
+        { echo "fidelity.sh: REPORT_ONLY: no $dir/worker0.json" >&2; exit 1; }
+    else
     rm -rf "$dir"
     echo "fidelity.sh: $name seed $seed ..." >&2
     # shellcheck disable=SC2086
@@ -91,6 +97,7 @@ for name in $RUNS; do
       "$ROOT/deploy/local.sh" ${OPTS[$name]} --epochs "$EPOCHS" --seed "$seed" \
       --run-dir "$dir" --base-port 52051 </dev/null >"$dir.log" 2>&1 ||
       { echo "fidelity.sh: run $name seed $seed failed; see $dir.log" >&2; tail -5 "$dir.log" >&2; exit 1; }
+    fi
     up=0; down=0; n=0
     for f in "$dir"/worker*.json; do
       up=$((up + $(field "$f" push_bytes)))
