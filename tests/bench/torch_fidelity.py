@@ -171,6 +171,11 @@ def _ddp_rank(rank, args, port, out):
 
     w = WORKLOADS[args.workload](args)
     net = w.model()  # the same seed on every rank: the same initial weights
+    # gloo cannot broadcast bool buffers (the transformer's causal mask);
+    # buffers are computed alike on every rank, so none needs syncing.
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        net, [name for name, b in net.named_buffers()
+              if b.dtype == torch.bool])
     ddp = DistributedDataParallel(net)
     if args.hook == "fp32":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
