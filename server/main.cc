@@ -48,6 +48,11 @@ ABSL_FLAG(float, variance_floor, 0.1f,
 ABSL_FLAG(std::string, onebit_mode, "robust",
           "onebit_adam: 'robust' (variance floor, preconditioned pushes) or "
           "'deepspeed' (no floor, raw-gradient pushes)");
+ABSL_FLAG(std::string, onebit_momentum, "server",
+          "onebit_adam compression stage: 'server' (workers push gradients, "
+          "the shard keeps the momentum) or 'worker' (workers keep the "
+          "momentum and push it: DeepSpeed's 1-bit Adam, DGC's momentum "
+          "correction)");
 ABSL_FLAG(std::string, pull_codec, "onebit",
           "codec of pull deltas: fp32 (exact snapshots), fp16, bf16, onebit, "
           "topk, randomk, quantize, topk_quantize");
@@ -139,6 +144,11 @@ int Run() {
   if (!robust.ok()) return Fail(robust.status().message());
   o.preconditioned = *robust;
   if (!*robust) o.variance_floor = 0.0f;
+  absl::StatusOr<bool> worker_momentum = ParseEnumFlag<bool>(
+      "onebit_momentum", absl::GetFlag(FLAGS_onebit_momentum),
+      {{"server", false}, {"worker", true}});
+  if (!worker_momentum.ok()) return Fail(worker_momentum.status().message());
+  o.worker_momentum = *worker_momentum;
   absl::StatusOr<v1::Codec> codec =
       ParseCodecFlag("pull_codec", absl::GetFlag(FLAGS_pull_codec));
   if (!codec.ok()) return Fail(codec.status().message());

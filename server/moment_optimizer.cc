@@ -89,6 +89,20 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
     }
     return sq;
   }
+  if (config_.worker_momentum) {
+    // g is the mean of the workers' momenta since the freeze; m carries the
+    // momentum the freeze found, decaying as if no gradient followed.
+    for (uint64_t i = begin; i < end; ++i) {
+      m[i] = b1 * m[i];
+      float mom = m[i] + g[i];
+      float d = config_.preconditioned
+                    ? lr * (mom + wd * x[i])
+                    : lr * (mom / (std::sqrt(v[i]) + eps) + wd * x[i]);
+      x[i] -= d;
+      sq += double{d} * d;
+    }
+    return sq;
+  }
   if (config_.preconditioned) {
     for (uint64_t i = begin; i < end; ++i) {
       m[i] = b1 * m[i] + (1.0f - b1) * g[i];

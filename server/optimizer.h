@@ -51,6 +51,10 @@ struct OptimizerConfig {
   uint64_t freeze_step = 100;     // rounds of plain Adam before the freeze
   float variance_floor = 0.1f;    // fraction of the per-tensor mean sqrt(v)
   bool preconditioned = true;     // compress D g (robust) or g (DeepSpeed)
+  // Compression stage: the workers keep the momentum and push it, and m here
+  // is only the freeze-time momentum decaying by beta1 per round
+  // (RegisterResponse.worker_momentum); false: the pushes are gradients.
+  bool worker_momentum = false;
 };
 
 std::string OptimizerName(OptimizerKind kind);

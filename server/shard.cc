@@ -31,6 +31,12 @@ const char* SpaceName(v1::GradientSpace s) {
 
 }  // namespace
 
+bool Shard::ExpectsMomentum() const {
+  return config_.optimizer.kind == OptimizerKind::kOneBitAdam &&
+         config_.optimizer.worker_momentum && config_.optimizer.beta1 > 0 &&
+         optimizer_->stage() == v1::OPTIMIZER_STAGE_COMPRESSION;
+}
+
 absl::Status ValidateShardConfig(const ShardConfig& c) {
   if (c.num_shards == 0) {
     return absl::InvalidArgumentError("num_shards is 0; expected >= 1");
@@ -236,6 +242,14 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
                         "space is ", SpaceName(space), "; expected ",
                         SpaceName(optimizer_->expected_space()), " at step ",
                         step_)));
+    } else if (const bool want = ExpectsMomentum(); req.momentum() != want) {
+      return Reject(v1::REJECT_REASON_WRONG_SPACE,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "momentum is ", req.momentum() ? "true" : "false",
+                        "; expected ", want ? "true" : "false", " at step ",
+                        step_, " (the shard's --onebit_momentum=",
+                        config_.optimizer.worker_momentum ? "worker" : "server",
+                        ")")));
     } else {
       if (round_.received() == 0) round_start_ = clock_->Now();
       metrics_->AddReceived(req.gradient().codec(),

@@ -196,6 +196,9 @@ class Shard {
   absl::Status CheckWorker(uint32_t worker_id) const;
   // INVALID_FIELD naming the slice's chunk count unless chunk c exists.
   absl::Status CheckChunk(uint32_t c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether pushes must carry the workers' momentum now (1-bit Adam's
+  // compression stage with --onebit_momentum=worker and beta1 > 0).
+  bool ExpectsMomentum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Register's checks that need no state; on success *slots is the layout.
   absl::Status CheckRegisterRequest(const v1::RegisterRequest& req,
                                     std::vector<TensorSlot>* slots) const;

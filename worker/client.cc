@@ -209,6 +209,15 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   }
   const bool freezes = resps[0].freeze_step() > 0;
   const v1::GradientSpace space = resps[0].compression_space();
+  const float momentum = resps[0].worker_momentum();
+  for (size_t s = 1; s < n; ++s) {
+    if (resps[s].worker_momentum() != momentum) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " announces worker_momentum ",
+          resps[s].worker_momentum(), " and shard 0 ", momentum,
+          "; expected the same --onebit_momentum and --beta1 on every shard"));
+    }
+  }
   PushCodecs codecs;
   codecs.push = options_.push_codec;
   codecs.push_params = options_.push_params;
@@ -218,7 +227,8 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   encoders_.clear();
   for (size_t s = 0; s < n; ++s) {
     absl::StatusOr<std::unique_ptr<PushEncoder>> e =
-        PushEncoder::Create(codecs, ranges[s].size(), freezes, space);
+        PushEncoder::Create(codecs, ranges[s].size(), freezes, space,
+                            momentum);
     if (!e.ok()) return e.status();
     encoders_.push_back(*std::move(e));
   }

@@ -1,14 +1,17 @@
 // Client::SerializeState / RestoreState (and SaveState / LoadState, the same
 // record in a file): the worker's error-feedback residuals, in the record
 // format of common/record_io.h. Format (little-endian):
-// "PSWKST01" | u32 worker_id | u32 num_workers | u32 num_shards | u64 step |
+// "PSWKST02" | u32 worker_id | u32 num_workers | u32 num_shards | u64 step |
 // u64 num_params | per shard: u64 begin | u64 end | u32 stage | u64 n + n
-// floats (warmup residual) | u64 n + n floats (compression residual) | u64
-// Checksum64 of everything before.
+// floats (warmup residual) | u64 n + n floats (compression residual) | u64 n
+// + n floats (the compression stage's worker momentum; n = 0 without one) |
+// u64 Checksum64 of everything before. "PSWKST01" (before worker momentum) is
+// the same without the momentum and still loads.
 #include <cmath>
 #include <cstring>
 
 #include "absl/base/internal/raw_logging.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/record_io.h"
@@ -17,7 +20,8 @@
 namespace pserver {
 namespace {
 
-constexpr absl::string_view kMagic("PSWKST01", 8);
+constexpr absl::string_view kMagic("PSWKST02", 8);
+constexpr absl::string_view kMagicV1("PSWKST01", 8);
 
 // INVALID_ARGUMENT naming the first non-finite element of `v`, if any.
 absl::Status CheckFinite(const std::vector<float>& v, const std::string& what) {
@@ -49,6 +53,7 @@ absl::StatusOr<std::string> Client::SerializeState() const {
     w.Num<uint32_t>(static_cast<uint32_t>(e.stage()));
     w.Floats(e.warmup_ef().residual());
     w.Floats(e.push_ef().residual());
+    w.Floats(e.momentum());
   }
   return std::move(w).Finish();
 }
@@ -74,8 +79,9 @@ absl::Status Client::RestoreState(absl::string_view record,
     return absl::FailedPreconditionError("RestoreState() before Register()");
   }
   const std::string path(source);
-  absl::StatusOr<RecordReader> opened =
-      RecordReader::Open(record, kMagic, "worker state file");
+  const bool v1 = absl::StartsWith(record, kMagicV1);
+  absl::StatusOr<RecordReader> opened = RecordReader::Open(
+      record, v1 ? kMagicV1 : kMagic, "worker state file");
   if (!opened.ok()) {
     return absl::DataLossError(
         absl::StrCat(path, ": ", opened.status().message()));
@@ -97,7 +103,7 @@ absl::Status Client::RestoreState(absl::string_view record,
   }
   // All-or-nothing (hole 7): parse and validate every shard before changing
   // any, so that the commit below has no failure path.
-  std::vector<std::vector<float>> warm(shards), push(shards);
+  std::vector<std::vector<float>> warm(shards), push(shards), mom(shards);
   for (size_t s = 0; s < shards; ++s) {
     uint64_t b, e;
     uint32_t stage;
@@ -105,15 +111,18 @@ absl::Status Client::RestoreState(absl::string_view record,
     const ShardRange& r = replica_.range(s);
     if (!c.Num(&b) || !c.Num(&e) || !c.Num(&stage) || b != r.begin ||
         e != r.end || !c.Floats(&warm[s]) || !c.Floats(&push[s]) ||
+        (!v1 && !c.Floats(&mom[s])) ||
         // An empty residual is all zeros (error_feedback.h).
         (!warm[s].empty() && warm[s].size() != enc.warmup_ef().size()) ||
-        (!push[s].empty() && push[s].size() != enc.push_ef().size())) {
+        (!push[s].empty() && push[s].size() != enc.push_ef().size()) ||
+        (!mom[s].empty() && mom[s].size() != enc.push_ef().size())) {
       return absl::DataLossError(
           absl::StrCat(path, ": shard ", s, " does not match this model"));
     }
     for (absl::Status st :
          {CheckFinite(warm[s], absl::StrCat("shard ", s, " warmup residual")),
-          CheckFinite(push[s], absl::StrCat("shard ", s, " push residual"))}) {
+          CheckFinite(push[s], absl::StrCat("shard ", s, " push residual")),
+          CheckFinite(mom[s], absl::StrCat("shard ", s, " momentum"))}) {
       if (!st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
       }
@@ -123,7 +132,8 @@ absl::Status Client::RestoreState(absl::string_view record,
   for (size_t s = 0; s < shards; ++s) {
     // Sizes and finiteness were checked above: SetResidual cannot refuse.
     const bool set = encoders_[s]->warmup_ef().SetResidual(warm[s]).ok() &&
-                     encoders_[s]->push_ef().SetResidual(push[s]).ok();
+                     encoders_[s]->push_ef().SetResidual(push[s]).ok() &&
+                     encoders_[s]->SetMomentum(mom[s]).ok();
     ABSL_RAW_CHECK(set, "LoadState: a validated residual was refused");
   }
   return absl::OkStatus();

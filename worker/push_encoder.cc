@@ -1,5 +1,7 @@
 #include "worker/push_encoder.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -10,7 +12,11 @@ namespace pserver {
 
 absl::StatusOr<std::unique_ptr<PushEncoder>> PushEncoder::Create(
     const PushCodecs& codecs, uint64_t n, bool freezes,
-    v1::GradientSpace space) {
+    v1::GradientSpace space, float momentum_beta) {
+  if (!(momentum_beta >= 0.0f && momentum_beta < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker_momentum is ", momentum_beta, "; expected [0, 1)"));
+  }
   absl::StatusOr<std::unique_ptr<Codec>> warmup =
       MakeCodec(codecs.warmup, codecs.warmup_params);
   if (!warmup.ok()) {
@@ -24,17 +30,18 @@ absl::StatusOr<std::unique_ptr<PushEncoder>> PushEncoder::Create(
         absl::StrCat("push_codec: ", push.status().message()));
   }
   return std::unique_ptr<PushEncoder>(new PushEncoder(
-      n, freezes, space,
+      n, freezes, space, momentum_beta,
       std::make_unique<ErrorFeedback>(*std::move(warmup), n, codecs.ef_decay),
       std::make_unique<ErrorFeedback>(*std::move(push), n, codecs.ef_decay)));
 }
 
 PushEncoder::PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
-                         std::unique_ptr<ErrorFeedback> warmup_ef,
+                         float beta, std::unique_ptr<ErrorFeedback> warmup_ef,
                          std::unique_ptr<ErrorFeedback> push_ef)
     : n_(n),
       freezes_(freezes),
       space_(space),
+      beta_(beta),
       warmup_ef_(std::move(warmup_ef)),
       push_ef_(std::move(push_ef)) {}
 
@@ -50,7 +57,45 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
     req->set_space(v1::GRADIENT_SPACE_RAW);
   }
   ErrorFeedback& ef = !freezes_ || compressing ? *push_ef_ : *warmup_ef_;
-  return ef.EncodeAt(offset, g, seed, req->mutable_gradient());
+  if (!(compressing && freezes_ && beta_ > 0.0f)) {
+    return ef.EncodeAt(offset, g, seed, req->mutable_gradient());
+  }
+  // The momentum of this chunk, kept only once its push is encoded (a
+  // refused gradient changes nothing).
+  if (offset > n_ || g.size() > n_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk [", offset, ", ", offset + g.size(), ") is outside the slice of ",
+        n_, " elements"));
+  }
+  if (u_.empty()) u_.assign(n_, 0.0f);
+  next_u_.resize(g.size());
+  const float* u = u_.data() + offset;
+  for (size_t i = 0; i < g.size(); ++i) {
+    next_u_[i] = beta_ * u[i] + (1.0f - beta_) * g[i];
+  }
+  req->set_momentum(true);
+  if (absl::Status s = ef.EncodeAt(offset, next_u_, seed,
+                                   req->mutable_gradient());
+      !s.ok()) {
+    return s;
+  }
+  std::copy(next_u_.begin(), next_u_.end(), u_.begin() + offset);
+  return absl::OkStatus();
+}
+
+absl::Status PushEncoder::SetMomentum(absl::Span<const float> u) {
+  if (!u.empty() && u.size() != n_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "momentum has ", u.size(), " elements; expected 0 or ", n_));
+  }
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (!std::isfinite(u[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "momentum element ", i, " is not finite; expected finite values"));
+    }
+  }
+  u_.assign(u.begin(), u.end());
+  return absl::OkStatus();
 }
 
 absl::Status PushEncoder::SetStage(v1::OptimizerStage stage,
@@ -77,6 +122,7 @@ absl::Status PushEncoder::SetStage(v1::OptimizerStage stage,
   d_.reset();
   warmup_ef_->Reset();
   push_ef_->Reset();
+  u_.clear();
   stage_ = stage;
   return absl::OkStatus();
 }

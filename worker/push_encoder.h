@@ -7,12 +7,16 @@
 // carries the warmup residual over into the compression residual (scaled by
 // D in the preconditioned space) so no gradient mass is lost; going back to
 // warmup (a shard that restarted from nothing) clears both residuals.
+// With a momentum beta (the shard's RegisterResponse.worker_momentum), the
+// compression stage pushes the worker's momentum u = beta * u + (1 - beta) *
+// g (in the compression space, u = 0 at the freeze) instead of g.
 #ifndef PSERVER_WORKER_PUSH_ENCODER_H_
 #define PSERVER_WORKER_PUSH_ENCODER_H_
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,11 +40,14 @@ class PushEncoder {
  public:
   // An encoder for an n-element slice, in the warmup stage with zero
   // residuals. `freezes`: the shards' optimizer has a compression stage
-  // (1-bit Adam); `space`: the gradient space it expects after the freeze.
-  // INVALID_ARGUMENT for a codec that cannot be built.
+  // (1-bit Adam); `space`: the gradient space it expects after the freeze;
+  // `momentum_beta`: > 0 when the compression stage pushes the worker's
+  // momentum with this decay (0: the gradient).
+  // INVALID_ARGUMENT for a codec that cannot be built or a beta outside
+  // [0, 1).
   static absl::StatusOr<std::unique_ptr<PushEncoder>> Create(
       const PushCodecs& codecs, uint64_t n, bool freezes,
-      v1::GradientSpace space);
+      v1::GradientSpace space, float momentum_beta = 0.0f);
 
   // Sets req's space and gradient from `g`, one chunk of this shard's slice
   // (its elements [offset, offset + g.size())), and updates that piece of
@@ -60,6 +67,13 @@ class PushEncoder {
   absl::Status SetStage(v1::OptimizerStage stage,
                         std::optional<Preconditioner> d);
 
+  // The compression stage's momentum (empty: none yet, or all zeros), for
+  // Client::SaveState / LoadState. SetMomentum: INVALID_ARGUMENT (nothing
+  // changed) unless empty or of size n and finite.
+  absl::Span<const float> momentum() const { return u_; }
+  absl::Status SetMomentum(absl::Span<const float> u);
+  float momentum_beta() const { return beta_; }
+
   // The residuals, for Client::SaveState / LoadState.
   ErrorFeedback& warmup_ef() { return *warmup_ef_; }
   ErrorFeedback& push_ef() { return *push_ef_; }
@@ -67,13 +81,16 @@ class PushEncoder {
   const ErrorFeedback& push_ef() const { return *push_ef_; }
 
  private:
-  PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
+  PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space, float beta,
               std::unique_ptr<ErrorFeedback> warmup_ef,
               std::unique_ptr<ErrorFeedback> push_ef);
 
   const uint64_t n_;
   const bool freezes_;
   const v1::GradientSpace space_;
+  const float beta_;              // > 0: push the momentum after the freeze
+  std::vector<float> u_;          // that momentum (allocated when first used)
+  std::vector<float> next_u_;     // one chunk's new momentum, until encoded
   std::unique_ptr<ErrorFeedback> warmup_ef_;
   std::unique_ptr<ErrorFeedback> push_ef_;
   std::optional<Preconditioner> d_;  // once frozen (1-bit Adam)

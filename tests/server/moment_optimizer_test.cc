@@ -3,6 +3,8 @@
 // FastForward (a shard catching up with its workers) and RestoreState.
 #include "server/moment_optimizer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -121,6 +123,42 @@ TEST(MomentOptimizer, RestoreStateResumesWhereTheSavedOneStood) {
   MomentOptimizer c(OneBit(5), n, {{0, n}});
   c.RestoreState(2, false, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f), 0);
   EXPECT_EQ(c.freeze_at(), 5u);
+}
+
+// --onebit_momentum=worker: the workers push u = b1 u + (1 - b1) g (u = 0
+// at the freeze) and the shard adds its decaying freeze-time momentum. With
+// exact (uncompressed) momenta that is the same m as the shard's own
+// momentum of the same gradients, so both modes take the same steps (to
+// rounding), preconditioned and DeepSpeed-raw.
+TEST(MomentOptimizer, WorkerMomentumEqualsShardMomentumWithoutCompression) {
+  const uint64_t n = 48;
+  for (bool preconditioned : {true, false}) {
+    OptimizerConfig shard_side = OneBit(4, preconditioned);
+    OptimizerConfig worker_side = shard_side;
+    worker_side.worker_momentum = true;
+    MomentOptimizer a(shard_side, n, {{0, n}}), b(worker_side, n, {{0, n}});
+    std::vector<float> xa(n, 0.5f), xb(n, 0.5f), u(n, 0.0f);
+    for (int t = 0; t < 30; ++t) {
+      std::vector<float> g = testing_util::Gradient(n, 7, t);
+      a.Step(g, absl::MakeSpan(xa));
+      if (b.frozen()) {
+        for (uint64_t i = 0; i < n; ++i) {
+          u[i] = worker_side.beta1 * u[i] + (1 - worker_side.beta1) * g[i];
+        }
+        b.Step(u, absl::MakeSpan(xb));
+      } else {
+        b.Step(g, absl::MakeSpan(xb));
+      }
+    }
+    ASSERT_TRUE(b.frozen());
+    double worst = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs(double{xa[i]} - xb[i]));
+      // Not a trivially equal pair: the run moved the weights.
+      ASSERT_GT(std::abs(xa[i] - 0.5f), 1e-4f) << i;
+    }
+    EXPECT_LT(worst, 1e-6) << "preconditioned=" << preconditioned;
+  }
 }
 
 }  // namespace

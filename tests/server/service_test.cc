@@ -547,6 +547,18 @@ TEST_F(ServiceBadInput, WrongGradientSpaceIsFailedPrecondition) {
                  {"space is PRECONDITIONED", "expected RAW"});
 }
 
+// A push that says it carries the worker's momentum where the shard expects
+// a gradient (--onebit_momentum=server, or any warmup step) is refused and
+// changes nothing.
+TEST_F(ServiceBadInput, MomentumPushToAGradientShardIsFailedPrecondition) {
+  const std::string before = Status().SerializeAsString();
+  v1::PushRequest req = PushRequestFor(1, 0, OneBit(Gradient(kN, 1, 0)));
+  req.set_momentum(true);
+  ExpectRejected(Push(req), grpc::StatusCode::FAILED_PRECONDITION,
+                 {"momentum is true", "expected false", "--onebit_momentum=server"});
+  EXPECT_EQ(Status().SerializeAsString(), before);
+}
+
 TEST_F(ServiceBadInput, FrozenVarianceBeforeTheFreezeIsFailedPrecondition) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Seconds(10));

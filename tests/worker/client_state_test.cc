@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -141,16 +142,15 @@ TEST_F(ClientState, SerializedRecordIsTheFile) {
 }
 
 // The documented layout, written here byte by byte: LoadState reads it and
-// SaveState writes it back identically (files from before the shared record
-// format keep loading).
-TEST_F(ClientState, FileFormatIsAsDocumented) {
-  auto c = Worker(0);
-  std::string file("PSWKST01", 8);
+// SaveState writes it back identically. Version 1 files (before the worker
+// momentum) keep loading and are written back as version 2 with no momentum.
+std::string HandmadeState(Client& c, bool v2, bool with_momentum) {
+  std::string file(v2 ? "PSWKST02" : "PSWKST01", 8);
   auto put = [&file](const void* p, size_t n) {
     file.append(static_cast<const char*>(p), n);
   };
   const uint32_t header[3] = {0, 1, 2};  // worker, workers, shards
-  const uint64_t step = c->step(), params = kParams;
+  const uint64_t step = c.step(), params = kParams;
   put(header, sizeof(header));
   put(&step, 8);
   put(&params, 8);
@@ -160,11 +160,15 @@ TEST_F(ClientState, FileFormatIsAsDocumented) {
     put(&r.begin, 8);
     put(&r.end, 8);
     put(&stage, 4);
-    for (float scale : {0.25f, -0.5f}) {  // warmup, then push residual
-      const uint64_t n = r.size();
+    // warmup residual, push residual, then (v2) the momentum: shard 1's
+    // when with_momentum, else none (n = 0).
+    std::vector<float> scales = {0.25f, -0.5f};
+    if (v2) scales.push_back(0.125f);
+    for (size_t k = 0; k < scales.size(); ++k) {
+      const uint64_t n = k < 2 || (with_momentum && s == 1) ? r.size() : 0;
       put(&n, 8);
       for (uint64_t i = 0; i < n; ++i) {
-        const float v = scale * static_cast<float>(i + s);
+        const float v = scales[k] * static_cast<float>(i + s);
         put(&v, 4);
       }
     }
@@ -173,10 +177,23 @@ TEST_F(ClientState, FileFormatIsAsDocumented) {
   h.Update(file.data(), file.size());
   const uint64_t sum = h.Finish();
   put(&sum, 8);
-  WriteAll(Path("handmade.state"), file);
-  ASSERT_TRUE(c->LoadState(Path("handmade.state")).ok());
+  return file;
+}
+
+TEST_F(ClientState, FileFormatIsAsDocumented) {
+  auto c = Worker(0);
+  for (bool with_momentum : {false, true}) {
+    const std::string file = HandmadeState(*c, /*v2=*/true, with_momentum);
+    WriteAll(Path("handmade.state"), file);
+    ASSERT_TRUE(c->LoadState(Path("handmade.state")).ok()) << with_momentum;
+    ASSERT_TRUE(c->SaveState(Path("handmade.again")).ok());
+    EXPECT_TRUE(ReadAll(Path("handmade.again")) == file) << with_momentum;
+  }
+  WriteAll(Path("handmade.v1"), HandmadeState(*c, /*v2=*/false, false));
+  ASSERT_TRUE(c->LoadState(Path("handmade.v1")).ok());
   ASSERT_TRUE(c->SaveState(Path("handmade.again")).ok());
-  EXPECT_EQ(ReadAll(Path("handmade.again")), file);
+  EXPECT_TRUE(ReadAll(Path("handmade.again")) ==
+              HandmadeState(*c, /*v2=*/true, false));
 }
 
 // Hole 7: LoadState set each shard's residuals in turn and could fail at a
@@ -186,10 +203,11 @@ TEST_F(ClientState, Hole7LoadStateAllOrNothing) {
   auto a = Worker(3);
   const std::string good = Path("hole7.state");
   ASSERT_TRUE(a->SaveState(good).ok());
-  // The last float of the file is the last shard's last push residual.
+  // The last float of the file is the last shard's last push residual (its
+  // momentum, n = 0, and the checksum follow).
   std::string bytes = ReadAll(good);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::memcpy(&bytes[bytes.size() - 8 - 4], &nan, 4);
+  std::memcpy(&bytes[bytes.size() - 8 - 8 - 4], &nan, 4);
   Checksum64 h;
   h.Update(bytes.data(), bytes.size() - 8);
   const uint64_t sum = h.Finish();

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -434,6 +435,69 @@ TEST(ClientOneBitAdam, SwitchesToPreconditionedOneBitPushesAfterFreeze) {
                              {{"reason", "busy"}}),
               0);
   }
+}
+
+// Final weights of worker 0 after `steps` steps of kWorkers workers (fp32
+// both ways) against a fresh 2-shard cluster running `opt`; the serialized
+// client state of worker 0 in *state.
+std::vector<float> RunFp32(const OptimizerConfig& opt, int steps,
+                           std::string* state) {
+  constexpr uint32_t kShards = 2, kWorkers = 2;
+  auto cluster = StartCluster(kShards, kWorkers, opt, v1::CODEC_FP32);
+  EXPECT_NE(cluster, nullptr);
+  if (cluster == nullptr) return {};
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  const std::vector<float> init = Values(n, 3);
+  std::vector<absl::Status> status(kWorkers);
+  std::vector<float> weights;
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      auto c = Client::Connect(Options(*cluster, w, v1::CODEC_FP32));
+      if (!(status[w] = c.status()).ok()) return;
+      if (!(status[w] = (*c)->Register(layout, init)).ok()) return;
+      for (int t = 0; t < steps; ++t) {
+        if (!(status[w] = (*c)->Step(Gradient(n, w, t))).ok()) return;
+      }
+      if (w == 0) {
+        weights.assign((*c)->weights().begin(), (*c)->weights().end());
+        absl::StatusOr<std::string> st = (*c)->SerializeState();
+        status[w] = st.status();
+        if (st.ok()) *state = *st;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (uint32_t w = 0; w < kWorkers; ++w) EXPECT_TRUE(status[w].ok()) << status[w];
+  return weights;
+}
+
+// --onebit_momentum=worker through real shards: with fp32 pushes the workers'
+// momenta average to the shard-side momentum, so the weights agree to
+// rounding with the default mode's; the momentum is in the client state
+// (format PSWKST02).
+TEST(ClientOneBitAdam, WorkerMomentumMatchesShardMomentumWithoutCompression) {
+  OptimizerConfig opt;
+  opt.kind = OptimizerKind::kOneBitAdam;
+  opt.freeze_step = 3;
+  std::string server_state, worker_state;
+  std::vector<float> a = RunFp32(opt, 12, &server_state);
+  opt.worker_momentum = true;
+  std::vector<float> b = RunFp32(opt, 12, &worker_state);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  const std::vector<float> init = Values(a.size(), 3);
+  double worst = 0, moved = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(double{a[i]} - b[i]));
+    moved = std::max(moved, std::abs(double{a[i]} - init[i]));
+  }
+  EXPECT_GT(moved, 1e-3);
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_EQ(server_state.substr(0, 8), "PSWKST02");
+  // The worker-momentum state holds one more slice-sized array of floats.
+  EXPECT_EQ(worker_state.size(), server_state.size() + 4 * a.size());
 }
 
 // --- Error paths -------------------------------------------------------------
