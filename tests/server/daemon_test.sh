@@ -35,7 +35,7 @@ CLI_CHECKS_NO_SETUP=1 source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_ch
 # --- --help ---------------------------------------------------------------
 check_help "$BIN" listen metrics_listen shard_index num_shards num_workers \
   optimizer lr beta1 beta2 eps weight_decay freeze_step variance_floor \
-  onebit_mode pull_codec max_message_mb grpc_memory_mb max_model_elements \
+  onebit_mode onebit_momentum pull_codec max_message_mb grpc_memory_mb max_model_elements \
   drain_seconds tls_cert tls_key tls_ca auth_token_file
 
 # --- invalid combinations ---------------------------------------------------
@@ -53,6 +53,7 @@ check_invalid --optimizer --optimizer=lamb
 check_invalid --pull_codec --pull_codec=zip
 check_invalid --num_workers --num_workers=0
 check_invalid --onebit_mode --onebit_mode=fast
+check_invalid --onebit_momentum --onebit_momentum=both
 check_invalid --max_message_mb --max_message_mb=0
 check_invalid --grpc_memory_mb --grpc_memory_mb=16 --max_message_mb=64
 check_invalid --max_model_elements --max_model_elements=0
