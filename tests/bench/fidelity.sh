@@ -4,8 +4,8 @@
 # local cluster, for plain Adam with fp32 both ways (with bias correction, and
 # adam_fp32_nobc without), 1-bit Adam (1-bit push and pull) and TopK 1% (push
 # and pull). Prints test accuracy and total bytes
-# up+down per worker against the fp32 run (topk2: TopK at 2% both ways, the
-# better trade-off measured here), and writes the same as
+# up+down per worker against the fp32 run (topk2: TopK at 2% both ways), and
+# writes the same as
 # RESULTS/fidelity.md, RESULTS/fidelity.json and RESULTS/fidelity.svg.
 # Every run is repeated for each seed (seeds 1, 2 and 3 by default: single
 # runs differ by up to +-0.5 points here, so no recipe is judged on one
@@ -32,34 +32,45 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RESULTS="${RESULTS:-$ROOT/results/fidelity}"
 SEEDS="${SEEDS:-1 2 3}"
 EPOCHS="${EPOCHS:-5}"
-RUNS="${RUNS:-adam_fp32 adam_fp32_nobc onebit_adam topk topk2}"
+RUNS="${RUNS:-adam_fp32 adam_fp32_nobc onebit_adam onebit_adam_bf16 topk topk_bf16 topk2}"
 mkdir -p "$RESULTS/runs"
 
 # name -> local.sh options
 declare -A OPTS=(
   [adam_fp32]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
   [adam_fp32_nobc]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
-  [topk2]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec bf16 --freeze-step ${TOPK_FREEZE_STEP:-200} --k-fraction 0.02"
-  [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec bf16 --freeze-step ${FREEZE_STEP:-300}"
-  [topk]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec bf16 --freeze-step ${TOPK_FREEZE_STEP:-200} --k-fraction 0.01"
+  [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600}"
+  [topk]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
+  [topk2]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.02"
+  # The recipes before issue 12 section 3 (bf16 warmup, the shard's momentum).
+  [onebit_adam_bf16]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec bf16 --freeze-step 300"
+  [topk_bf16]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec bf16 --freeze-step 200 --k-fraction 0.01"
 )
 
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
 # adam_fp32_nobc is Adam in DeepSpeed's form (no bias correction, eps outside
 # the square root), the convention the 1-bit runs keep.
+# The 1-bit and TopK recipes (issue 12 sections 3 and 4): 8-bit quantized
+# warmup pushes with error feedback (--bits=8) for 600 rounds, which cost
+# what 300 bf16 rounds did, and the workers' momentum compressed instead of
+# the gradient (--onebit_momentum=worker).
 declare -A EXTRA_SERVER=(
   [adam_fp32]="${ADAM_SERVER_FLAGS:---bias_correction}"
   [adam_fp32_nobc]=""
-  [topk2]="${TOPK_SERVER_FLAGS:-}"
-  [onebit_adam]="${ONEBIT_SERVER_FLAGS:-}"
-  [topk]="${TOPK_SERVER_FLAGS:-}"
+  [onebit_adam]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
+  [topk]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
+  [topk2]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
+  [onebit_adam_bf16]="${ONEBIT_SERVER_FLAGS:-}"
+  [topk_bf16]="${TOPK_SERVER_FLAGS:-}"
 )
 declare -A EXTRA_WORKER=(
   [adam_fp32]="${ADAM_WORKER_FLAGS:-}"
   [adam_fp32_nobc]="${ADAM_WORKER_FLAGS:-}"
-  [topk2]="${TOPK_WORKER_FLAGS:-}"
-  [onebit_adam]="${ONEBIT_WORKER_FLAGS:-}"
-  [topk]="${TOPK_WORKER_FLAGS:-}"
+  [onebit_adam]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
+  [topk]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
+  [topk2]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
+  [onebit_adam_bf16]="${ONEBIT_WORKER_FLAGS:-}"
+  [topk_bf16]="${TOPK_WORKER_FLAGS:-}"
 )
 
 # Local steps (DiLoCo): diloco_h<H>_<codec> runs H steps of Adam (lr 1e-3)
