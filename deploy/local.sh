@@ -15,7 +15,11 @@
 #   --batch N [BATCH=32]           --lr X [LR=0.001]
 #   --optimizer NAME [OPTIMIZER=onebit_adam]   (onebit_adam, adam, sgd)
 #   --push-codec C [PUSH_CODEC=onebit]         --pull-codec C [PULL_CODEC=onebit]
-#   --warmup-codec C [WARMUP_CODEC=bf16]       --freeze-step N [FREEZE_STEP=300]
+#   --warmup-codec C [WARMUP_CODEC=quantize: 8-bit, with error feedback]
+#   --freeze-step N [FREEZE_STEP=600; 300 with --script]
+#   --onebit-momentum M [ONEBIT_MOMENTUM=worker; with --script the shards'
+#                 default, server]  where 1-bit Adam's compression stage
+#                 takes its momentum (docs/architecture.md)
 #   --k-fraction X [K_FRACTION=0.01]           --seed N [SEED=1]
 #   --base-port P [BASE_PORT=50051]  shards listen on P.., their metrics on
 #                 METRICS_PORT=9100.., workers' metrics on 9200..
@@ -41,8 +45,9 @@ LR="${LR:-0.001}"
 OPTIMIZER="${OPTIMIZER:-onebit_adam}"
 PUSH_CODEC="${PUSH_CODEC:-onebit}"
 PULL_CODEC="${PULL_CODEC:-onebit}"
-WARMUP_CODEC="${WARMUP_CODEC:-bf16}"
-FREEZE_STEP="${FREEZE_STEP:-300}"
+WARMUP_CODEC="${WARMUP_CODEC:-quantize}"
+FREEZE_STEP="${FREEZE_STEP:-}"
+ONEBIT_MOMENTUM="${ONEBIT_MOMENTUM:-}"
 K_FRACTION="${K_FRACTION:-0.01}"
 SEED="${SEED:-1}"
 BASE_PORT="${BASE_PORT:-50051}"
@@ -70,6 +75,7 @@ while [[ $# -gt 0 ]]; do
     --pull-codec) need_value "$@"; PULL_CODEC="$2"; shift 2 ;;
     --warmup-codec) need_value "$@"; WARMUP_CODEC="$2"; shift 2 ;;
     --freeze-step) need_value "$@"; FREEZE_STEP="$2"; shift 2 ;;
+    --onebit-momentum) need_value "$@"; ONEBIT_MOMENTUM="$2"; shift 2 ;;
     --k-fraction) need_value "$@"; K_FRACTION="$2"; shift 2 ;;
     --seed) need_value "$@"; SEED="$2"; shift 2 ;;
     --base-port) need_value "$@"; BASE_PORT="$2"; shift 2 ;;
@@ -77,7 +83,7 @@ while [[ $# -gt 0 ]]; do
     --prometheus-port) need_value "$@"; PROMETHEUS_PORT="$2"; shift 2 ;;
     --monitor) MONITOR=1; shift ;;
     --script) need_value "$@"; SCRIPT="$2"; shift 2; SCRIPT_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -85,6 +91,16 @@ for v in SHARDS WORKERS BATCH BASE_PORT PROMETHEUS_PORT; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v is '${!v}'; expected a positive integer"
 done
 [[ "$EPOCHS" =~ ^[0-9]+$ && "$STEPS" =~ ^[0-9]+$ ]] || die "epochs/steps must be integers"
+# The reference workload's 1-bit recipe (tests/bench/fidelity.sh, issue 12);
+# a --script run keeps the recipe its examples were measured with.
+if [[ -n "$SCRIPT" ]]; then
+  FREEZE_STEP="${FREEZE_STEP:-300}"
+else
+  FREEZE_STEP="${FREEZE_STEP:-600}"
+  ONEBIT_MOMENTUM="${ONEBIT_MOMENTUM:-worker}"
+fi
+momentum_flag=()
+[[ -n "$ONEBIT_MOMENTUM" ]] && momentum_flag=(--onebit_momentum="$ONEBIT_MOMENTUM")
 
 # shellcheck source=packages.sh
 source "$ROOT/deploy/packages.sh"
@@ -106,7 +122,8 @@ if [[ -n "$SCRIPT" ]]; then
   [[ -x "$SERVER" && -d "$BUILD_DIR/python/pserver" ]] || die "build failed"
   launch=(--shards "$SHARDS" --workers "$WORKERS" --server-bin "$SERVER"
     --optimizer "$OPTIMIZER" --lr "$LR" --freeze_step "$FREEZE_STEP"
-    --pull_codec "$PULL_CODEC" --pull_k_fraction "$K_FRACTION")
+    --pull_codec "$PULL_CODEC" --pull_k_fraction "$K_FRACTION"
+    "${momentum_flag[@]}")
   [[ -n "$RUN_DIR" ]] && launch+=(--run-dir "$RUN_DIR")
   # shellcheck disable=SC2086
   PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" exec /usr/bin/python3 \
@@ -137,7 +154,7 @@ for ((s = 0; s < SHARDS; s++)); do
     --metrics_listen="127.0.0.1:$((METRICS_PORT + s))" \
     --optimizer="$OPTIMIZER" --lr="$LR" --freeze_step="$FREEZE_STEP" \
     --pull_codec="$PULL_CODEC" --pull_k_fraction="$K_FRACTION" \
-    ${SERVER_FLAGS:-} >"$RUN_DIR/shard$s.log" 2>&1 &
+    "${momentum_flag[@]}" ${SERVER_FLAGS:-} >"$RUN_DIR/shard$s.log" 2>&1 &
   PIDS+=($!)
 done
 servers="$(IFS=,; echo "${addresses[*]}")"

@@ -60,8 +60,8 @@ declare -A EXTRA_SERVER=(
   [onebit_adam]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
   [topk]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [topk2]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
-  [onebit_adam_bf16]="${ONEBIT_SERVER_FLAGS:-}"
-  [topk_bf16]="${TOPK_SERVER_FLAGS:-}"
+  [onebit_adam_bf16]="--onebit_momentum=server ${ONEBIT_SERVER_FLAGS:-}"
+  [topk_bf16]="--onebit_momentum=server ${TOPK_SERVER_FLAGS:-}"
 )
 declare -A EXTRA_WORKER=(
   [adam_fp32]="${ADAM_WORKER_FLAGS:-}"
