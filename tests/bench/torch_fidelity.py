@@ -14,6 +14,11 @@ and the same batches in the same order in every run):
   torch_adam     torch.optim.Adam in one process on the global batch (W x b
                  examples), i.e. on the mean of the workers' gradients: the
                  reference the fp32 pserver run must equal.
+  torch_adam_split  the same, but the gradient is the mean of the W workers'
+                 own batch gradients, summed in worker order and divided by W
+                 (what the shards compute): the same arithmetic up to
+                 rounding, so its distance from torch_adam is the noise floor
+                 of "the same accuracy".
   ps_adam_fp32   pserver, Adam with bias correction on the shards (as
                  torch.optim.Adam), fp32 pushes and pulls.
   ps_onebit      pserver, 1-bit Adam, 1-bit pushes and pulls (bf16 pushes
@@ -59,7 +64,7 @@ EXAMPLES = ROOT / "python" / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 WORKERS = 4
-RUN_NAMES = ["torch_adam", "ps_adam_fp32", "ps_onebit", "ps_topk", "ddp_fp32",
+RUN_NAMES = ["torch_adam", "torch_adam_split", "ps_adam_fp32", "ps_onebit", "ps_topk", "ddp_fp32",
              "ddp_fp16", "ddp_powersgd"]
 
 
@@ -130,15 +135,22 @@ WORKLOADS = {"cnn": Cnn, "transformer": Transformer}
 # ---------------------------------------------------------------------------
 # torch_adam: one process, the global batch.
 
-def run_torch_adam(args):
+def run_torch_adam(args, split=False):
     torch.set_num_threads(args.threads)
     w = WORKLOADS[args.workload](args)
     net = w.model()
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     start = time.monotonic()
     for step in range(w.steps):
-        loss = w.loss(net, step, 0, 1, WORKERS * w.batch)
-        loss.backward()
+        if split:
+            # .grad accumulates worker 0's, then 1's, ... gradient; then / W.
+            for rank in range(WORKERS):
+                w.loss(net, step, rank, WORKERS, w.batch).backward()
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.grad.mul_(1.0 / WORKERS)
+        else:
+            w.loss(net, step, 0, 1, WORKERS * w.batch).backward()
         opt.step()
         opt.zero_grad()
     seconds = time.monotonic() - start
@@ -346,13 +358,18 @@ def verdicts(rows, workload):
     def total(r):
         return r["mb_up"] + r["mb_down"]
     ta, pa = by.get("torch_adam"), by.get("ps_adam_fp32")
-    if ta and pa:
+    for name, target in (("ps_adam_fp32", " (target: within 0.1)"),
+                         ("torch_adam_split", " (rounding alone)")):
+        r = by.get(name)
+        if not (ta and r):
+            continue
         if workload == "cnn":
-            lines.append(f"- ps_adam_fp32 vs torch_adam: {pa['mean'] - ta['mean']:+.2f} points "
-                         "(target: within 0.1)")
+            lines.append(f"- {name} vs torch_adam: {r['mean'] - ta['mean']:+.2f} "
+                         f"points{target}")
         else:
-            lines.append(f"- ps_adam_fp32 vs torch_adam: {100 * (pa['mean'] / ta['mean'] - 1):+.2f}% "
-                         "validation loss")
+            lines.append(f"- {name} vs torch_adam: "
+                         f"{100 * (r['mean'] / ta['mean'] - 1):+.2f}% validation "
+                         f"loss{target if name != 'ps_adam_fp32' else ''}")
     for name in ("ps_onebit", "ps_topk", "ddp_fp16", "ddp_powersgd"):
         r = by.get(name)
         if not (r and pa):
@@ -512,8 +529,8 @@ def main():
                 work.mkdir(parents=True, exist_ok=True)
                 print(f"torch_fidelity: {workload} {name} seed {seed} ...",
                       file=sys.stderr, flush=True)
-                if name == "torch_adam":
-                    r = run_torch_adam(a)
+                if name.startswith("torch_adam"):
+                    r = run_torch_adam(a, split=name == "torch_adam_split")
                 elif name.startswith("ddp_"):
                     r = run_ddp(a, str(work))
                 else:
