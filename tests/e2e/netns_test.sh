@@ -149,6 +149,18 @@ r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) i
 done
 [[ "$up" == 6 ]] || fail "Prometheus sees $up of 6 daemons up"
 echo "netns: Prometheus sees all 6 daemons up after $(( $(date +%s) - start )) s"
+# The checkpoint-age panel has data once both shards wrote their first
+# checkpoint (round 100): on a loaded machine that can take longer than the
+# few seconds below, so wait for it first.
+ckpt=0
+for _ in $(seq 240); do
+  ckpt=$(promql 'count(pserver_server_last_checkpoint_timestamp_seconds > 0)' |
+    python3 -c 'import json,sys
+r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)' || echo 0)
+  [[ "$ckpt" == 2 ]] && break
+  sleep 0.5
+done
+[[ "$ckpt" == 2 ]] || fail "Prometheus sees $ckpt of 2 shards with a checkpoint after 120 s"
 # The dashboard's queries are evaluated at a moment a few scrapes (1 s
 # apart) into training, since rate() needs several samples, once training is
 # over; every daemon must still have been up then.
