@@ -65,6 +65,13 @@ std::string Mismatch(const ShardState& s, const CheckpointExpectation& expect) {
                           s.preconditioned ? 1 : 0, "; this shard has ",
                           *expect.preconditioned ? 1 : 0, " (--onebit_mode)");
     }
+    if (expect.worker_momentum &&
+        s.worker_momentum != *expect.worker_momentum) {
+      return absl::StrCat("it was written with --onebit_momentum=",
+                          s.worker_momentum ? "worker" : "server",
+                          "; this shard has --onebit_momentum=",
+                          *expect.worker_momentum ? "worker" : "server");
+    }
     if (expect.freeze_step && !s.frozen &&
         s.freeze_step != *expect.freeze_step) {
       return absl::StrCat("it is in warmup with freeze_step=", s.freeze_step,
@@ -94,7 +101,7 @@ std::string SerializeShardState(const ShardState& s) {
   w.Num<uint8_t>(s.frozen ? 1 : 0);
   w.Num<uint8_t>(s.preconditioned ? 1 : 0);
   w.Num<uint8_t>(s.delta.empty() ? 0 : 1);
-  w.Num<uint8_t>(0);
+  w.Num<uint8_t>(s.worker_momentum ? 1 : 0);
   w.Num<uint64_t>(s.step);
   w.Num<uint64_t>(s.freeze_step);
   w.Num<uint64_t>(s.prev_replica_checksum);
@@ -121,7 +128,7 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
   RecordReader& r = *opened;
   uint32_t version = 0;
   ShardState s;
-  uint8_t frozen = 0, preconditioned = 0, has_delta = 0, pad = 0;
+  uint8_t frozen = 0, preconditioned = 0, has_delta = 0, worker_momentum = 0;
   std::string layout, delta;
   if (!r.Num(&version)) return absl::DataLossError("truncated header");
   if (version < kOldestVersion || version > kVersion) {
@@ -132,7 +139,7 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
   bool ok = r.Num(&s.shard_index) && r.Num(&s.num_shards) &&
             r.Num(&s.num_workers) && r.Num(&s.optimizer_kind) &&
             r.Num(&frozen) && r.Num(&preconditioned) && r.Num(&has_delta) &&
-            r.Num(&pad) && r.Num(&s.step) && r.Num(&s.freeze_step) &&
+            r.Num(&worker_momentum) && r.Num(&s.step) && r.Num(&s.freeze_step) &&
             r.Num(&s.prev_replica_checksum) && r.Num(&s.replica_checksum) &&
             (version < 3 || r.Num(&s.local_steps)) && r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
             r.Floats(&s.m) && r.Floats(&s.v) && r.Floats(&s.x_hat) &&
@@ -144,6 +151,12 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
   }
   s.frozen = frozen != 0;
   s.preconditioned = preconditioned != 0;
+  if (worker_momentum > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint worker_momentum is ", static_cast<int>(worker_momentum),
+        "; expected 0 or 1"));
+  }
+  s.worker_momentum = worker_momentum != 0;
   if (s.local_steps == 0 || s.local_steps > kMaxJobLocalSteps) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint local_steps is ", s.local_steps,

@@ -5,7 +5,7 @@
 // File format (version 3), all numbers little-endian:
 //   "PSCKPT\0\1" | u32 version | u32 shard_index | u32 num_shards |
 //   u32 num_workers | u32 optimizer kind | u8 frozen | u8 preconditioned |
-//   u8 has_delta | u8 0 | u64 step | u64 freeze_step |
+//   u8 has_delta | u8 worker_momentum | u64 step | u64 freeze_step |
 //   u64 prev_replica_checksum | u64 replica_checksum | u32 local_steps |
 //   blob layout (pserver.v1.ModelLayout) | blob delta (pserver.v1.EncodedChunks)
 //   | floats x | floats m | floats v | floats x_hat | i64s last_pushed |
@@ -14,6 +14,8 @@
 // record format of common/record_io.h). freeze_step is the step at which v
 // freezes (onebit_adam; 0 for the other optimizers). Version 2 files (no
 // local_steps: the job pushed every step) still load, as local_steps 1.
+// worker_momentum (--onebit_momentum=worker: m holds only the freeze-time
+// momentum) was a zero pad byte before, which is the shard's momentum.
 // Files are named ckpt-<20-digit step>.pserver and written atomically: a
 // temporary file, fsync, rename, fsync of the folder.
 #ifndef PSERVER_SERVER_CHECKPOINT_H_
@@ -42,6 +44,7 @@ struct ShardState {
   uint32_t optimizer_kind = 0;  // OptimizerKind as an integer
   bool frozen = false;
   bool preconditioned = true;
+  bool worker_momentum = false;  // --onebit_momentum=worker
   uint64_t step = 0;
   uint64_t freeze_step = 0;
   uint64_t prev_replica_checksum = 0;
@@ -78,6 +81,9 @@ struct CheckpointExpectation {
   // the freeze m is stored in that space and reading m_D as m (or the
   // reverse) is silently wrong.
   std::optional<bool> preconditioned;
+  // Where the compression stage's momentum lives (--onebit_momentum): after
+  // the freeze m is all of it or only its freeze-time part.
+  std::optional<bool> worker_momentum;
   // The step at which this shard would freeze v (--freeze_step): compared
   // while the checkpoint is still in warmup, where it decides when v
   // freezes; a frozen checkpoint's freeze is history.

@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
     expect.num_workers = config.num_workers;
     expect.optimizer_kind = static_cast<uint32_t>(config.optimizer.kind);
     expect.preconditioned = config.optimizer.preconditioned;
+    expect.worker_momentum = config.optimizer.worker_momentum;
     // freeze_step is not compared: a shard that fast-forwarded from a fresh
     // start saves its shifted freeze step, which a restart must accept.
     std::vector<std::string> refused;

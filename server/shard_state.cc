@@ -105,6 +105,7 @@ ShardState Shard::CaptureState() {
   st.optimizer_kind = static_cast<uint32_t>(config_.optimizer.kind);
   st.frozen = optimizer_->frozen();
   st.preconditioned = config_.optimizer.preconditioned;
+  st.worker_momentum = config_.optimizer.worker_momentum;
   st.step = step_;
   st.freeze_step = optimizer_->freeze_at();
   st.prev_replica_checksum = replica_->prev_checksum();

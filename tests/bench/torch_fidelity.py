@@ -23,6 +23,8 @@ and the same batches in the same order in every run):
                  torch.optim.Adam), fp32 pushes and pulls.
   ps_onebit      pserver, 1-bit Adam, 1-bit pushes and pulls (bf16 pushes
                  during the warmup); the transformer with bias correction.
+  ps_onebit_wm   ps_onebit with --onebit_momentum=worker: the workers'
+                 momentum is compressed after the freeze, not the gradient.
   ps_topk        pserver, 1-bit Adam's schedule with TopK pushes and pulls.
   ddp_fp32       DistributedDataParallel over gloo, 4 processes, fp32
                  allreduce, torch.optim.Adam.
@@ -64,7 +66,8 @@ EXAMPLES = ROOT / "python" / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 WORKERS = 4
-RUN_NAMES = ["torch_adam", "torch_adam_split", "ps_adam_fp32", "ps_onebit", "ps_topk", "ddp_fp32",
+RUN_NAMES = ["torch_adam", "torch_adam_split", "ps_adam_fp32", "ps_onebit",
+             "ps_onebit_wm", "ps_topk", "ddp_fp32",
              "ddp_fp16", "ddp_powersgd"]
 
 
@@ -252,9 +255,10 @@ def _pserver_flags(name, args, workload):
         return (["--optimizer", "adam", "--bias_correction=true",
                  "--pull-codec", "fp32"],
                 ["--push-codec", "fp32", "--warmup-codec", "fp32"])
-    if name == "ps_onebit":
+    if name in ("ps_onebit", "ps_onebit_wm"):
         return (["--optimizer", "onebit_adam", "--freeze-step", str(freeze),
-                 "--pull-codec", "onebit"],
+                 "--pull-codec", "onebit"] +
+                (["--onebit_momentum=worker"] if name == "ps_onebit_wm" else []),
                 ["--push-codec", "onebit", "--warmup-codec", "bf16"])
     if name == "ps_topk":
         return (["--optimizer", "onebit_adam", "--freeze-step", str(freeze),
@@ -370,7 +374,8 @@ def verdicts(rows, workload):
             lines.append(f"- {name} vs torch_adam: "
                          f"{100 * (r['mean'] / ta['mean'] - 1):+.2f}% validation "
                          f"loss{target if name != 'ps_adam_fp32' else ''}")
-    for name in ("ps_onebit", "ps_topk", "ddp_fp16", "ddp_powersgd"):
+    for name in ("ps_onebit", "ps_onebit_wm", "ps_topk", "ddp_fp16",
+                 "ddp_powersgd"):
         r = by.get(name)
         if not (r and pa):
             continue
@@ -378,14 +383,14 @@ def verdicts(rows, workload):
         if workload == "cnn":
             d = r["mean"] - pa["mean"]
             met = ""
-            if name == "ps_onebit":
+            if name.startswith("ps_onebit"):
                 met = "; target within 0.3 point and >= 15x: " + (
                     "met" if d >= -0.3 and less >= 15 else "MISSED")
             lines.append(f"- {name}: {d:+.2f} points vs ps_adam_fp32, {less:.1f}x less traffic{met}")
         else:
             d = 100 * (r["mean"] / pa["mean"] - 1)
             met = ""
-            if name == "ps_onebit":
+            if name.startswith("ps_onebit"):
                 met = "; target within 2%: " + ("met" if d <= 2 else "MISSED")
             lines.append(f"- {name}: validation loss {d:+.2f}% vs ps_adam_fp32, "
                          f"{less:.1f}x less traffic{met}")

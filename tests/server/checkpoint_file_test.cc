@@ -36,10 +36,14 @@ TEST(Checkpoint, SerializeParseRoundTrip) {
   s.x_hat.assign(n, 4.0f);
   s.last_pushed = {41, 40};
   s.delta = {Fp32Tensor(std::vector<float>(n, 0.25f))};
-  std::string bytes = SerializeShardState(s);
-  auto back = ParseShardState(bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(SerializeShardState(*back), bytes);
+  for (bool worker_momentum : {false, true}) {
+    s.worker_momentum = worker_momentum;
+    std::string bytes = SerializeShardState(s);
+    auto back = ParseShardState(bytes);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->worker_momentum, worker_momentum);
+    EXPECT_EQ(SerializeShardState(*back), bytes);
+  }
 }
 
 // Version 3 is version 2 plus u32 local_steps after replica_checksum. The

@@ -246,6 +246,28 @@ TEST(CheckpointRestore, Hole6OnebitModeMismatchRefused) {
       << refused[0];
   later.freeze_step = 50;
   EXPECT_TRUE(LoadNewestCheckpoint(warm, later, nullptr).ok());
+
+  // --onebit_momentum: after the freeze m is the whole momentum (server) or
+  // its freeze-time part (worker); a checkpoint of the other kind is refused.
+  std::string mom = NewDir("ckpt_hole6_momentum");
+  s.frozen = true;
+  s.step = 9;
+  s.worker_momentum = true;
+  ASSERT_TRUE(WriteCheckpoint(mom, s).ok());
+  CheckpointExpectation server_side;
+  server_side.worker_momentum = false;
+  refused.clear();
+  EXPECT_TRUE(absl::IsNotFound(
+      LoadNewestCheckpoint(mom, server_side, &refused).status()));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("written with --onebit_momentum=worker; this shard "
+                            "has --onebit_momentum=server"),
+            std::string::npos)
+      << refused[0];
+  server_side.worker_momentum = true;
+  auto loaded = LoadNewestCheckpoint(mom, server_side, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->worker_momentum);
 }
 
 TEST(Checkpoint, PeriodicWriterAndCloseWriteTheNewestState) {
