@@ -557,10 +557,16 @@ def main():
     (out / "torch_fidelity.json").write_text(json.dumps(results, indent=1))
     if args.from_json:
         # The settings line speaks of the runs' own settings.
+        # Each workload's own keys from its own runs (a run records the
+        # other workload's defaults too).
+        only = {"epochs": "cnn", "freeze_step": "cnn",
+                "transformer_steps": "transformer",
+                "transformer_freeze_step": "transformer"}
         for key in ("epochs", "transformer_steps", "freeze_step",
                     "transformer_freeze_step", "k_fraction", "lr",
                     "powersgd_rank", "powersgd_start"):
-            seen = {r["settings"][key] for r in results if "settings" in r}
+            seen = {r["settings"][key] for r in results if "settings" in r
+                    and r["workload"] == only.get(key, r["workload"])}
             if len(seen) == 1:
                 setattr(args, key, seen.pop())
     md = markdown(results, args)
