@@ -29,7 +29,9 @@ and the same batches in the same order in every run):
   ddp_fp32       DistributedDataParallel over gloo, 4 processes, fp32
                  allreduce, torch.optim.Adam.
   ddp_fp16       the same with fp16_compress_hook.
-  ddp_powersgd   the same with powerSGD_hook (rank 4).
+  ddp_powersgd   the same with powerSGD_hook (rank 4), in one DDP bucket
+                 (with several, gloo ranks may order PowerSGD's chained
+                 allreduces differently and abort).
 
 Bytes per worker: pserver's from the client's own counters (encoded payload
 pushed, pulled, and the frozen variance fetched once; framing not counted).
@@ -191,7 +193,16 @@ def _ddp_rank(rank, args, port, out):
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         net, [name for name, b in net.named_buffers()
               if b.dtype == torch.bool])
-    ddp = DistributedDataParallel(net)
+    if args.hook == "powersgd":
+        # One bucket: PowerSGD chains three allreduces per bucket, and with
+        # several buckets in flight gloo ranks can issue them in different
+        # orders (the transformer's 1.9M parameters made two buckets, the
+        # first of DDP's 1 MB first-bucket size, and gloo aborted: "enforce
+        # fail at pair.cc:510 op.preamble.length <= op.nbytes").
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+        ddp = DistributedDataParallel(net, bucket_cap_mb=1024)
+    else:
+        ddp = DistributedDataParallel(net)
     if args.hook == "fp32":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif args.hook == "fp16":
