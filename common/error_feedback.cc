@@ -123,6 +123,16 @@ double ErrorFeedback::ResidualNorm() const {
   return std::sqrt(sum);
 }
 
+absl::Status CheckAllFinite(absl::Span<const float> v, absl::string_view what) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " element ", i, " is not finite; expected finite values"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ErrorFeedback::SetResidual(absl::Span<const float> e) {
   if (e.empty()) {
     Reset();
@@ -132,12 +142,7 @@ absl::Status ErrorFeedback::SetResidual(absl::Span<const float> e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "residual has ", e.size(), " elements; expected ", size_));
   }
-  for (size_t i = 0; i < e.size(); ++i) {
-    if (!std::isfinite(e[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "residual element ", i, " is not finite; expected finite values"));
-    }
-  }
+  if (absl::Status s = CheckAllFinite(e, "residual"); !s.ok()) return s;
   residual_.assign(e.begin(), e.end());
   piece_sq_.clear();
   return absl::OkStatus();

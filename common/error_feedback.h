@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/codec.h"
 
@@ -37,6 +38,11 @@ absl::Status EncodeWithFeedback(const Codec& codec, absl::Span<const float> g,
                                 absl::Span<const float> e_in, float decay,
                                 uint64_t seed, v1::EncodedTensor* out,
                                 absl::Span<float> e_out);
+
+// INVALID_ARGUMENT "<what> element <i> is not finite; expected finite
+// values" for the first non-finite element of v, else OK: the check of every
+// restored float state (residuals, the worker's momentum).
+absl::Status CheckAllFinite(absl::Span<const float> v, absl::string_view what);
 
 // Thread-compatible: one instance per stream; no concurrent calls.
 class ErrorFeedback {

@@ -57,6 +57,15 @@ struct OptimizerConfig {
   bool worker_momentum = false;
 };
 
+// The decay with which the workers keep 1-bit Adam's compression-stage
+// momentum (RegisterResponse.worker_momentum; beta1), or 0 when pushes carry
+// gradients (every other optimizer, --onebit_momentum=server, or beta1 = 0,
+// where the momentum is the gradient either way).
+inline float WorkerMomentumBeta(const OptimizerConfig& c) {
+  return c.kind == OptimizerKind::kOneBitAdam && c.worker_momentum ? c.beta1
+                                                                   : 0.0f;
+}
+
 std::string OptimizerName(OptimizerKind kind);
 // INVALID_ARGUMENT naming the field for out-of-range hyper-parameters.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);

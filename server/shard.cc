@@ -32,8 +32,7 @@ const char* SpaceName(v1::GradientSpace s) {
 }  // namespace
 
 bool Shard::ExpectsMomentum() const {
-  return config_.optimizer.kind == OptimizerKind::kOneBitAdam &&
-         config_.optimizer.worker_momentum && config_.optimizer.beta1 > 0 &&
+  return WorkerMomentumBeta(config_.optimizer) > 0 &&
          optimizer_->stage() == v1::OPTIMIZER_STAGE_COMPRESSION;
 }
 

@@ -208,10 +208,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                                    ? v1::GRADIENT_SPACE_PRECONDITIONED
                                    : v1::GRADIENT_SPACE_RAW);
     resp.set_chunk_elements(config_.chunk_elements);
-    if (config_.optimizer.kind == OptimizerKind::kOneBitAdam &&
-        config_.optimizer.worker_momentum && config_.optimizer.beta1 > 0) {
-      resp.set_worker_momentum(config_.optimizer.beta1);
-    }
+    resp.set_worker_momentum(WorkerMomentumBeta(config_.optimizer));
     resp.set_model_ready(true);
     return resp;
   }();

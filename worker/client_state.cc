@@ -7,12 +7,12 @@
 // + n floats (the compression stage's worker momentum; n = 0 without one) |
 // u64 Checksum64 of everything before. "PSWKST01" (before worker momentum) is
 // the same without the momentum and still loads.
-#include <cmath>
 #include <cstring>
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_feedback.h"
 #include "common/file_io.h"
 #include "common/record_io.h"
 #include "worker/client.h"
@@ -22,17 +22,6 @@ namespace {
 
 constexpr absl::string_view kMagic("PSWKST02", 8);
 constexpr absl::string_view kMagicV1("PSWKST01", 8);
-
-// INVALID_ARGUMENT naming the first non-finite element of `v`, if any.
-absl::Status CheckFinite(const std::vector<float>& v, const std::string& what) {
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " element ", i, " is not finite; expected finite values"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -120,9 +109,9 @@ absl::Status Client::RestoreState(absl::string_view record,
           absl::StrCat(path, ": shard ", s, " does not match this model"));
     }
     for (absl::Status st :
-         {CheckFinite(warm[s], absl::StrCat("shard ", s, " warmup residual")),
-          CheckFinite(push[s], absl::StrCat("shard ", s, " push residual")),
-          CheckFinite(mom[s], absl::StrCat("shard ", s, " momentum"))}) {
+         {CheckAllFinite(warm[s], absl::StrCat("shard ", s, " warmup residual")),
+          CheckAllFinite(push[s], absl::StrCat("shard ", s, " push residual")),
+          CheckAllFinite(mom[s], absl::StrCat("shard ", s, " momentum"))}) {
       if (!st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
       }

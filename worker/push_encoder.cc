@@ -1,7 +1,6 @@
 #include "worker/push_encoder.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -88,12 +87,7 @@ absl::Status PushEncoder::SetMomentum(absl::Span<const float> u) {
     return absl::InvalidArgumentError(absl::StrCat(
         "momentum has ", u.size(), " elements; expected 0 or ", n_));
   }
-  for (size_t i = 0; i < u.size(); ++i) {
-    if (!std::isfinite(u[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "momentum element ", i, " is not finite; expected finite values"));
-    }
-  }
+  if (absl::Status s = CheckAllFinite(u, "momentum"); !s.ok()) return s;
   u_.assign(u.begin(), u.end());
   return absl::OkStatus();
 }
