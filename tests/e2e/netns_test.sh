@@ -138,12 +138,17 @@ promql() {  # promql EXPR [TIME]: the API's JSON answer to an instant query
     --data-urlencode "query=$1" "${at[@]}"
 }
 result_count() { python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))'; }
+# value EXPR [TIME]: a scalar query's value as an integer (0 when it has no
+# result or Prometheus does not answer).
+value() {
+  promql "$@" | python3 -c 'import json,sys
+r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)' || echo 0
+}
 
 # While they train: every daemon up, then every dashboard query has data.
 up=0
 for _ in $(seq 120); do
-  up=$(promql 'count(up == 1)' | python3 -c 'import json,sys
-r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)' || echo 0)
+  up=$(value 'count(up == 1)')
   [[ "$up" == 6 ]] && break
   sleep 0.5
 done
@@ -154,9 +159,7 @@ echo "netns: Prometheus sees all 6 daemons up after $(( $(date +%s) - start )) s
 # few seconds below, so wait for it first.
 ckpt=0
 for _ in $(seq 240); do
-  ckpt=$(promql 'count(pserver_server_last_checkpoint_timestamp_seconds > 0)' |
-    python3 -c 'import json,sys
-r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)' || echo 0)
+  ckpt=$(value 'count(pserver_server_last_checkpoint_timestamp_seconds > 0)')
   [[ "$ckpt" == 2 ]] && break
   sleep 0.5
 done
@@ -169,8 +172,7 @@ for w in 0 1 2 3; do
   wait "${worker_pids[$w]}" || fail "worker $w exited non-zero"
 done
 (( $(date +%s) > at + 1 )) || sleep $(( at + 2 - $(date +%s) ))
-live=$(promql 'count(up == 1)' "$at" | python3 -c 'import json,sys
-r = json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else 0)')
+live=$(value 'count(up == 1)' "$at")
 [[ "$live" == 6 ]] || fail "only $live daemons were up at the query time (raise STEPS: training too short)"
 python3 - "$DASHBOARD" >"$DIR/exprs" <<'PY'
 import json, sys
