@@ -107,6 +107,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                  .Help("1 = warmup (plain Adam), 2 = compression (v frozen).")
                  .Register(registry)
                  .Add({{"shard", shard_}})),
+      schedule_phase_(BuildGauge()
+                          .Name("pserver_server_schedule_phase")
+                          .Help("The compression schedule's phase of the "
+                                "round in progress (0 without --schedule).")
+                          .Register(registry)
+                          .Add({{"shard", shard_}})),
       workers_registered_(BuildGauge()
                               .Name("pserver_server_workers_registered")
                               .Help("Workers that have registered.")
@@ -271,6 +277,9 @@ void ServerMetrics::SetStep(uint64_t step) {
   step_.Set(static_cast<double>(step));
 }
 void ServerMetrics::SetStage(int stage) { stage_.Set(stage); }
+void ServerMetrics::SetSchedulePhase(uint32_t phase) {
+  schedule_phase_.Set(phase);
+}
 void ServerMetrics::SetWorkersRegistered(uint32_t n) {
   workers_registered_.Set(n);
 }

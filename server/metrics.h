@@ -64,6 +64,7 @@ class ServerMetrics {
   void ObservePullEncode(double seconds);
   void SetStep(uint64_t step);
   void SetStage(int stage);  // 1 warmup, 2 compression
+  void SetSchedulePhase(uint32_t phase);
   void SetWorkersRegistered(uint32_t n);
   void SetNorms(double update, double momentum, double replica_residual);
   void SetModelElements(uint64_t n);
@@ -97,6 +98,7 @@ class ServerMetrics {
   prometheus::Histogram& pull_encode_seconds_;
   prometheus::Gauge& step_;
   prometheus::Gauge& stage_;
+  prometheus::Gauge& schedule_phase_;
   prometheus::Gauge& workers_registered_;
   prometheus::Gauge& update_norm_;
   prometheus::Gauge& momentum_norm_;

@@ -264,6 +264,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     uint64_t checksum = 0;
     v1::OptimizerStage stage = v1::OPTIMIZER_STAGE_UNSPECIFIED;
     bool ahead = false;
+    uint32_t phase = 0;
   };
   std::vector<Head> head(n);
   // The replica stages the decoded slices (worker/replica.h); nothing
@@ -305,10 +306,16 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
             fatal[s] = a;
             return a;
           }
+          if (absl::Status p = CheckPhase(s, resp.schedule_phase());
+              !p.ok()) {
+            fatal[s] = p;
+            return p;
+          }
           Head& h = head[s];
           if (!h.seen) {
-            h = Head{true, resp.kind(), resp.step(), resp.replica_checksum(),
-                     resp.stage(), is_ahead};
+            h = Head{true,         resp.kind(),  resp.step(),
+                     resp.replica_checksum(), resp.stage(), is_ahead,
+                     resp.schedule_phase()};
           } else if (resp.kind() != h.kind || resp.step() != h.step ||
                      resp.replica_checksum() != h.checksum) {
             // The shard moved on between chunks: take a snapshot.
@@ -391,6 +398,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         !st.ok()) {
       return st;
     }
+    if (absl::Status st = SetPhase(s, head[s].phase); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/codec.h"
+#include "common/schedule.h"
 #include "common/daemon/command_line.h"
 #include "common/daemon/daemon_flags.h"
 #include "prometheus/registry.h"
@@ -51,6 +52,10 @@ ABSL_FLAG(std::string, push_codec, "onebit",
           "fp32, fp16, bf16, onebit, topk, randomk, quantize, topk_quantize");
 ABSL_FLAG(std::string, warmup_codec, "fp32",
           "push codec during 1-bit Adam's warmup (fp32, bf16, ...)");
+ABSL_FLAG(std::string, schedule, "",
+          "compression schedule file (JSON or text proto; docs/schedules.md), "
+          "the same as the shards': the push codec of each phase of the run "
+          "(phases without one use --push_codec / --warmup_codec)");
 ABSL_FLAG(uint32_t, block_size, 256,
           "onebit/quantize: elements per scale block (0 = whole tensor)");
 ABSL_FLAG(std::string, onebit_scale, "mean_abs",
@@ -213,6 +218,14 @@ int Run() {
     return Fail(s.message());
   }
   c.warmup_params = c.push_params;
+  if (std::string path = absl::GetFlag(FLAGS_schedule); !path.empty()) {
+    absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+        CompressionSchedule::Load(path);
+    if (!schedule.ok()) {
+      return Fail(absl::StrCat("--schedule: ", schedule.status().message()));
+    }
+    c.schedule = *std::move(schedule);
+  }
   c.ef_decay = absl::GetFlag(FLAGS_ef_decay);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout));

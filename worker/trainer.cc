@@ -138,12 +138,15 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     metrics = unexported.get();
   }
 
+  const int64_t total = model.total_steps();
+  // The run's length in rounds (pushes), for a schedule's fractions.
+  client->SetRunLength(static_cast<uint64_t>(
+      (total + o.local_steps - 1) / std::max(1, o.local_steps)));
   if (absl::Status s = client->Register(model.layout(), model.InitialWeights());
       !s.ok()) {
     return s;
   }
   LoadWorkerState(o, client, log, worker_id);
-  const int64_t total = model.total_steps();
   const int64_t per_epoch = model.steps_per_epoch();
   std::vector<float> grad(client->num_params());
   TrainResult result;
@@ -166,8 +169,22 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   // After each push: the step's record, metrics, progress, the state file,
   // and an evaluation when the step (or round) crossed into a new epoch.
   // `first` is the first data step it covered, `done` the data steps done.
+  uint32_t phase = client->schedule_phase();
   auto after_step = [&](absl::Time t0, int64_t first, int64_t done) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (client->schedule_phase() != phase && log != nullptr &&
+        client->options().schedule != nullptr) {
+      phase = client->schedule_phase();
+      const CompressionSchedule& s = *client->options().schedule;
+      const CodecChoiceSpec* push = s.push(phase);
+      std::fprintf(log,
+                   "%sworker %u round %lu: schedule phase %u (%s): push %s\n",
+                   o.progress_bar ? "\n" : "", worker_id,
+                   static_cast<unsigned long>(client->step()), phase,
+                   s.PhaseName(phase).c_str(),
+                   push != nullptr ? push->Describe().c_str()
+                                   : "by --push_codec/--warmup_codec");
+    }
     const ClientStats& now = client->stats();
     result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
                                now.pull_payload_bytes - pulled});
