@@ -164,6 +164,7 @@ Shard::Shard(const ShardConfig& config, ShardEnv env,
       last_pushed_(config.num_workers, -1),
       replica_(std::move(replica)),
       round_(config.num_workers, env.pool),
+      diagnostics_(config.num_workers),
       leases_(config.num_workers, config.lease_timeout, clock_) {}
 
 absl::Status Shard::CheckWorker(uint32_t worker_id) const {
@@ -294,6 +295,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
       round_.Queue(w, Round::Push::Own(std::move(request), *valid,
                                        std::move(on_summed)),
                    c);
+      diagnostics_.Arrived(w, clock_->Now());
       *queued = true;
       last_pushed_[w] = static_cast<int64_t>(req.step());
       ready = Drain();
@@ -345,6 +347,7 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   double optimizer_seconds = 0;
   absl::Time pull_start;
   // WithMean runs the lambda synchronously, under mu_ still.
+  const v1::OptimizerStage stage_before = optimizer_->stage();
   round_.WithMean([&](absl::Span<float> mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));
@@ -373,6 +376,22 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   metrics_->ObserveOptimizer(optimizer_seconds);
   metrics_->ObservePullEncode(absl::ToDoubleSeconds(clock_->Now() - pull_start));
   metrics_->ObserveRound(absl::ToDoubleSeconds(clock_->Now() - round_start_));
+  {
+    // The round just completed is step_ - 1: a regime change when the
+    // optimizer froze in it or it began a schedule phase.
+    const uint64_t round = step_ - 1;
+    const bool change = optimizer_->stage() != stage_before ||
+                        (round > 0 && PhaseAt(round) != PhaseAt(round - 1));
+    RoundDiagnostics::RoundEnd end = diagnostics_.EndRound(
+        round, round_start_, clock_->Now(), update_norm, change);
+    metrics_->ObserveStragglers(end.wait_seconds, end.top_worker,
+                                end.top_share, end.wait_share);
+    for (const RoundFinding& f : end.findings) {
+      metrics_->CountDiagnostic(RoundFindingName(f.kind));
+      std::fprintf(stderr, "pserver: shard %u %s\n", config_.shard_index,
+                   f.message.c_str());
+    }
+  }
   metrics_->SetStep(step_);
   metrics_->SetStage(optimizer_->stage());
   metrics_->SetSchedulePhase(PhaseAt(step_));

@@ -48,6 +48,7 @@
 #include "server/pull_waiters.h"
 #include "server/replica_tracker.h"
 #include "server/round.h"
+#include "server/round_diagnostics.h"
 #include "server/round_policy.h"
 
 namespace pserver {
@@ -278,6 +279,8 @@ class Shard {
   const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
+  // Stragglers and update blow-ups (server/round_diagnostics.h).
+  RoundDiagnostics diagnostics_ ABSL_GUARDED_BY(mu_);
   // When the norm gauges were last computed (CompleteRound).
   absl::Time norms_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   static constexpr absl::Duration kNormsPeriod = absl::Seconds(1);

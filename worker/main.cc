@@ -164,7 +164,7 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
       "\"encode_seconds\": %.4f, \"push_seconds\": %.4f, "
       "\"pull_seconds\": %.4f, \"variance_bytes\": %d, "
-      "\"local_steps\": %d, ",
+      "\"local_steps\": %d, \"communication_share\": %.4f, ",
       c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
       t.model, t.init == InitScheme::kPyTorch ? "pytorch" : "he_normal",
       t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
@@ -172,7 +172,14 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
       s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds,
       s.push_seconds, s.pull_seconds, s.variance_payload_bytes,
-      t.local_steps);
+      t.local_steps, r.communication_share);
+  out << "\"diagnostics\": {"
+      << absl::StrJoin(r.diagnostics, ", ",
+                       [](std::string* o, const auto& kv) {
+                         absl::StrAppendFormat(o, "\"%s\": %d", kv.first,
+                                               kv.second);
+                       })
+      << "}, ";
   // Per step, in order (tests/bench/network.sh takes medians of these).
   out << "\"step_seconds\": ["
       << absl::StrJoin(r.step_log, ", ",

@@ -1,12 +1,14 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "worker/diagnostics.h"
 #include "worker/workloads.h"
 
 namespace pserver {
@@ -170,7 +172,42 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   // and an evaluation when the step (or round) crossed into a new epoch.
   // `first` is the first data step it covered, `done` the data steps done.
   uint32_t phase = client->schedule_phase();
-  auto after_step = [&](absl::Time t0, int64_t first, int64_t done) {
+  // Diagnostics (worker/diagnostics.h): the gradient's norm is a pass over
+  // it, so on large models it is sampled every few steps.
+  TrainingDiagnostics diagnostics;
+  const int64_t norm_stride =
+      std::max<int64_t>(1, static_cast<int64_t>(grad.size() >> 22));
+  auto diagnose = [&](const StepSample& sample) {
+    std::vector<Finding> found = diagnostics.Observe(sample);
+    metrics->ObserveDiagnostics(sample, diagnostics, found);
+    result.communication_share = diagnostics.communication_share();
+    for (const Finding& f : found) {
+      ++result.diagnostics[DiagnosticName(f.kind)];
+      if (log != nullptr) {
+        std::fprintf(log, "%sworker %u %s\n", o.progress_bar ? "\n" : "",
+                     worker_id, f.message.c_str());
+      }
+    }
+  };
+  // A non-finite loss is reported before the step that would send it fails.
+  auto check_loss = [&](int64_t step, double loss) {
+    if (!std::isfinite(loss)) {
+      StepSample sample;
+      sample.step = step;
+      sample.loss = loss;
+      diagnose(sample);
+    }
+  };
+  auto gradient_norm = [&](int64_t step) {
+    if (step % norm_stride != 0) return 0.0;
+    double sum = 0;
+    for (float v : grad) sum += double{v} * v;
+    return std::sqrt(sum);
+  };
+  // `compute`: the step's forward and backward time; `gnorm`: ||g|| (0:
+  // not sampled).
+  auto after_step = [&](absl::Time t0, int64_t first, int64_t done,
+                        double compute, double gnorm) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     if (client->schedule_phase() != phase && log != nullptr &&
         client->options().schedule != nullptr) {
@@ -191,6 +228,21 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     pushed = now.push_payload_bytes;
     pulled = now.pull_payload_bytes;
     metrics->ObserveStep(seconds, done, result.last_loss);
+    StepSample sample;
+    sample.step = first;
+    sample.loss = result.last_loss;
+    sample.gradient_norm = gnorm;
+    // After 1-bit Adam's freeze the residual lives in the preconditioned
+    // space, not comparable with ||g||: that check covers the warmup and
+    // the optimizers without a freeze.
+    sample.residual_norm =
+        gnorm > 0 && client->stage() != v1::OPTIMIZER_STAGE_COMPRESSION
+            ? client->ResidualNorm()
+            : -1;
+    sample.compute_seconds = std::min(compute, seconds);
+    sample.communication_seconds = seconds - sample.compute_seconds;
+    sample.pushed_bytes = result.step_log.back().push_bytes;
+    diagnose(sample);
     // A sum over the residuals' pieces (error_feedback.h): cheap.
     if (exported) metrics->SetResidualNorm(client->ResidualNorm());
     progress.Update(done, per_epoch > 0 ? first / per_epoch : 0,
@@ -220,12 +272,16 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
             model.Gradient(step, local, absl::MakeSpan(grad));
         if (!loss.ok()) return loss.status();
         result.last_loss = *loss;
+        check_loss(step, *loss);
         inner.Step(grad, absl::MakeSpan(local));
       }
       for (size_t i = 0; i < grad.size(); ++i) grad[i] = replica[i] - local[i];
+      const double compute = absl::ToDoubleSeconds(absl::Now() - t0);
+      const double gnorm = gradient_norm(first / h);
       if (absl::Status s = client->Step(grad); !s.ok()) return s;
       after_step(t0, first,
-                 std::min(total, static_cast<int64_t>(client->step()) * h));
+                 std::min(total, static_cast<int64_t>(client->step()) * h),
+                 compute, gnorm);
     }
   }
   // The client's step leads: a worker that joins late starts at the shards'
@@ -243,10 +299,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
           if (handed.ok()) handed = client->GradientReady(b, e);
         });
     if (!loss.ok()) return loss.status();
+    const double compute = absl::ToDoubleSeconds(absl::Now() - t0);
+    check_loss(step, *loss);
     if (!handed.ok()) return handed;
     if (absl::Status s = client->FinishStep(); !s.ok()) return s;
     result.last_loss = *loss;
-    after_step(t0, step, static_cast<int64_t>(client->step()));
+    after_step(t0, step, static_cast<int64_t>(client->step()), compute,
+               gradient_norm(step));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   evaluate(per_epoch > 0 ? (total + per_epoch - 1) / per_epoch : 0);

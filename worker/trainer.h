@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,9 @@ struct TrainResult {
   double test_loss = 0;
   ClientStats stats;  // the final weights are the client's weights()
   std::vector<StepRecord> step_log;  // one per step run here, in order
+  // Conditions worker/diagnostics.h reported, by kind name.
+  std::map<std::string, int64_t> diagnostics;
+  double communication_share = 0;  // its moving average at the end
 };
 
 // Registers with the shards (the model's initial weights from options.seed)
