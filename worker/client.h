@@ -225,7 +225,9 @@ class Client {
   // progress: registers again (and for kRejoinAndResend pushes `push` again,
   // re-encoded if the shard's stage changed). The shard is then pulled as a
   // snapshot. kFail never gets here.
-  absl::Status Recover(size_t s, Recovery recovery, const PendingPush& push);
+  // Returns the shard's step after registering again.
+  absl::StatusOr<uint64_t> Recover(size_t s, Recovery recovery,
+                                   const PendingPush& push);
   // Pulls `step` from every shard (snapshot[s]: a full snapshot from shard
   // s) and commits the answers to the replica only when all verified; a
   // checksum mismatch is re-pulled as a snapshot. `push` is the step's push
