@@ -176,6 +176,7 @@ if [[ "$MONITOR" == 1 ]]; then
   for ((w = 0; w < WORKERS; w++)); do targets+="'127.0.0.1:$((WORKER_METRICS_PORT + w))',"; done
   sed -e "s|targets: \[.*\] *# local.sh|targets: [${targets%,}]|" \
     "$ROOT/deploy/prometheus/local.yml" >"$RUN_DIR/prometheus.yml"
+  cp "$ROOT/deploy/prometheus/alerts.yml" "$RUN_DIR/alerts.yml"  # its rule_files
   prometheus --config.file="$RUN_DIR/prometheus.yml" \
     --storage.tsdb.path="$RUN_DIR/prometheus-data" \
     --web.listen-address="127.0.0.1:$PROMETHEUS_PORT" >"$RUN_DIR/prometheus.log" 2>&1 &
