@@ -92,6 +92,9 @@ ABSL_FLAG(int32_t, local_steps, 1,
 ABSL_FLAG(float, inner_lr, 1e-3f, "local steps: the inner Adam's learning rate");
 ABSL_FLAG(float, inner_weight_decay, 0.0f,
           "local steps: the inner Adam's decoupled weight decay");
+ABSL_FLAG(double, compute_delay_ms, 0,
+          "milliseconds added to every gradient's compute (a sleep): makes "
+          "this worker a straggler on purpose, for benchmarks and tests");
 ABSL_FLAG(std::string, save_weights, "",
           "if set, write the final weights here as raw little-endian fp32");
 ABSL_FLAG(std::string, summary_json, "",
@@ -281,6 +284,12 @@ int Run() {
   t.state_every = absl::GetFlag(FLAGS_state_every);
   t.local_steps = absl::GetFlag(FLAGS_local_steps);
   c.local_steps = t.local_steps < 1 ? 1 : static_cast<uint32_t>(t.local_steps);
+  const double delay_ms = absl::GetFlag(FLAGS_compute_delay_ms);
+  if (!(delay_ms >= 0 && delay_ms <= 60000)) {
+    return Fail(absl::StrCat("--compute_delay_ms is ", delay_ms,
+                             "; expected 0..60000"));
+  }
+  t.compute_delay = absl::Milliseconds(delay_ms);
   t.inner.lr = absl::GetFlag(FLAGS_inner_lr);
   t.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
   enum class Progress { kAuto, kBar, kLines };

@@ -271,6 +271,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
         absl::StatusOr<double> loss =
             model.Gradient(step, local, absl::MakeSpan(grad));
         if (!loss.ok()) return loss.status();
+        if (o.compute_delay > absl::ZeroDuration()) {
+          absl::SleepFor(o.compute_delay);
+        }
         result.last_loss = *loss;
         check_loss(step, *loss);
         inner.Step(grad, absl::MakeSpan(local));
@@ -299,6 +302,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
           if (handed.ok()) handed = client->GradientReady(b, e);
         });
     if (!loss.ok()) return loss.status();
+    if (o.compute_delay > absl::ZeroDuration()) absl::SleepFor(o.compute_delay);
     const double compute = absl::ToDoubleSeconds(absl::Now() - t0);
     check_loss(step, *loss);
     if (!handed.ok()) return handed;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "worker/client.h"
 #include "worker/inner_adam.h"
 #include "worker/metrics.h"
@@ -51,6 +52,10 @@ struct TrainerOptions {
   // default). `steps`/`epochs` count local steps; the shards count rounds.
   int local_steps = 1;
   InnerAdamOptions inner;
+  // Added to every gradient's compute time (a sleep after it): makes this
+  // worker a straggler on purpose, for benchmarks and tests of rounds that
+  // wait for the slowest worker.
+  absl::Duration compute_delay = absl::ZeroDuration();
 };
 
 inline constexpr int kMaxLocalSteps = 100000;

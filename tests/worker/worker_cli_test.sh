@@ -30,6 +30,7 @@ bad --quantize_range "expected linear or adaptive$" --quantize_range=log
 bad --model "'cnn'; expected mlp or synthetic$" --model=cnn
 printf '{"phases": [{"begin_step": 4}]}' >"$WORK/late.json"
 bad --schedule "cannot read the schedule file" --schedule="$WORK/none.json"
+bad --compute_delay_ms "is -1; expected 0..60000$" --compute_delay_ms=-1
 bad --schedule "expected the first phase to begin at step 0" \
   --schedule="$WORK/late.json"
 bad --init "'xavier'; expected pytorch or he_normal$" --init=xavier
