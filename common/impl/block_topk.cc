@@ -1,0 +1,255 @@
+// Block TopK, a structured sparsification: the span is cut into blocks (rows
+// of row_length elements, each cut into block_size pieces from its start;
+// codec.proto has the exact layout) and the k blocks b of largest
+// ||u_b||_2 are sent, one index per block instead of one per element.
+// Payload: varint count, varint block number gaps (topk_indices.cc), then
+// the chosen blocks' values in value_format.
+//
+// The norm compared is the sum of squares in double, summed in element
+// order: squares of finite floats are exact in double and 64 of them cannot
+// overflow (64 * 2^256 < 2^1024), so a non-finite sum means a non-finite
+// element, and the order (ties to the lower block) is reproducible.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "common/impl/codecs.h"
+#include "common/impl/scratch.h"
+#include "common/impl/topk_select.h"
+#include "common/impl/wire_scalar.h"
+
+namespace pserver {
+namespace impl {
+namespace {
+
+// The blocks of a span of n elements: n / row rows (row = n when flat) of
+// per_row blocks each; block b of a row holds min(block, row - b * block)
+// elements. REQUIRES: row is 0 (flat) or divides n; block >= 1.
+struct BlockGrid {
+  BlockGrid(uint64_t n, uint64_t block_size, uint64_t row_length)
+      : row(row_length == 0 ? n : row_length),
+        block(block_size),
+        per_row(row == 0 ? 1 : CeilDiv(row, block)),
+        blocks(row == 0 ? 0 : n / row * per_row) {}
+
+  uint64_t Start(uint64_t b) const {
+    return b / per_row * row + b % per_row * block;
+  }
+  uint64_t Length(uint64_t b) const {
+    return std::min(block, row - b % per_row * block);
+  }
+  // Whether every block holds `block` elements.
+  bool Uniform() const { return row % block == 0; }
+
+  uint64_t row, block, per_row, blocks;
+};
+
+// The row length an encoder uses for n elements: row_length if it divides
+// n, else 0 (flat), as codec.proto says.
+uint64_t EffectiveRow(uint64_t n, uint64_t row_length) {
+  if (row_length == 0 || row_length > n || n % row_length != 0) return 0;
+  return row_length;
+}
+
+// Blocks kept out of `blocks`: params.k if set, else ceil(k_fraction *
+// blocks), at least 1 and at most blocks. The ceiling takes a relative
+// slack of 1e-12 so that a product which rounding pushed just above an
+// integer (0.07 * 100 is 7.000000000000001 in double) keeps that integer.
+uint64_t BlocksToKeep(const v1::CodecParams& p, uint64_t blocks) {
+  if (blocks == 0) return 0;
+  uint64_t k = p.k();
+  if (k == 0) {
+    const double want = std::ceil(p.k_fraction() *
+                                  static_cast<double>(blocks) * (1.0 - 1e-12));
+    k = want < 1.0 ? 1 : static_cast<uint64_t>(want);
+  }
+  return std::min(k, blocks);
+}
+
+struct BlockScratch {
+  Buffer<double> norms;  // sum of squares per block
+  Buffer<double> order;  // a copy of norms that selection reorders
+  Buffer<uint64_t> chosen;
+  Buffer<float> values;  // the chosen blocks' elements, in order
+  Buffer<uint8_t> bytes;  // encoded gaps (AppendIndices)
+};
+
+// norms[b] = sum of u_i^2 over block b, in double, in element order.
+void SumSquares(absl::Span<const float> u, const BlockGrid& grid,
+                double* norms) {
+  uint64_t b = 0;
+  for (uint64_t r = 0; r < u.size(); r += grid.row) {
+    for (uint64_t off = 0; off < grid.row; off += grid.block, ++b) {
+      const float* x = u.data() + r + off;
+      const uint64_t len = std::min(grid.block, grid.row - off);
+      double sum = 0.0;
+      for (uint64_t i = 0; i < len; ++i) {
+        sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+      }
+      norms[b] = sum;
+    }
+  }
+}
+
+// chosen[0..k) = the k blocks of largest norm, ties to the lower block, in
+// increasing order. REQUIRES: 1 <= k <= blocks; norms finite.
+void SelectBlocks(const double* norms, uint64_t blocks, uint64_t k,
+                  BlockScratch* s, uint64_t* chosen) {
+  if (k == blocks) {
+    for (uint64_t b = 0; b < blocks; ++b) chosen[b] = b;
+    return;
+  }
+  // The k-th largest norm v: every block above v is kept, and the first
+  // k - (blocks above v) blocks equal to v.
+  double* order = s->order.Reserve(blocks);
+  std::copy(norms, norms + blocks, order);
+  std::nth_element(order, order + (k - 1), order + blocks,
+                   std::greater<double>());
+  const double v = order[k - 1];
+  uint64_t above = 0;
+  for (uint64_t b = 0; b < blocks; ++b) above += norms[b] > v;
+  uint64_t ties = k - above;
+  uint64_t c = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    if (norms[b] > v) {
+      chosen[c++] = b;
+    } else if (norms[b] == v && ties > 0) {
+      chosen[c++] = b;
+      --ties;
+    }
+  }
+}
+
+template <Scalar S>
+void AccumulateBlocks(const BlockGrid& grid, IndexWalker* at,
+                      const uint8_t* values, float alpha, float* acc) {
+  for (uint64_t j = 0; j < at->count(); ++j) {
+    const uint64_t b = at->Next();
+    const uint64_t len = grid.Length(b);
+    AccumulateScalars<S>(values, len, alpha, acc + grid.Start(b));
+    values += len * kScalarBytes<S>;
+  }
+}
+
+class BlockTopKCodec final : public CodecBase {
+ public:
+  explicit BlockTopKCodec(const v1::CodecParams& params)
+      : CodecBase(v1::CODEC_BLOCK_TOPK, params) {}
+
+  absl::Status Encode(absl::Span<const float> u, uint64_t seed,
+                      v1::EncodedTensor* out) const override {
+    const uint64_t n = u.size();
+    const uint64_t row = EffectiveRow(n, params().row_length());
+    const BlockGrid grid(n, params().block_size(), row);
+    ScratchPool<BlockScratch>::Lease s = scratch_.Take();
+    double* norms = s->norms.Reserve(grid.blocks);
+    SumSquares(u, grid, norms);
+    bool finite = true;
+    for (uint64_t b = 0; b < grid.blocks; ++b) {
+      finite &= std::isfinite(norms[b]);
+    }
+    if (!finite) return CheckFinite(u);  // names the first bad element
+    const uint64_t k = BlocksToKeep(params(), grid.blocks);
+    uint64_t* chosen = s->chosen.Reserve(k);
+    if (k > 0) SelectBlocks(norms, grid.blocks, k, &*s, chosen);
+    uint64_t total = 0;
+    for (uint64_t j = 0; j < k; ++j) total += grid.Length(chosen[j]);
+    float* values = s->values.Reserve(total);
+    float* v = values;
+    for (uint64_t j = 0; j < k; ++j) {
+      const float* x = u.data() + grid.Start(chosen[j]);
+      v = std::copy(x, x + grid.Length(chosen[j]), v);
+    }
+    StartOutput(n, out);
+    out->mutable_params()->set_k(k);
+    out->mutable_params()->set_row_length(row);
+    std::string* payload = out->mutable_payload();
+    payload->reserve(k * 2 + total * ValueBytes(params().value_format()) +
+                     32);
+    AppendIndices(absl::MakeConstSpan(chosen, k), &s->bytes, payload);
+    AppendValues(absl::MakeConstSpan(values, total), params().value_format(),
+                 payload);
+    return absl::OkStatus();
+  }
+
+  absl::Status Validate(const v1::EncodedTensor& t,
+                        uint64_t n) const override {
+    absl::Status s = CheckHeader(t, n);
+    if (!s.ok()) return s;
+    s = CheckValueFormat(t.params());
+    if (!s.ok()) return s;
+    s = CheckBlockTopKBlock(t.params().block_size(), /*unset_ok=*/false);
+    if (!s.ok()) return s;
+    const uint64_t row = t.params().row_length();
+    if (row != 0 && (row > n || n % row != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "params.row_length is ", row,
+          "; expected 0 (flat) or a divisor of num_elements ", n));
+    }
+    const BlockGrid grid(n, t.params().block_size(), row);
+    uint64_t count;
+    size_t offset;
+    s = ParseIndices(t.payload(), grid.blocks, &count, &offset, "blocks");
+    if (!s.ok()) return s;
+    // count <= payload bytes (ParseIndices), so these sums cannot overflow.
+    uint64_t values = count * grid.block;
+    if (!grid.Uniform()) {
+      const uint8_t* p = reinterpret_cast<const uint8_t*>(t.payload().data());
+      IndexWalker at(p, p + t.payload().size());
+      values = 0;
+      for (uint64_t j = 0; j < count; ++j) values += grid.Length(at.Next());
+    }
+    const v1::ValueFormat f = t.params().value_format();
+    const size_t rest = t.payload().size() - offset;
+    if (rest % ValueBytes(f) != 0 || rest / ValueBytes(f) != values) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "payload has ", rest, " value bytes after the block indices; "
+          "expected ", values * ValueBytes(f), " for the ", values,
+          " values of ", count, " blocks"));
+    }
+    return CheckValues(
+        reinterpret_cast<const uint8_t*>(t.payload().data()) + offset,
+        values, f, "block_topk");
+  }
+
+ protected:
+  void AccumulateValid(const v1::EncodedTensor& t, float alpha,
+                       absl::Span<float> acc) const override {
+    const BlockGrid grid(acc.size(), t.params().block_size(),
+                         t.params().row_length());
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(t.payload().data());
+    IndexWalker at(p, p + t.payload().size());
+    const uint8_t* values = at.ValuesBegin();
+    if (t.params().value_format() == v1::VALUE_FORMAT_FP16) {
+      AccumulateBlocks<Scalar::kFp16>(grid, &at, values, alpha, acc.data());
+    } else {
+      AccumulateBlocks<Scalar::kFp32>(grid, &at, values, alpha, acc.data());
+    }
+  }
+
+ private:
+  // Encoding workspaces (codec.h: calls may run concurrently).
+  mutable ScratchPool<BlockScratch> scratch_;
+};
+
+}  // namespace
+
+absl::Status CheckBlockTopKBlock(uint32_t b, bool unset_ok) {
+  if ((b == 0 && unset_ok) ||
+      (b >= kBlockTopKMinBlock && b <= kBlockTopKMaxBlock)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "params.block_size is ", b, "; expected ", kBlockTopKMinBlock, "..",
+      kBlockTopKMaxBlock, " for block_topk",
+      unset_ok ? absl::StrCat(" (unset: ", kBlockTopKDefaultBlock, ")")
+               : std::string()));
+}
+
+std::unique_ptr<Codec> NewBlockTopKCodec(const v1::CodecParams& params) {
+  return std::make_unique<BlockTopKCodec>(params);
+}
+
+}  // namespace impl
+}  // namespace pserver
