@@ -69,27 +69,80 @@ uint64_t BlocksToKeep(const v1::CodecParams& p, uint64_t blocks) {
 
 struct BlockScratch {
   Buffer<double> norms;  // sum of squares per block
-  Buffer<double> order;  // a copy of norms that selection reorders
+  Buffer<double> order;  // selection's workspace (KthLargest)
   Buffer<uint64_t> chosen;
   Buffer<float> values;  // the chosen blocks' elements, in order
   Buffer<uint8_t> bytes;  // encoded gaps (AppendIndices)
 };
 
 // norms[b] = sum of u_i^2 over block b, in double, in element order.
+// Full blocks go eight at a time: each block's sum is still one chain in
+// element order, but eight independent chains (which the compiler pairs
+// into SIMD lanes) hide the adds' latency: about twice the encode rate of
+// one block at a time, measured at block 16.
 void SumSquares(absl::Span<const float> u, const BlockGrid& grid,
                 double* norms) {
+  constexpr uint64_t kWays = 8;
+  const uint64_t full = grid.row / grid.block;  // full blocks per row
+  const uint64_t w = grid.block;
+  auto sq = [](float x) {
+    return static_cast<double>(x) * static_cast<double>(x);
+  };
   uint64_t b = 0;
   for (uint64_t r = 0; r < u.size(); r += grid.row) {
-    for (uint64_t off = 0; off < grid.row; off += grid.block, ++b) {
-      const float* x = u.data() + r + off;
-      const uint64_t len = std::min(grid.block, grid.row - off);
-      double sum = 0.0;
-      for (uint64_t i = 0; i < len; ++i) {
-        sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    const float* x = u.data() + r;
+    uint64_t j = 0;
+    for (; j + kWays <= full; j += kWays, b += kWays, x += kWays * w) {
+      double sum[kWays] = {};
+      for (uint64_t i = 0; i < w; ++i) {
+        for (uint64_t m = 0; m < kWays; ++m) sum[m] += sq(x[m * w + i]);
       }
+      std::copy(sum, sum + kWays, norms + b);
+    }
+    for (; j < grid.per_row; ++j, ++b, x += w) {
+      const uint64_t len = std::min(w, grid.row - j * w);
+      double sum = 0.0;
+      for (uint64_t i = 0; i < len; ++i) sum += sq(x[i]);
       norms[b] = sum;
     }
   }
+}
+
+// Replaces the smallest value of the min-heap h[0..k) with v, which is
+// larger, and sifts it down: one pass, where pop_heap + push_heap take two.
+void ReplaceMin(double* h, uint64_t k, double v) {
+  uint64_t i = 0;
+  for (;;) {
+    uint64_t c = 2 * i + 1;
+    if (c >= k) break;
+    if (c + 1 < k && h[c + 1] < h[c]) ++c;
+    if (!(h[c] < v)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = v;
+}
+
+// The k-th largest of norms[0..blocks). REQUIRES: 1 <= k < blocks.
+double KthLargest(const double* norms, uint64_t blocks, uint64_t k,
+                  BlockScratch* s) {
+  if (k > blocks / 16) {
+    double* work = s->order.Reserve(blocks);
+    std::copy(norms, norms + blocks, work);
+    std::nth_element(work, work + (k - 1), work + blocks,
+                     std::greater<double>());
+    return work[k - 1];
+  }
+  // Small k: a min-heap of the k largest so far. On data in no particular
+  // order few blocks beat its top, so this is about one comparison per
+  // block; at worst (increasing norms) O(blocks log k).
+  double* work = s->order.Reserve(k);
+  std::copy(norms, norms + k, work);
+  std::make_heap(work, work + k, std::greater<double>());
+  for (uint64_t b = k; b < blocks; ++b) {
+    if (norms[b] > work[0]) ReplaceMin(work, k, norms[b]);
+  }
+  return work[0];
 }
 
 // chosen[0..k) = the k blocks of largest norm, ties to the lower block, in
@@ -102,11 +155,7 @@ void SelectBlocks(const double* norms, uint64_t blocks, uint64_t k,
   }
   // The k-th largest norm v: every block above v is kept, and the first
   // k - (blocks above v) blocks equal to v.
-  double* order = s->order.Reserve(blocks);
-  std::copy(norms, norms + blocks, order);
-  std::nth_element(order, order + (k - 1), order + blocks,
-                   std::greater<double>());
-  const double v = order[k - 1];
+  const double v = KthLargest(norms, blocks, k, s);
   uint64_t above = 0;
   for (uint64_t b = 0; b < blocks; ++b) above += norms[b] > v;
   uint64_t ties = k - above;
