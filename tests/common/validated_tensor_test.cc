@@ -148,6 +148,19 @@ TEST(ValidateTensor, ChecksEveryParamsFieldLikeMakeDecoderFor) {
   }
 }
 
+TEST(ValidateTensor, BlockTopKBlockSizeIsCheckedBeforeTheElementCount) {
+  v1::EncodedTensor t = Encoded(v1::CODEC_BLOCK_TOPK);
+  for (uint32_t b : {0u, 3u, 65u, 256u}) {
+    t.mutable_params()->set_block_size(b);
+    const std::string message =
+        absl::StrCat("params.block_size is ", b, "; expected 4..64 for block_topk");
+    ExpectRefused(t, 100, message);
+    ExpectRefused(t, 99, message);
+  }
+  t.mutable_params()->set_block_size(64);
+  ExpectRefused(t, 99, "num_elements is 100; expected 99");
+}
+
 TEST(ValidateTensor, RefusesBadHeadersAndPayloads) {
   v1::EncodedTensor t = Encoded(v1::CODEC_ONEBIT, 1000);
   ExpectRefused(t, 999, "num_elements is 1000; expected 999");
