@@ -1,10 +1,10 @@
 // Private to common/: the concrete codecs behind MakeCodec and DecoderFor,
 // and the pieces that topk_quantize shares with topk and quantize.
 //
-// Decoders read the layout (block_size, value_format, bits, range, k, seed)
-// from the tensor's own params, as codec.proto says, never from the codec
-// object's configuration; the codec object only fixes the codec id. That is
-// why DecoderFor can share one instance per id for every tensor.
+// Decoders read the layout (block_size, value_format, bits, range, k, seed,
+// row_length) from the tensor's own params, as codec.proto says, never from
+// the codec object's configuration; the codec object only fixes the codec
+// id. That is why DecoderFor can share one instance per id for every tensor.
 #ifndef PSERVER_COMMON_IMPL_CODECS_H_
 #define PSERVER_COMMON_IMPL_CODECS_H_
 
