@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "common/fused_feedback.h"
 #include "common/impl/codecs.h"
 #include "common/impl/scratch.h"
 #include "common/impl/topk_select.h"
@@ -80,30 +81,56 @@ struct BlockScratch {
 // element order, but eight independent chains (which the compiler pairs
 // into SIMD lanes) hide the adds' latency: about twice the encode rate of
 // one block at a time, measured at block 16.
+// For the blocks of x[0..len), cut from x's start (the last one shorter
+// when w does not divide len). Returns the number of blocks.
+uint64_t SumSquaresRun(const float* x, uint64_t len, uint64_t w,
+                       double* norms) {
+  constexpr uint64_t kWays = 8;
+  auto sq = [](float v) {
+    return static_cast<double>(v) * static_cast<double>(v);
+  };
+  const uint64_t full = len / w;
+  uint64_t b = 0;
+  for (; b + kWays <= full; b += kWays, x += kWays * w) {
+    double sum[kWays] = {};
+    for (uint64_t i = 0; i < w; ++i) {
+      for (uint64_t m = 0; m < kWays; ++m) sum[m] += sq(x[m * w + i]);
+    }
+    std::copy(sum, sum + kWays, norms + b);
+  }
+  for (uint64_t at = b * w; at < len; at += w, ++b, x += w) {
+    const uint64_t n = std::min(w, len - at);
+    double sum = 0.0;
+    for (uint64_t i = 0; i < n; ++i) sum += sq(x[i]);
+    norms[b] = sum;
+  }
+  return b;
+}
+
 void SumSquares(absl::Span<const float> u, const BlockGrid& grid,
                 double* norms) {
-  constexpr uint64_t kWays = 8;
-  const uint64_t full = grid.row / grid.block;  // full blocks per row
-  const uint64_t w = grid.block;
-  auto sq = [](float x) {
-    return static_cast<double>(x) * static_cast<double>(x);
-  };
-  uint64_t b = 0;
   for (uint64_t r = 0; r < u.size(); r += grid.row) {
-    const float* x = u.data() + r;
-    uint64_t j = 0;
-    for (; j + kWays <= full; j += kWays, b += kWays, x += kWays * w) {
-      double sum[kWays] = {};
-      for (uint64_t i = 0; i < w; ++i) {
-        for (uint64_t m = 0; m < kWays; ++m) sum[m] += sq(x[m * w + i]);
+    norms += SumSquaresRun(u.data() + r, grid.row, grid.block, norms);
+  }
+}
+
+// Error feedback's u = g + decay * e_in into e_out and the block sums of
+// squares of u, a tile at a time so that the sums read u from cache.
+void FormAndSumSquares(absl::Span<const float> g, absl::Span<const float> e_in,
+                       float decay, const BlockGrid& grid,
+                       absl::Span<float> e_out, double* norms) {
+  // Whole blocks of at most 16 KiB: tiles cut a row where its blocks do.
+  const uint64_t tile = std::max<uint64_t>(1, 4096 / grid.block) * grid.block;
+  for (uint64_t r = 0; r < g.size(); r += grid.row) {
+    for (uint64_t t = 0; t < grid.row; t += tile) {
+      const uint64_t begin = r + t;
+      const uint64_t end = begin + std::min(tile, grid.row - t);
+      for (uint64_t i = begin; i < end; ++i) {
+        const float d = decay * e_in[i];  // rounded first, as the contract says
+        e_out[i] = g[i] + d;
       }
-      std::copy(sum, sum + kWays, norms + b);
-    }
-    for (; j < grid.per_row; ++j, ++b, x += w) {
-      const uint64_t len = std::min(w, grid.row - j * w);
-      double sum = 0.0;
-      for (uint64_t i = 0; i < len; ++i) sum += sq(x[i]);
-      norms[b] = sum;
+      norms += SumSquaresRun(e_out.data() + begin, end - begin, grid.block,
+                             norms);
     }
   }
 }
@@ -181,44 +208,39 @@ void AccumulateBlocks(const BlockGrid& grid, IndexWalker* at,
   }
 }
 
-class BlockTopKCodec final : public CodecBase {
+// Also its own fused error-feedback kernel: forming u and summing its
+// squares in one pass, then the encoder's and decoder's own steps.
+class BlockTopKCodec final : public CodecBase, public FusedFeedbackEncoder {
  public:
   explicit BlockTopKCodec(const v1::CodecParams& params)
       : CodecBase(v1::CODEC_BLOCK_TOPK, params) {}
 
+  const FusedFeedbackEncoder* fused_feedback() const override { return this; }
+
   absl::Status Encode(absl::Span<const float> u, uint64_t seed,
                       v1::EncodedTensor* out) const override {
-    const uint64_t n = u.size();
-    const uint64_t row = EffectiveRow(n, params().row_length());
-    const BlockGrid grid(n, params().block_size(), row);
+    const uint64_t row = EffectiveRow(u.size(), params().row_length());
+    const BlockGrid grid(u.size(), params().block_size(), row);
     ScratchPool<BlockScratch>::Lease s = scratch_.Take();
     double* norms = s->norms.Reserve(grid.blocks);
     SumSquares(u, grid, norms);
-    bool finite = true;
-    for (uint64_t b = 0; b < grid.blocks; ++b) {
-      finite &= std::isfinite(norms[b]);
-    }
-    if (!finite) return CheckFinite(u);  // names the first bad element
-    const uint64_t k = BlocksToKeep(params(), grid.blocks);
-    uint64_t* chosen = s->chosen.Reserve(k);
-    if (k > 0) SelectBlocks(norms, grid.blocks, k, &*s, chosen);
-    uint64_t total = 0;
-    for (uint64_t j = 0; j < k; ++j) total += grid.Length(chosen[j]);
-    float* values = s->values.Reserve(total);
-    float* v = values;
-    for (uint64_t j = 0; j < k; ++j) {
-      const float* x = u.data() + grid.Start(chosen[j]);
-      v = std::copy(x, x + grid.Length(chosen[j]), v);
-    }
-    StartOutput(n, out);
-    out->mutable_params()->set_k(k);
-    out->mutable_params()->set_row_length(row);
-    std::string* payload = out->mutable_payload();
-    payload->reserve(k * 2 + total * ValueBytes(params().value_format()) +
-                     32);
-    AppendIndices(absl::MakeConstSpan(chosen, k), &s->bytes, payload);
-    AppendValues(absl::MakeConstSpan(values, total), params().value_format(),
-                 payload);
+    return Finish(u, row, grid, &*s, out);
+  }
+
+  absl::Status EncodeWithFeedback(absl::Span<const float> g,
+                                  absl::Span<const float> e_in, float decay,
+                                  uint64_t seed, v1::EncodedTensor* out,
+                                  absl::Span<float> e_out) const override {
+    // ErrorFeedback checked the sizes and decay (FusedFeedbackEncoder).
+    const uint64_t row = EffectiveRow(g.size(), params().row_length());
+    const BlockGrid grid(g.size(), params().block_size(), row);
+    ScratchPool<BlockScratch>::Lease s = scratch_.Take();
+    double* norms = s->norms.Reserve(grid.blocks);
+    FormAndSumSquares(g, e_in, decay, grid, e_out, norms);
+    absl::Status status = Finish(e_out, row, grid, &*s, out);
+    if (!status.ok()) return status;
+    // e_out = u - decode(*out), exactly as the generic algorithm computes it.
+    AccumulateValid(*out, -1.0f, e_out);
     return absl::OkStatus();
   }
 
@@ -278,6 +300,41 @@ class BlockTopKCodec final : public CodecBase {
   }
 
  private:
+  // *out = the encoding of u cut as `grid` (for row_length: 0 = flat), whose
+  // block sums of squares are in s->norms; INVALID_ARGUMENT naming the first
+  // non-finite u_i.
+  absl::Status Finish(absl::Span<const float> u, uint64_t row_length,
+                      const BlockGrid& grid, BlockScratch* s,
+                      v1::EncodedTensor* out) const {
+    const double* norms = s->norms.data();
+    bool finite = true;
+    for (uint64_t b = 0; b < grid.blocks; ++b) {
+      finite &= std::isfinite(norms[b]);
+    }
+    if (!finite) return CheckFinite(u);  // names the first bad element
+    const uint64_t k = BlocksToKeep(params(), grid.blocks);
+    uint64_t* chosen = s->chosen.Reserve(k);
+    if (k > 0) SelectBlocks(norms, grid.blocks, k, s, chosen);
+    uint64_t total = 0;
+    for (uint64_t j = 0; j < k; ++j) total += grid.Length(chosen[j]);
+    float* values = s->values.Reserve(total);
+    float* v = values;
+    for (uint64_t j = 0; j < k; ++j) {
+      const float* x = u.data() + grid.Start(chosen[j]);
+      v = std::copy(x, x + grid.Length(chosen[j]), v);
+    }
+    StartOutput(u.size(), out);
+    out->mutable_params()->set_k(k);
+    out->mutable_params()->set_row_length(row_length);
+    std::string* payload = out->mutable_payload();
+    payload->reserve(k * 2 + total * ValueBytes(params().value_format()) +
+                     32);
+    AppendIndices(absl::MakeConstSpan(chosen, k), &s->bytes, payload);
+    AppendValues(absl::MakeConstSpan(values, total), params().value_format(),
+                 payload);
+    return absl::OkStatus();
+  }
+
   // Encoding workspaces (codec.h: calls may run concurrently).
   mutable ScratchPool<BlockScratch> scratch_;
 };

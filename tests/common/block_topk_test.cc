@@ -237,6 +237,39 @@ TEST(BlockTopKCodec, ErrorFeedbackResidualIsInputMinusDecoded) {
   }
 }
 
+// The fused kernel forms u a tile (about 4096 elements) at a time: rows
+// longer than a tile, with short blocks, must come out bit for bit as
+// encode-then-decode does.
+TEST(BlockTopKCodec, FusedFeedbackMatchesEncodeThenDecodeOverLongRows) {
+  for (uint32_t block : {4u, 7u, 64u}) {
+    for (uint64_t row : {uint64_t{0}, uint64_t{10000}, uint64_t{4095}}) {
+      for (bool fp16 : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << block << " " << row << " " << fp16);
+        v1::CodecParams p = Params(block, row, 0, fp16);
+        p.set_k_fraction(0.05);
+        auto codec = MustMake(v1::CODEC_BLOCK_TOPK, p);
+        ASSERT_NE(codec->fused_feedback(), nullptr);
+        const size_t n = row == 0 ? 30001 : 3 * row;
+        std::vector<float> g = RandomVector(n, block), e = RandomVector(n, 5, 0.5f);
+        std::vector<float> e_out(n, -1.0f);
+        v1::EncodedTensor fused, plain;
+        ASSERT_TRUE(EncodeWithFeedback(*codec, g, e, 0.9f, 1, &fused,
+                                       absl::MakeSpan(e_out))
+                        .ok());
+        std::vector<float> u(n), d(n);
+        for (size_t i = 0; i < n; ++i) {
+          const float decayed = 0.9f * e[i];
+          u[i] = g[i] + decayed;
+        }
+        ASSERT_TRUE(codec->Encode(u, 1, &plain).ok());
+        EXPECT_EQ(fused.SerializeAsString(), plain.SerializeAsString());
+        ASSERT_TRUE(codec->Decode(plain, absl::MakeSpan(d)).ok());
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(e_out[i], u[i] - d[i]) << i;
+      }
+    }
+  }
+}
+
 TEST(BlockTopKCodec, ParamsOutOfRangeAreRefusedNamingTheField) {
   struct Case {
     uint32_t block;
