@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
+#include "common/layout.h"
 
 namespace pserver {
 namespace {
@@ -20,6 +21,7 @@ constexpr NamedCodec kCodecs[] = {
     {v1::CODEC_TOPK, "topk"},       {v1::CODEC_RANDOMK, "randomk"},
     {v1::CODEC_QUANTIZE, "quantize"},
     {v1::CODEC_TOPK_QUANTIZE, "topk_quantize"},
+    {v1::CODEC_BLOCK_TOPK, "block_topk"},
 };
 
 std::string KnownCodecs() {
@@ -46,9 +48,14 @@ absl::Status EnumIn(const char* field, int value, std::initializer_list<E> ok,
       "params.", field, " is ", value, "; expected ", expected));
 }
 
-// Unset fields take their defaults (codec.proto). REQUIRES: CheckParams OK.
-void FillDefaults(v1::CodecParams* p) {
-  if (p->block_size() == 0) p->set_block_size(256);
+// Unset fields take their defaults (codec.proto) for `codec`. REQUIRES:
+// CheckParams OK.
+void FillDefaults(v1::Codec codec, v1::CodecParams* p) {
+  if (p->block_size() == 0) {
+    p->set_block_size(codec == v1::CODEC_BLOCK_TOPK
+                          ? impl::kBlockTopKDefaultBlock
+                          : 256);
+  }
   if (p->k_fraction() == 0.0) p->set_k_fraction(0.01);
   if (p->bits() == 0) p->set_bits(8);
   if (p->percentile() == 0.0f) p->set_percentile(99.0f);
@@ -115,6 +122,12 @@ absl::Status CheckParams(const v1::CodecParams& p) {
     return absl::InvalidArgumentError(absl::StrCat(
         "params.percentile is ", p.percentile(), "; expected (0, 100]"));
   }
+  // A row longer than the largest model can divide no tensor.
+  if (p.row_length() > kMaxModelElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("params.row_length is ", p.row_length(),
+                     "; expected 0 (flat) or 1..", kMaxModelElements));
+  }
   absl::Status s = CheckValueFormat(p);
   if (!s.ok()) return s;
   s = EnumIn<v1::ScaleMode>(
@@ -158,8 +171,13 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
   if (!known) return UnknownCodec(codec);
   absl::Status s = impl::CheckParams(params);
   if (!s.ok()) return s;
+  // block_size means something else for block_topk (codec.proto).
+  if (codec == v1::CODEC_BLOCK_TOPK) {
+    s = impl::CheckBlockTopKBlock(params.block_size(), /*unset_ok=*/true);
+    if (!s.ok()) return s;
+  }
   v1::CodecParams p = params;
-  FillDefaults(&p);
+  FillDefaults(codec, &p);
   std::unique_ptr<Codec> c;
   switch (codec) {
     case v1::CODEC_FP32:
@@ -181,6 +199,9 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
       break;
     case v1::CODEC_TOPK_QUANTIZE:
       c = impl::NewTopKQuantizeCodec(p);
+      break;
+    case v1::CODEC_BLOCK_TOPK:
+      c = impl::NewBlockTopKCodec(p);
       break;
     default:
       return UnknownCodec(codec);

@@ -83,7 +83,8 @@ class Codec {
 };
 
 // Builds the codec `codec` with `params`; unset fields get their defaults
-// (block 256, k_fraction 0.01, bits 8, percentile 99, fp32 values).
+// (block 256, or 16 for block_topk; k_fraction 0.01, bits 8, percentile 99,
+// fp32 values).
 // INVALID_ARGUMENT names the parameter that is out of range.
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(v1::Codec codec,
                                                  const v1::CodecParams& params);
@@ -106,7 +107,7 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeDecoderFor(
     const v1::EncodedTensor& t);
 
 // Parses "fp32", "fp16", "bf16", "onebit", "topk", "randomk", "quantize",
-// "topk_quantize" (case-insensitive).
+// "topk_quantize", "block_topk" (case-insensitive).
 absl::StatusOr<v1::Codec> ParseCodecName(absl::string_view name);
 std::string CodecName(v1::Codec codec);
 // Every codec ParseCodecName accepts, in the order above.

@@ -4,8 +4,8 @@
 // sum of every input, so compression error is delayed, never lost.
 //
 // A wrapper, not part of the codec: any Codec works through its Encode and
-// its decoder; a codec with a one-pass kernel (Codec::fused_feedback: onebit
-// and topk) gets it used here, with bit-identical results.
+// its decoder; a codec with a one-pass kernel (Codec::fused_feedback: onebit,
+// topk and block_topk) gets it used here, with bit-identical results.
 //
 // Usage:
 //   ErrorFeedback ef(codec.get(), n);

@@ -16,6 +16,12 @@ absl::StatusOr<ValidatedTensor> ValidateTensor(const v1::EncodedTensor& t,
   if (!decoder.ok()) return decoder.status();
   absl::Status s = impl::CheckParams(t.params());
   if (!s.ok()) return s;
+  // block_topk's own block_size range, before the element count as well (a
+  // tensor always carries its block_size: 0 is not "the default" there).
+  if (t.codec() == v1::CODEC_BLOCK_TOPK) {
+    s = impl::CheckBlockTopKBlock(t.params().block_size(), /*unset_ok=*/false);
+    if (!s.ok()) return s;
+  }
   s = (*decoder)->Validate(t, num_elements);
   if (!s.ok()) return s;
   return ValidatedTensor(*decoder, &t);

@@ -56,9 +56,10 @@ ABSL_FLAG(std::string, onebit_momentum, "server",
           "correction)");
 ABSL_FLAG(std::string, pull_codec, "onebit",
           "codec of pull deltas: fp32 (exact snapshots), fp16, bf16, onebit, "
-          "topk, randomk, quantize, topk_quantize");
+          "topk, randomk, quantize, topk_quantize, block_topk");
 ABSL_FLAG(uint32_t, pull_block_size, 256,
-          "pull codec: elements per scale block (onebit, quantize)");
+          "pull codec: elements per scale block (onebit, quantize), or per "
+          "block for block_topk (4..64: set it, e.g. 16)");
 ABSL_FLAG(double, pull_k_fraction, 0.01,
           "pull codec: fraction kept by topk/randomk");
 ABSL_FLAG(std::string, schedule, "",

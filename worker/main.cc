@@ -49,7 +49,8 @@ ABSL_FLAG(uint64_t, synthetic_params, 1 << 20, "synthetic model: parameters");
 ABSL_FLAG(int32_t, synthetic_tensors, 4, "synthetic model: tensors");
 ABSL_FLAG(std::string, push_codec, "onebit",
           "push codec (after 1-bit Adam's warmup, or always for adam/sgd): "
-          "fp32, fp16, bf16, onebit, topk, randomk, quantize, topk_quantize");
+          "fp32, fp16, bf16, onebit, topk, randomk, quantize, topk_quantize, "
+          "block_topk");
 ABSL_FLAG(std::string, warmup_codec, "fp32",
           "push codec during 1-bit Adam's warmup (fp32, bf16, ...)");
 ABSL_FLAG(std::string, schedule, "",
@@ -57,7 +58,8 @@ ABSL_FLAG(std::string, schedule, "",
           "the same as the shards': the push codec of each phase of the run "
           "(phases without one use --push_codec / --warmup_codec)");
 ABSL_FLAG(uint32_t, block_size, 256,
-          "onebit/quantize: elements per scale block (0 = whole tensor)");
+          "onebit/quantize: elements per scale block (0 = whole tensor); "
+          "block_topk: elements per block, 4..64 (so set it, e.g. 16)");
 ABSL_FLAG(std::string, onebit_scale, "mean_abs",
           "onebit block scale: mean_abs or l2 (DeepSpeed)");
 ABSL_FLAG(double, k_fraction, 0.01, "topk/randomk: fraction of elements kept");
@@ -118,8 +120,20 @@ int Fail(absl::string_view message) {
   return 2;
 }
 
-absl::Status CodecParamsFromFlags(v1::CodecParams* p) {
-  p->set_block_size(absl::GetFlag(FLAGS_block_size));
+// The codec parameters of --push_codec and --warmup_codec (one set for
+// both), from the flags.
+absl::Status CodecParamsFromFlags(v1::Codec push, v1::Codec warmup,
+                                  v1::CodecParams* p) {
+  // --block_size is shared, and its default (256) is onebit's and quantize's:
+  // name the flag here rather than let MakeCodec name params.block_size.
+  const uint32_t block = absl::GetFlag(FLAGS_block_size);
+  if ((push == v1::CODEC_BLOCK_TOPK || warmup == v1::CODEC_BLOCK_TOPK) &&
+      (block < 4 || block > 64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--block_size is ", block, "; expected 4..64 with block_topk (e.g. "
+        "--block_size=16; the default 256 is for onebit and quantize)"));
+  }
+  p->set_block_size(block);
   absl::StatusOr<v1::ScaleMode> scale = ParseEnumFlag<v1::ScaleMode>(
       "onebit_scale", absl::GetFlag(FLAGS_onebit_scale),
       {{"mean_abs", v1::SCALE_MODE_MEAN_ABS}, {"l2", v1::SCALE_MODE_L2}});
@@ -224,7 +238,9 @@ int Run() {
   if (!warm.ok()) return Fail(warm.status().message());
   c.push_codec = *push;
   c.warmup_codec = *warm;
-  if (absl::Status s = CodecParamsFromFlags(&c.push_params); !s.ok()) {
+  if (absl::Status s = CodecParamsFromFlags(c.push_codec, c.warmup_codec,
+                                            &c.push_params);
+      !s.ok()) {
     return Fail(s.message());
   }
   c.warmup_params = c.push_params;

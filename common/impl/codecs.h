@@ -1,10 +1,10 @@
 // Private to common/: the concrete codecs behind MakeCodec and DecoderFor,
 // and the pieces that topk_quantize shares with topk and quantize.
 //
-// Decoders read the layout (block_size, value_format, bits, range, k, seed)
-// from the tensor's own params, as codec.proto says, never from the codec
-// object's configuration; the codec object only fixes the codec id. That is
-// why DecoderFor can share one instance per id for every tensor.
+// Decoders read the layout (block_size, value_format, bits, range, k, seed,
+// row_length) from the tensor's own params, as codec.proto says, never from
+// the codec object's configuration; the codec object only fixes the codec
+// id. That is why DecoderFor can share one instance per id for every tensor.
 #ifndef PSERVER_COMMON_IMPL_CODECS_H_
 #define PSERVER_COMMON_IMPL_CODECS_H_
 
@@ -85,8 +85,11 @@ absl::Status CheckValueFormat(const v1::CodecParams& p);
 // Checks the varint count and gaps of a payload for n elements (count <= n,
 // indices increasing and below n); on success sets *count and the offset of
 // the first byte after the gaps.
+// `unit` names what the indices count in messages ("num_elements" for
+// element indices, "blocks" for block_topk).
 absl::Status ParseIndices(absl::string_view payload, uint64_t n,
-                          uint64_t* count, size_t* values_offset);
+                          uint64_t* count, size_t* values_offset,
+                          absl::string_view unit = "num_elements");
 
 // Reads back the indices of a payload that ParseIndices accepted, without
 // checks: validation happened once, before decoding.
@@ -150,6 +153,17 @@ void QuantizeAccumulate(absl::string_view payload, uint64_t n,
 void QuantizeAccumulateAt(absl::string_view payload, const QuantizeSpec& spec,
                           float alpha, IndexWalker* at, float* acc);
 
+// ---- Block TopK (block_topk.cc) ----
+// block_size bounds of block_topk, and its default (a block of 16 fp32
+// values costs one index of one or two bytes: under 4% overhead at fp32).
+constexpr uint32_t kBlockTopKMinBlock = 4;
+constexpr uint32_t kBlockTopKMaxBlock = 64;
+constexpr uint32_t kBlockTopKDefaultBlock = 16;
+// INVALID_ARGUMENT "params.block_size is <b>; expected 4..64 for
+// block_topk" unless kBlockTopKMinBlock <= b <= kBlockTopKMaxBlock (or b is
+// 0 and unset_ok: the encoder's default).
+absl::Status CheckBlockTopKBlock(uint32_t b, bool unset_ok);
+
 // ---- Constructors; params are complete and valid (MakeCodec checked) ----
 std::unique_ptr<Codec> NewFloatCodec(v1::Codec id,
                                      const v1::CodecParams& params);
@@ -158,6 +172,7 @@ std::unique_ptr<Codec> NewTopKCodec(const v1::CodecParams& params);
 std::unique_ptr<Codec> NewRandomKCodec(const v1::CodecParams& params);
 std::unique_ptr<Codec> NewQuantizeCodec(const v1::CodecParams& params);
 std::unique_ptr<Codec> NewTopKQuantizeCodec(const v1::CodecParams& params);
+std::unique_ptr<Codec> NewBlockTopKCodec(const v1::CodecParams& params);
 
 }  // namespace impl
 }  // namespace pserver

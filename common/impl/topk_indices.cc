@@ -72,7 +72,8 @@ void AppendIndices(absl::Span<const uint64_t> idx, Buffer<uint8_t>* bytes,
 }
 
 absl::Status ParseIndices(absl::string_view payload, uint64_t n,
-                          uint64_t* count, size_t* values_offset) {
+                          uint64_t* count, size_t* values_offset,
+                          absl::string_view unit) {
   const uint8_t* begin = reinterpret_cast<const uint8_t*>(payload.data());
   const uint8_t* p = begin;
   const uint8_t* end = p + payload.size();
@@ -85,7 +86,7 @@ absl::Status ParseIndices(absl::string_view payload, uint64_t n,
   }
   if (*count > n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "payload count is ", *count, "; expected at most ", n, " (num_elements)"));
+        "payload count is ", *count, "; expected at most ", n, " (", unit, ")"));
   }
   // Each gap takes at least one byte: refuse a count the payload cannot hold
   // before looping over it.

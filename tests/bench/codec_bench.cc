@@ -125,6 +125,18 @@ void TopKEncode(benchmark::State& state, v1::TopKSelection sel) {
   state.counters["bytes_per_elem"] = static_cast<double>(t.payload().size()) / n;
 }
 
+// Encode alone (no error feedback) with any codec.
+void EncodeOnly(benchmark::State& state, v1::Codec c, v1::CodecParams p) {
+  const size_t n = state.range(0);
+  auto codec = Make(c, p);
+  v1::EncodedTensor t;
+  for (auto _ : state) {
+    if (!codec->Encode(Data(n), 0, &t).ok()) std::abort();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+  state.counters["bytes_per_elem"] = static_cast<double>(t.payload().size()) / n;
+}
+
 void BM_topk_nth_element(benchmark::State& state) {
   const size_t n = state.range(0);
   const std::vector<float>& u = Data(n);
@@ -171,6 +183,8 @@ void Register() {
          p->set_rounding(v1::ROUNDING_STOCHASTIC);
        })},
       {"topk_quantize1pct", v1::CODEC_TOPK_QUANTIZE, {}},
+      // 1% of the blocks of 16 (the default), so 1% of the elements as topk1pct.
+      {"block_topk1pct", v1::CODEC_BLOCK_TOPK, {}},
   };
   for (const Entry& e : entries) {
     sizes(benchmark::RegisterBenchmark((std::string(e.name) + "/encode_ef").c_str(),
@@ -183,6 +197,8 @@ void Register() {
   sizes(benchmark::RegisterBenchmark("topk1pct_exact/encode", TopKEncode,
                                      v1::TOPK_SELECTION_EXACT));
   sizes(benchmark::RegisterBenchmark("topk1pct_nth_element/encode", BM_topk_nth_element));
+  sizes(benchmark::RegisterBenchmark("block_topk1pct/encode", EncodeOnly,
+                                     v1::CODEC_BLOCK_TOPK, v1::CodecParams()));
 }
 
 // Keeps every run's items/s to print ratios at the end.
@@ -207,8 +223,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       std::string rest = name.substr(0, name.rfind("/real_time"));
       return rest.substr(0, rest.rfind('/'));
     };
-    std::map<std::string, double> copy, nth, sampled;
+    std::map<std::string, double> copy, nth, sampled, by_name;
     for (const auto& [name, rate] : rates_) {
+      by_name[name] = rate;
       if (base_of(name) == "copy") copy[size_of(name)] = rate;
       if (base_of(name) == "topk1pct_nth_element/encode") nth[size_of(name)] = rate;
       if (base_of(name) == "topk1pct_sampled/encode") sampled[size_of(name)] = rate;
@@ -241,8 +258,19 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (base == "onebit/decode_acc") { ratio = to_copy; target = 1.0; }
       if (base == "topk1pct_sampled/encode") { ratio = to_nth; target = 20; }
       if (base == "topk1pct_exact/encode") { ratio = to_nth; target = 4; }
-      if (target > 0) {
+      // ratio 0: its baseline (copy or nth_element) was filtered out.
+      if (target > 0 && ratio > 0) {
         std::printf("  target %gx: %s", target, ratio >= target ? "met" : "MISSED");
+      }
+      // block_topk against topk at the same size and fraction, this run.
+      if (base.rfind("block_topk1pct/", 0) == 0) {
+        std::string peer = name.substr(std::string("block_").size());
+        if (base == "block_topk1pct/encode") {
+          peer = "topk1pct_sampled/encode" + name.substr(base.size());
+        }
+        if (by_name.count(peer) && by_name.at(peer) > 0) {
+          std::printf("  %.2fx topk's rate", rate / by_name.at(peer));
+        }
       }
       std::printf("\n");
     }

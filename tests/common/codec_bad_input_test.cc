@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/validated_tensor.h"
 #include "gmock/gmock.h"
@@ -85,7 +86,8 @@ TEST(CodecBadInput, AbsurdElementCountsNeverAllocate) {
       // A sparse payload is legitimately valid for any n >= its indices;
       // dense ones must be rejected by their size.
       bool sparse = c.codec == v1::CODEC_TOPK || c.codec == v1::CODEC_RANDOMK ||
-                    c.codec == v1::CODEC_TOPK_QUANTIZE;
+                    c.codec == v1::CODEC_TOPK_QUANTIZE ||
+                    c.codec == v1::CODEC_BLOCK_TOPK;
       if (!sparse) {
         EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << n;
       }
@@ -301,6 +303,97 @@ TEST(CodecBadInput, TopKQuantizeValues) {
   u = t;
   u.mutable_params()->set_block_size(100);  // 3 blocks instead of 2
   ExpectRejected(u, c, "topk_quantize values payload is");
+}
+
+TEST(CodecBadInput, BlockTopK) {
+  const v1::Codec c = v1::CODEC_BLOCK_TOPK;
+  // Rows of 100, blocks of 16: 7 blocks per row (the last one of 4), 70 in
+  // all. Blocks 0, 1 and 6 hold 16 + 16 + 4 values.
+  v1::CodecParams params;
+  params.set_block_size(16);
+  params.set_row_length(100);
+  params.set_k(3);
+  v1::EncodedTensor t = EncodeWith(c, params);
+  ASSERT_EQ(t.params().row_length(), 100u);
+  auto floats = [](size_t count) {
+    std::string s;
+    for (size_t i = 0; i < count; ++i) {
+      const float v = 0.5f + static_cast<float>(i);
+      s.append(reinterpret_cast<const char*>(&v), 4);
+    }
+    return s;
+  };
+  const std::string head = Varint(3) + Varint(0) + Varint(0) + Varint(4);
+  auto with = [&](const std::string& payload) {
+    v1::EncodedTensor u = t;
+    *u.mutable_payload() = payload;
+    return u;
+  };
+  ExpectAccepted(t, c);
+  ExpectAccepted(with(head + floats(36)), c);
+  ExpectAccepted(with(Varint(3) + Varint(0) + Varint(0) + Varint(0) + floats(48)), c);
+  ExpectAccepted(with(Varint(0)), c);
+
+  ExpectRejected(with(""), c, "payload count varint is truncated");
+  ExpectRejected(with(Varint(71) + floats(4)), c,
+                 "payload count is 71; expected at most 70 (blocks)");
+  ExpectRejected(with(Varint(50) + "abc"), c, "payload count is 50 but the payload is only");
+  ExpectRejected(with(Varint(3) + Varint(0) + Varint(0)), c, "index gap 2 is truncated");
+  // Out of range: block 70 of 70.
+  ExpectRejected(with(Varint(3) + Varint(0) + Varint(0) + Varint(68) + floats(36)), c,
+                 "index 2 (gap 68 after 1) is out of range; expected increasing "
+                 "indices below 70");
+  // Gaps cannot say "repeat" or "go back" except by wrapping around 2^64.
+  ExpectRejected(with(Varint(3) + Varint(5) + Varint(~uint64_t{0}) + Varint(0) + floats(36)),
+                 c, "index 1 (gap 18446744073709551615 after 5) is out of range");
+  ExpectRejected(with(head + floats(36).substr(1)), c,
+                 "payload has 143 value bytes after the block indices; expected "
+                 "144 for the 36 values of 3 blocks");
+  ExpectRejected(with(head + floats(36) + "x"), c, "payload has 145 value bytes");
+  ExpectRejected(with(head + floats(37)), c, "payload has 148 value bytes");
+  // Blocks 0, 1, 2 are full: 48 values, not 36.
+  ExpectRejected(with(Varint(3) + Varint(0) + Varint(0) + Varint(0) + floats(36)), c,
+                 "expected 192 for the 48 values of 3 blocks");
+  std::string nan = head + floats(36);
+  PutFloat(&nan, nan.size() - 4, NAN);
+  ExpectRejected(with(nan), c, "block_topk value 35 is not finite");
+  PutFloat(&nan, nan.size() - 4, -INFINITY);
+  ExpectRejected(with(nan), c, "block_topk value 35 is not finite");
+
+  // fp16 values: 2 bytes each; 0x7c00 is +Inf.
+  v1::EncodedTensor h = with(head + std::string(72, '\x3c'));
+  h.mutable_params()->set_value_format(v1::VALUE_FORMAT_FP16);
+  ExpectAccepted(h, c);
+  (*h.mutable_payload())[head.size() + 5] = static_cast<char>(0x7c);
+  (*h.mutable_payload())[head.size() + 4] = 0;
+  ExpectRejected(h, c, "block_topk value 2 is not finite");
+  h.mutable_params()->set_value_format(static_cast<v1::ValueFormat>(5));
+  ExpectRejected(h, c, "params.value_format is 5");
+
+  // The layout fields, read from the tensor.
+  for (uint32_t b : {0u, 3u, 65u, 256u}) {
+    v1::EncodedTensor u = t;
+    u.mutable_params()->set_block_size(b);
+    ExpectRejected(u, c, absl::StrCat("params.block_size is ", b,
+                                      "; expected 4..64 for block_topk"));
+  }
+  v1::EncodedTensor u = with(head + floats(36));
+  u.mutable_params()->set_block_size(8);  // 13 blocks per row: 8 + 8 + 8
+  ExpectRejected(u, c, "expected 96 for the 24 values of 3 blocks");
+  for (uint64_t row : {uint64_t{30}, uint64_t{2000}}) {
+    u = t;
+    u.mutable_params()->set_row_length(row);
+    ExpectRejected(u, c, absl::StrCat("params.row_length is ", row,
+                                      "; expected 0 (flat) or a divisor of "
+                                      "num_elements 1000"));
+  }
+  u = t;
+  u.mutable_params()->set_row_length(uint64_t{1} << 40);
+  ExpectRejected(u, c, "params.row_length is 1099511627776; expected 0 (flat) or ");
+  // Flat instead of rows: block 6 is then a full block.
+  u = with(head + floats(36));
+  u.mutable_params()->set_row_length(0);
+  ExpectRejected(u, c, "expected 192 for the 48 values of 3 blocks");
 }
 
 // Random corruption of valid tensors of every codec: never a crash; a

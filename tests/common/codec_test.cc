@@ -154,6 +154,14 @@ TEST(MakeCodec, FillsDefaults) {
   EXPECT_EQ((*c)->id(), v1::CODEC_ONEBIT);
 }
 
+TEST(MakeCodec, BlockTopKHasItsOwnBlockDefault) {
+  auto c = MakeCodec(v1::CODEC_BLOCK_TOPK, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->params().block_size(), 16u);
+  EXPECT_EQ((*c)->params().row_length(), 0u);
+  EXPECT_DOUBLE_EQ((*c)->params().k_fraction(), 0.01);
+}
+
 TEST(MakeCodec, NamesTheBadParameter) {
   struct Case {
     void (*set)(v1::CodecParams*);
@@ -178,6 +186,8 @@ TEST(MakeCodec, NamesTheBadParameter) {
        "params.range is 9"},
       {[](v1::CodecParams* p) { p->set_selection(static_cast<v1::TopKSelection>(9)); },
        "params.selection is 9"},
+      {[](v1::CodecParams* p) { p->set_row_length(uint64_t{1} << 40); },
+       "params.row_length is 1099511627776; expected 0 (flat) or 1..536870912"},
   };
   for (const Case& c : cases) {
     v1::CodecParams p;
@@ -190,7 +200,7 @@ TEST(MakeCodec, NamesTheBadParameter) {
 }
 
 TEST(MakeCodec, UnknownCodec) {
-  for (int id : {0, 9, 42, -1}) {
+  for (int id : {0, 10, 42, -1}) {
     auto c = MakeCodec(static_cast<v1::Codec>(id), {});
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
@@ -239,7 +249,7 @@ TEST(DecoderFor, EveryCodecInTheEnumHasADecoder) {
 }
 
 TEST(DecoderFor, RefusesUnknownIds) {
-  for (int id : {0, 9, 42, -1, 1 << 30}) {
+  for (int id : {0, 10, 42, -1, 1 << 30}) {
     SCOPED_TRACE(id);
     EXPECT_EQ(DecoderFor(static_cast<v1::Codec>(id)), nullptr);
     auto found = FindDecoder(static_cast<v1::Codec>(id));
@@ -253,7 +263,7 @@ TEST(DecoderFor, RefusesUnknownIds) {
 
 TEST(CodecName, ParsesEveryNameCaseInsensitively) {
   for (const char* name : {"fp32", "fp16", "bf16", "onebit", "topk", "randomk",
-                           "quantize", "topk_quantize"}) {
+                           "quantize", "topk_quantize", "block_topk"}) {
     auto c = ParseCodecName(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_EQ(CodecName(*c), name);

@@ -74,6 +74,15 @@ inline std::vector<CodecCase> AllCodecCases() {
   p.set_k_fraction(0.2);
   p.set_bits(6);
   add("topk_quantize", v1::CODEC_TOPK_QUANTIZE, p);
+  p = {};
+  p.set_k_fraction(0.1);
+  add("block_topk", v1::CODEC_BLOCK_TOPK, p);
+  // Rows of 8 when they divide the size (blocks of 5 and 3), else flat.
+  p.set_block_size(5);
+  p.set_row_length(8);
+  p.set_value_format(v1::VALUE_FORMAT_FP16);
+  p.set_k_fraction(0.3);
+  add("block_topk_b5_rows8_fp16", v1::CODEC_BLOCK_TOPK, p);
   return cases;
 }
 

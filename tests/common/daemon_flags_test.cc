@@ -60,7 +60,7 @@ TEST(EnumFlag, CodecFlagAcceptsEveryNamedCodecAndListsThem) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message(),
             "--pull_codec is 'zip'; expected fp32, fp16, bf16, onebit, topk, "
-            "randomk, quantize or topk_quantize");
+            "randomk, quantize, topk_quantize or block_topk");
 }
 
 TEST(SecurityFlags, SummaryNamesWhatIsOnForEachRole) {

@@ -193,12 +193,13 @@ TEST(ErrorFeedback, ResidualIsInputMinusDecoded) {
   EXPECT_NEAR(ef.ResidualNorm(), std::sqrt(norm), 1e-12 * std::sqrt(norm));
 }
 
-// onebit and topk offer a one-pass kernel; the wrapper runs the generic
-// algorithm for the others. Both must give what encode-then-decode gives
-// (codec_test's FusedFeedbackEqualsEncodeThenDecode checks every codec bit
-// for bit; topk_test the sampled selection's paths).
+// onebit, topk and block_topk offer a one-pass kernel; the wrapper runs the
+// generic algorithm for the others. Both must give what encode-then-decode
+// gives (codec_test's FusedFeedbackEqualsEncodeThenDecode checks every codec
+// bit for bit; topk_test the sampled selection's paths, block_topk_test rows
+// longer than its tiles).
 TEST(ErrorFeedback, FusedKernelIsAnOptionalCapability) {
-  for (v1::Codec c : {v1::CODEC_ONEBIT, v1::CODEC_TOPK}) {
+  for (v1::Codec c : {v1::CODEC_ONEBIT, v1::CODEC_TOPK, v1::CODEC_BLOCK_TOPK}) {
     EXPECT_NE(MustMake(c)->fused_feedback(), nullptr) << CodecName(c);
     EXPECT_NE(DecoderFor(c)->fused_feedback(), nullptr) << CodecName(c);
   }

@@ -90,12 +90,13 @@ void ExpectRefused(const v1::EncodedTensor& t, uint64_t n,
 
 TEST(ValidateTensor, RefusesUnknownCodecNamingTheNumber) {
   v1::EncodedTensor t = Encoded(v1::CODEC_FP32);
-  for (int id : {0, 9, 42, -1}) {
+  for (int id : {0, 10, 42, -1}) {
     t.set_codec(static_cast<v1::Codec>(id));
     ExpectRefused(t, 100,
                   absl::StrCat("codec is ", id,
                                "; expected one of fp32, fp16, bf16, onebit, "
-                               "topk, randomk, quantize, topk_quantize"));
+                               "topk, randomk, quantize, topk_quantize, "
+                               "block_topk"));
   }
 }
 
@@ -126,9 +127,13 @@ TEST(ValidateTensor, ChecksEveryParamsFieldLikeMakeDecoderFor) {
        "params.range is -1; expected QUANTIZE_RANGE_LINEAR or QUANTIZE_RANGE_ADAPTIVE"},
       {[](v1::CodecParams* p) { p->set_selection(static_cast<v1::TopKSelection>(9)); },
        "params.selection is 9; expected TOPK_SELECTION_SAMPLED or TOPK_SELECTION_EXACT"},
+      {[](v1::CodecParams* p) { p->set_row_length(uint64_t{1} << 29 | 1); },
+       "params.row_length is 536870913; expected 0 (flat) or 1..536870912"},
   };
-  // fp32 and onebit read none of these fields; quantize reads bits and range.
-  for (v1::Codec c : {v1::CODEC_FP32, v1::CODEC_ONEBIT, v1::CODEC_QUANTIZE}) {
+  // fp32 and onebit read none of these fields; quantize reads bits and range;
+  // block_topk reads row_length.
+  for (v1::Codec c : {v1::CODEC_FP32, v1::CODEC_ONEBIT, v1::CODEC_QUANTIZE,
+                      v1::CODEC_BLOCK_TOPK}) {
     for (const Case& k : cases) {
       SCOPED_TRACE(CodecName(c));
       v1::EncodedTensor t = Encoded(c);
@@ -141,6 +146,19 @@ TEST(ValidateTensor, ChecksEveryParamsFieldLikeMakeDecoderFor) {
       ExpectRefused(t, 99, k.message);
     }
   }
+}
+
+TEST(ValidateTensor, BlockTopKBlockSizeIsCheckedBeforeTheElementCount) {
+  v1::EncodedTensor t = Encoded(v1::CODEC_BLOCK_TOPK);
+  for (uint32_t b : {0u, 3u, 65u, 256u}) {
+    t.mutable_params()->set_block_size(b);
+    const std::string message =
+        absl::StrCat("params.block_size is ", b, "; expected 4..64 for block_topk");
+    ExpectRefused(t, 100, message);
+    ExpectRefused(t, 99, message);
+  }
+  t.mutable_params()->set_block_size(64);
+  ExpectRefused(t, 99, "num_elements is 100; expected 99");
 }
 
 TEST(ValidateTensor, RefusesBadHeadersAndPayloads) {

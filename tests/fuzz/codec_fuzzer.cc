@@ -26,7 +26,7 @@ namespace {
 v1::EncodedTensor FromRaw(const uint8_t* data, size_t size) {
   v1::EncodedTensor t;
   const uint8_t* h = data;
-  t.set_codec(static_cast<v1::Codec>(h[0] % 9));
+  t.set_codec(static_cast<v1::Codec>(h[0] % 10));
   t.set_num_elements(h[2] | (h[3] << 8));
   v1::CodecParams* p = t.mutable_params();
   p->set_value_format(static_cast<v1::ValueFormat>(h[1] & 3));
@@ -34,7 +34,11 @@ v1::EncodedTensor FromRaw(const uint8_t* data, size_t size) {
   p->set_unbiased((h[1] >> 4) & 1);
   p->set_scale_mode(static_cast<v1::ScaleMode>((h[1] >> 5) & 3));
   p->set_block_size(h[4] | (h[5] << 8));
-  p->set_bits(h[6]);
+  if (t.codec() == v1::CODEC_BLOCK_TOPK) {
+    p->set_row_length(h[6]);  // block_topk reads no bits
+  } else {
+    p->set_bits(h[6]);
+  }
   const size_t payload = size - kRawTensorHeaderBytes;
   if (h[7] == 0xFF) {
     p->set_k(payload / (p->value_format() == v1::VALUE_FORMAT_FP16 ? 2 : 4));

@@ -25,9 +25,10 @@ inline constexpr uint8_t kCodecProto = 0;
 inline constexpr uint8_t kCodecRaw = 1;
 
 // 8 bytes, little-endian:
-//   [0] codec: value % 9 as pserver.v1.Codec (0 = CODEC_UNSPECIFIED)
+//   [0] codec: value % 10 as pserver.v1.Codec (0 = CODEC_UNSPECIFIED)
 //   [1] flags: bits 0-1 value_format, 2-3 range, 4 unbiased, 5-6 scale_mode
-//   [2..3] num_elements   [4..5] block_size   [6] bits
+//   [2..3] num_elements   [4..5] block_size
+//   [6] bits; for CODEC_BLOCK_TOPK (which reads no bits) the row_length
 //   [7] k; 0xFF means "as many values as the payload holds" (randomk)
 inline constexpr size_t kRawTensorHeaderBytes = 8;
 

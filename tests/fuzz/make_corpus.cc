@@ -70,7 +70,8 @@ void CodecCorpus(const std::string& dir) {
   std::vector<Case> cases;
   for (v1::Codec c : {v1::CODEC_FP32, v1::CODEC_FP16, v1::CODEC_BF16,
                       v1::CODEC_ONEBIT, v1::CODEC_TOPK, v1::CODEC_RANDOMK,
-                      v1::CODEC_QUANTIZE, v1::CODEC_TOPK_QUANTIZE}) {
+                      v1::CODEC_QUANTIZE, v1::CODEC_TOPK_QUANTIZE,
+                      v1::CODEC_BLOCK_TOPK}) {
     v1::CodecParams p;
     p.set_block_size(32);
     p.set_k(10);
@@ -92,6 +93,21 @@ void CodecCorpus(const std::string& dir) {
   p.set_block_size(0);
   p.set_scale_mode(v1::SCALE_MODE_L2);
   cases.push_back({v1::CODEC_ONEBIT, "-oneblock-l2", p});
+  // block_topk: rows of 10 cut 4 + 4 + 2 (short blocks); flat fp16 blocks
+  // of 5; rows of 25 cut 16 + 9 with fp16 values.
+  p = {};
+  p.set_block_size(4);
+  p.set_row_length(10);
+  p.set_k(5);
+  cases.push_back({v1::CODEC_BLOCK_TOPK, "-b4-rows10", p});
+  p = {};
+  p.set_block_size(5);
+  p.set_k_fraction(0.3);
+  p.set_value_format(v1::VALUE_FORMAT_FP16);
+  cases.push_back({v1::CODEC_BLOCK_TOPK, "-b5-fp16", p});
+  p.set_block_size(16);
+  p.set_row_length(25);
+  cases.push_back({v1::CODEC_BLOCK_TOPK, "-b16-rows25-fp16", p});
 
   const std::vector<float> v = Values(100, 1);
   for (const Case& c : cases) {
@@ -113,7 +129,8 @@ void CodecCorpus(const std::string& dir) {
     raw.push_back(static_cast<char>(t.num_elements() >> 8));
     raw.push_back(static_cast<char>(q.block_size() & 0xFF));
     raw.push_back(static_cast<char>(q.block_size() >> 8));
-    raw.push_back(static_cast<char>(q.bits()));
+    raw.push_back(static_cast<char>(
+        c.codec == v1::CODEC_BLOCK_TOPK ? q.row_length() : q.bits()));
     raw.push_back(static_cast<char>(c.codec == v1::CODEC_RANDOMK ? 0xFF
                                                                  : q.k()));
     raw += t.payload();

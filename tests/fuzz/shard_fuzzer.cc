@@ -88,7 +88,7 @@ v1::RegisterRequest RegisterFor(uint32_t worker) {
   return r;
 }
 
-v1::Codec CodecFrom(uint8_t b) { return static_cast<v1::Codec>(1 + b % 8); }
+v1::Codec CodecFrom(uint8_t b) { return static_cast<v1::Codec>(1 + b % 9); }
 
 uint64_t StepFrom(uint64_t current, uint8_t delta) {
   return current + static_cast<uint64_t>(static_cast<int64_t>(

@@ -19,7 +19,7 @@ check_help "$BIN" servers worker_id num_workers model hidden epochs steps \
 # Nothing listens on port 1: a flag error must come before any connection
 # (the worker would otherwise retry for --retry_budget).
 bad() { check_invalid_exit 2 "$BIN" "$@" --servers=127.0.0.1:1 --retry_budget=30; }
-codecs='expected fp32, fp16, bf16, onebit, topk, randomk, quantize or topk_quantize$'
+codecs='expected fp32, fp16, bf16, onebit, topk, randomk, quantize, topk_quantize or block_topk$'
 bad --push_codec "$codecs" --push_codec=zip
 bad --warmup_codec "$codecs" --warmup_codec=gzip
 bad --onebit_scale "'max'; expected mean_abs or l2$" --onebit_scale=max
@@ -27,6 +27,10 @@ bad --topk_selection "expected sampled or exact$" --topk_selection=best
 bad --value_format "expected fp32 or fp16$" --value_format=int8
 bad --rounding "expected nearest or stochastic$" --rounding=up
 bad --quantize_range "expected linear or adaptive$" --quantize_range=log
+# --block_size's default (256, onebit's) is out of block_topk's range.
+bad --block_size "; expected 4..64 with block_topk" --push_codec=block_topk
+bad --block_size "is 65; expected 4..64 with block_topk" --push_codec=onebit \
+  --warmup_codec=block_topk --block_size=65
 bad --model "'cnn'; expected mlp or synthetic$" --model=cnn
 printf '{"phases": [{"begin_step": 4}]}' >"$WORK/late.json"
 bad --schedule "cannot read the schedule file" --schedule="$WORK/none.json"
