@@ -199,6 +199,10 @@ std::string CodecChoiceSpec::Describe() const {
     case v1::CODEC_RANDOMK:
       absl::StrAppend(&out, " k_fraction=", p.k_fraction());
       break;
+    case v1::CODEC_BLOCK_TOPK:
+      absl::StrAppend(&out, " block=", p.block_size(), " k_fraction=",
+                      p.k_fraction());
+      break;
     case v1::CODEC_TOPK_QUANTIZE:
       absl::StrAppend(&out, " k_fraction=", p.k_fraction(), " bits=",
                       p.bits());

@@ -53,6 +53,10 @@ declare -A OPTS=(
   [adam_q8]="--optimizer adam --push-codec quantize --pull-codec quantize"
   [staged_q]="--optimizer adam --push-codec quantize --pull-codec quantize --schedule $ROOT/deploy/schedules/staged_quantize.json"
   [topk_warmup]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step 600 --k-fraction 0.01 --schedule $ROOT/deploy/schedules/topk_sparsity_warmup.json"
+  # Block sparsification (issue 13 part 5): the topk recipe with block_topk
+  # (blocks of 16, 1% of them) after the freeze and for the pulls; the 8-bit
+  # warmup keeps its 256-element scale blocks through the schedule.
+  [block_topk]="--optimizer onebit_adam --push-codec block_topk --pull-codec block_topk --warmup-codec quantize --freeze-step 600 --k-fraction 0.01 --schedule $ROOT/deploy/schedules/block_topk.json"
 )
 
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
@@ -73,6 +77,7 @@ declare -A EXTRA_SERVER=(
   [adam_q8]="--pull_bits=8 ${ADAM_SERVER_FLAGS:-}"
   [staged_q]="${ADAM_SERVER_FLAGS:-}"
   [topk_warmup]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
+  [block_topk]="--onebit_momentum=worker --pull_block_size=16 ${TOPK_SERVER_FLAGS:-}"
 )
 declare -A EXTRA_WORKER=(
   [adam_fp32]="${ADAM_WORKER_FLAGS:-}"
@@ -85,6 +90,7 @@ declare -A EXTRA_WORKER=(
   [adam_q8]="--bits=8 ${ADAM_WORKER_FLAGS:-}"
   [staged_q]="${ADAM_WORKER_FLAGS:-}"
   [topk_warmup]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
+  [block_topk]="--bits=8 --block_size=16 ${TOPK_WORKER_FLAGS:-}"
 )
 
 # Local steps (DiLoCo): diloco_h<H>_<codec> runs H steps of Adam (lr 1e-3)
