@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/gradient_file.h"
 #include "worker/client.h"
 #include "worker/inner_adam.h"
 #include "worker/metrics.h"
@@ -50,6 +52,13 @@ struct TrainerOptions {
   // default). `steps`/`epochs` count local steps; the shards count rounds.
   int local_steps = 1;
   InnerAdamOptions inner;
+  // Gradient capture (common/gradient_file.h): the raw minibatch gradient of
+  // every step in capture_steps (local steps count with local_steps > 1), as
+  // the model computed it, before momentum, error feedback or compression,
+  // is appended to capture_file. Empty: no capture. REQUIRES: capture_steps
+  // is set when capture_file is.
+  std::string capture_file;
+  std::optional<StepRanges> capture_steps;
 };
 
 inline constexpr int kMaxLocalSteps = 100000;
