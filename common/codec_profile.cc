@@ -53,6 +53,28 @@ double Median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+// Median seconds of one call of `pass`: one untimed call (warm-up and
+// calibration), then o.repetitions timed runs of enough calls to last
+// o.min_timed_seconds.
+template <typename Pass>
+absl::StatusOr<double> TimePasses(Pass& pass, const ProfileOptions& o) {
+  absl::Time t0 = absl::Now();
+  if (absl::Status s = pass(); !s.ok()) return s;
+  const double once = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double want = o.min_timed_seconds / std::max(once, 1e-9);
+  const int64_t calls = static_cast<int64_t>(
+      std::min(1e6, std::max(1.0, std::ceil(want))));
+  std::vector<double> per_call(o.repetitions);
+  for (int r = 0; r < o.repetitions; ++r) {
+    t0 = absl::Now();
+    for (int64_t k = 0; k < calls; ++k) {
+      if (absl::Status s = pass(); !s.ok()) return s;
+    }
+    per_call[r] = absl::ToDoubleSeconds(absl::Now() - t0) / calls;
+  }
+  return Median(per_call);
+}
+
 }  // namespace
 
 double RelativeNorm(double a_sq, double b_sq) {
@@ -77,10 +99,14 @@ double CodecProfile::ef_window_error() const {
   return RelativeNorm(ef_window_err_sq, window_g_sq);
 }
 double CodecProfile::encode_elements_per_second() const {
-  return encode_seconds > 0 ? timed_elements / encode_seconds : 0.0;
+  return encode_seconds > 0
+             ? static_cast<double>(elements) * steps() / encode_seconds
+             : 0.0;
 }
 double CodecProfile::decode_elements_per_second() const {
-  return decode_seconds > 0 ? timed_elements / decode_seconds : 0.0;
+  return decode_seconds > 0
+             ? static_cast<double>(elements) * steps() / decode_seconds
+             : 0.0;
 }
 
 absl::StatusOr<CodecProfile> ProfileCodec(
@@ -103,6 +129,10 @@ absl::StatusOr<CodecProfile> ProfileCodec(
   if (o.repetitions < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "repetitions is ", o.repetitions, "; expected >= 1"));
+  }
+  if (!(o.min_timed_seconds >= 0 && o.min_timed_seconds <= 60)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_timed_seconds is ", o.min_timed_seconds, "; expected 0..60"));
   }
   if (!std::isfinite(o.ef_decay)) {
     return absl::InvalidArgumentError(
@@ -161,38 +191,32 @@ absl::StatusOr<CodecProfile> ProfileCodec(
   p.ef_window_err_sq = SquaredNorm(sum_ef);
 
   // Throughput: plain Encode and Decode of the window's steps, repeated.
-  const uint64_t per_pass = static_cast<uint64_t>(n) * w;
-  const uint64_t passes =
-      std::max<uint64_t>(1, (o.min_timed_elements + per_pass - 1) / per_pass);
-  p.timed_elements = passes * per_pass;
-  std::vector<double> enc(o.repetitions), dec(o.repetitions);
-  for (int r = 0; r < o.repetitions; ++r) {
-    absl::Time t0 = absl::Now();
-    for (uint64_t k = 0; k < passes; ++k) {
-      for (size_t t = 0; t < w; ++t) {
-        if (absl::Status s = codec.Encode(steps[t], MixPair(o.seed, t), &out);
-            !s.ok()) {
-          return s;
-        }
+  auto encode_pass = [&]() -> absl::Status {
+    for (size_t t = 0; t < w; ++t) {
+      if (absl::Status s = codec.Encode(steps[t], MixPair(o.seed, t), &out);
+          !s.ok()) {
+        return s;
       }
     }
-    enc[r] = absl::ToDoubleSeconds(absl::Now() - t0);
-    t0 = absl::Now();
-    for (uint64_t k = 0; k < passes; ++k) {
-      for (size_t t = 0; t < w; ++t) {
-        if (absl::Status s = codec.Decode(encoded[t], absl::MakeSpan(decoded));
-            !s.ok()) {
-          return s;
-        }
+    return absl::OkStatus();
+  };
+  auto decode_pass = [&]() -> absl::Status {
+    for (size_t t = 0; t < w; ++t) {
+      if (absl::Status s = codec.Decode(encoded[t], absl::MakeSpan(decoded));
+          !s.ok()) {
+        return s;
       }
     }
-    dec[r] = absl::ToDoubleSeconds(absl::Now() - t0);
-  }
-  p.encode_seconds = Median(enc);
-  p.decode_seconds = Median(dec);
+    return absl::OkStatus();
+  };
+  absl::StatusOr<double> enc = TimePasses(encode_pass, o);
+  if (!enc.ok()) return enc.status();
+  absl::StatusOr<double> dec = TimePasses(decode_pass, o);
+  if (!dec.ok()) return dec.status();
+  p.encode_seconds = *enc;
+  p.decode_seconds = *dec;
   return p;
 }
-
 absl::StatusOr<CodecProfile> CombineProfiles(
     absl::Span<const CodecProfile> parts) {
   if (parts.empty()) {
@@ -224,14 +248,10 @@ absl::StatusOr<CodecProfile> CombineProfiles(
     c.window_g_sq += p.window_g_sq;
     c.window_err_sq += p.window_err_sq;
     c.ef_window_err_sq += p.ef_window_err_sq;
-    // Times per element, scaled to the combined pass over every tensor.
-    if (p.timed_elements > 0) {
-      const double per_step = static_cast<double>(p.elements) * w;
-      c.encode_seconds += p.encode_seconds / p.timed_elements * per_step;
-      c.decode_seconds += p.decode_seconds / p.timed_elements * per_step;
-    }
+    // A pass over the model is a pass over each of its tensors.
+    c.encode_seconds += p.encode_seconds;
+    c.decode_seconds += p.decode_seconds;
   }
-  c.timed_elements = c.elements * w;
   return c;
 }
 

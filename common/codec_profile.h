@@ -33,9 +33,9 @@ struct ProfileOptions {
   // Timed repetitions; the throughput is the median's.
   int repetitions = 5;
   // Each timed repetition encodes (decodes) the window's steps as many times
-  // as it takes to cover at least this many elements, so that tiny tensors
-  // are not timed at the clock's resolution.
-  uint64_t min_timed_elements = uint64_t{1} << 20;
+  // as one untimed pass says it takes to last this long, so that tiny
+  // tensors are not timed at the clock's resolution (at most 10^6 passes).
+  double min_timed_seconds = 0.002;
   float ef_decay = 1.0f;
   // Step t of the window encodes with seed MixPair(seed, t).
   uint64_t seed = 1;
@@ -57,10 +57,10 @@ struct CodecProfile {
   double window_g_sq = 0;
   double window_err_sq = 0;
   double ef_window_err_sq = 0;
-  // Median seconds of one timed repetition and the elements it covered.
+  // Seconds to encode (decode) the window's W steps once: the median over
+  // the repetitions, each divided by its number of passes.
   double encode_seconds = 0;
   double decode_seconds = 0;
-  uint64_t timed_elements = 0;
 
   size_t steps() const { return g_sq.size(); }
   double mean_bytes() const;     // per step, without error feedback
