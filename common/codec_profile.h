@@ -102,7 +102,7 @@ struct CodecCandidate {
 };
 
 // Every codec over the profiler's sweep: fp32, fp16, bf16; onebit with
-// blocks 32, 256, 2048 and one per tensor, mean_abs and l2 scales; quantize
+// blocks 32, 256, 2048 and 2^20 (one per tensor up to 2^20 elements), mean_abs and l2 scales; quantize
 // with 2, 4, 6, 8 bits, linear and adaptive ranges, nearest and stochastic
 // rounding (block 256); topk, topk_quantize (4 and 8 bits) and randomk
 // keeping 0.1%, 1%, 5% and 10%.
