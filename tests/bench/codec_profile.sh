@@ -76,6 +76,7 @@ fi
 PROFILE="$BUILD_DIR/tests/bench/codec_profile"
 [[ -x "$PROFILE" ]] || die "build failed: no $PROFILE"
 
+CAPTURED_FROM=""
 if [[ -z "$GRADIENTS" ]]; then
   GRADIENTS="$WORK/gradients.bin"
   last="${CAPTURE_STEPS##*,}"
@@ -93,6 +94,9 @@ if [[ -z "$GRADIENTS" ]]; then
     die "the capture run failed (KEEP=1 keeps $WORK)"
   fi
   grep -E "test accuracy +[0-9]" "$WORK/local.log" || true
+  # local.sh's own line naming shards, workers, optimizer and codecs.
+  recipe="$(sed -n 's/^local.sh: \([0-9]* shards, .*\); logs in .*/\1/p' "$WORK/local.log" | head -1)"
+  CAPTURED_FROM="worker 0 of \`deploy/local.sh --steps $((last + 1)) ${local_opts[*]} $LOCAL_FLAGS\` ($recipe; its other defaults) at steps $CAPTURE_STEPS"
 fi
 [[ -f "$GRADIENTS" ]] || die "GRADIENTS is '$GRADIENTS'; expected a gradient file"
 
@@ -101,9 +105,14 @@ echo "codec_profile.sh: profiling $(du -h "$GRADIENTS" | cut -f1) of gradients"
 "$PROFILE" --gradients="$GRADIENTS" --json="$RESULTS/codec_profile.json" \
   --window_names="$WINDOW_NAMES" --filter="$FILTER" --repetitions="$REPETITIONS"
 load="$(cut -d' ' -f1-3 /proc/loadavg)"
+if [[ -n "$CAPTURED_FROM" ]]; then
+  source_note="gradients from $CAPTURED_FROM"
+else
+  source_note="gradients from a saved capture, $GRADIENTS"
+fi
 "$PY" "$ROOT/tests/bench/codec_profile_report.py" --json "$RESULTS/codec_profile.json" \
   --out "$RESULTS" \
-  --note "Made by tests/bench/codec_profile.sh on $(date -u +%Y-%m-%d) at commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown): capture steps $CAPTURE_STEPS, deploy/local.sh ${local_opts[*]} $LOCAL_FLAGS (its default recipe otherwise), $(nproc) cores, load average $load when profiling. Throughput shares the machine with whatever else ran: compare codecs within a run, not across runs."
+  --note "Made by tests/bench/codec_profile.sh on $(date -u +%Y-%m-%d) at commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown): $source_note; $(nproc) cores, load average $load when profiling. Throughput shares the machine with whatever else ran: compare codecs within a run, not across runs."
 echo "codec_profile.sh: wrote $RESULTS/codec_profile.json, .md and .svg"
 if [[ "$SMOKE" == 1 ]]; then
   # The whole path, checked on figures known without the data: fp16 halves
