@@ -163,11 +163,10 @@ int Run() {
 
   std::vector<std::string> results;
   for (const Window& w : windows) {
-    std::printf("\n%s: steps %lu-%lu (%zu steps), %zu tensors, %lu elements\n",
-                w.name.c_str(),
+    std::printf("\n%s (%zu steps from %lu), %zu tensors, %lu elements\n",
+                w.name.c_str(), w.end - w.begin,
                 static_cast<unsigned long>(capture->steps[w.begin].step),
-                static_cast<unsigned long>(capture->steps[w.end - 1].step),
-                w.end - w.begin, capture->slots.size(),
+                capture->slots.size(),
                 static_cast<unsigned long>(TotalElements(capture->layout)));
     std::printf("%-32s %9s %12s %10s %10s %10s %10s %10s\n", "codec", "ratio",
                 "bytes/step", "err", "win err", "EF win err", "enc Me/s",
