@@ -96,7 +96,8 @@ if [[ -z "$GRADIENTS" ]]; then
   grep -E "test accuracy +[0-9]" "$WORK/local.log" || true
   # local.sh's own line naming shards, workers, optimizer and codecs.
   recipe="$(sed -n 's/^local.sh: \([0-9]* shards, .*\); logs in .*/\1/p' "$WORK/local.log" | head -1)"
-  CAPTURED_FROM="worker 0 of \`deploy/local.sh --steps $((last + 1)) ${local_opts[*]} $LOCAL_FLAGS\` ($recipe; its other defaults) at steps $CAPTURE_STEPS"
+  command="$(echo "deploy/local.sh --steps $((last + 1)) ${local_opts[*]} $LOCAL_FLAGS" | tr -s ' ')"
+  CAPTURED_FROM="worker 0 of \`${command% }\` ($recipe; its other defaults) at steps $CAPTURE_STEPS"
 fi
 [[ -f "$GRADIENTS" ]] || die "GRADIENTS is '$GRADIENTS'; expected a gradient file"
 
