@@ -28,9 +28,7 @@
 #                 daemon, and print the URL of a graph of the key series; when
 #                 stdin is a terminal, Prometheus and the shards stay up after
 #                 training until Ctrl-C. [PROMETHEUS_PORT=9090]
-#   SERVER_FLAGS / WORKER_FLAGS: extra flags passed to every daemon;
-#   WORKER0_FLAGS: to worker 0 only (e.g. --capture_gradients=FILE
-#                 --capture_steps=0-19, as tests/bench/codec_profile.sh).
+#   SERVER_FLAGS / WORKER_FLAGS: extra flags for every daemon (WORKER0_FLAGS: worker 0's).
 #   --script FILE [ARGS...]  instead of pserver_worker, run a PyTorch script
 #                 (e.g. python/examples/fashion_cnn.py) once per worker through
 #                 `python3 -m pserver.launch` (docs/python.md), with the shard
@@ -85,7 +83,7 @@ while [[ $# -gt 0 ]]; do
     --prometheus-port) need_value "$@"; PROMETHEUS_PORT="$2"; shift 2 ;;
     --monitor) MONITOR=1; shift ;;
     --script) need_value "$@"; SCRIPT="$2"; shift 2; SCRIPT_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done

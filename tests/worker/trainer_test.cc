@@ -285,5 +285,51 @@ TEST(Trainer, CapturesTheRawGradientsOfTheRequestedSteps) {
   EXPECT_NE(r.status().message().find("missing/grads.bin"), std::string::npos);
 }
 
+// With local steps the capture counts local steps: each of a round's inner
+// gradients is the workload's own, not the round's weight change.
+TEST(Trainer, CaptureWithLocalStepsKeepsEachInnerGradient) {
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer.kind = OptimizerKind::kSgd;
+  config.pull_codec = v1::CODEC_FP32;
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  auto server = ShardServer::Start(config, so, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string dir = testing_util::MakeTempDir("trainer_test");
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.synthetic_params = 300;
+  t.synthetic_tensors = 3;
+  t.steps = 6;  // rounds of 2 local steps
+  t.local_steps = 2;
+  t.capture_file = dir + "/grads.bin";
+  absl::StatusOr<StepRanges> ranges = StepRanges::Parse("1-4");
+  ASSERT_TRUE(ranges.ok());
+  t.capture_steps = *ranges;
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
+  c.push_codec = v1::CODEC_FP32;
+  c.local_steps = 2;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(RunTraining(t, client->get(), nullptr, nullptr, 0, 1).ok());
+
+  absl::StatusOr<GradientCapture> got = ReadGradientFile(t.capture_file);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->steps.size(), 4u);
+  auto model = MakeSyntheticWorkload(t, 0);
+  ASSERT_TRUE(model.ok());
+  std::vector<float> weights(300), want(300);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got->steps[i].step, i + 1);
+    ASSERT_TRUE((*model)->Gradient(i + 1, weights, absl::MakeSpan(want)).ok());
+    EXPECT_EQ(got->steps[i].values, want) << "step " << i + 1;
+  }
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace pserver

@@ -14,7 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_checks.sh"
 check_help "$BIN" servers worker_id num_workers model hidden epochs steps \
   batch_size push_codec warmup_codec block_size onebit_scale k_fraction \
   topk_selection value_format bits rounding quantize_range metrics_listen \
-  progress state_file capture_gradients capture_steps tls_ca tls_cert tls_key auth_token_file
+  progress state_file tls_ca tls_cert tls_key auth_token_file
 
 # Nothing listens on port 1: a flag error must come before any connection
 # (the worker would otherwise retry for --retry_budget).
@@ -37,6 +37,8 @@ bad --blas_threads "expected >= 1" --blas_threads=0
 bad --tls_key "expected the certificate's private key" --tls_cert=/nonexistent.pem
 bad --metrics_listen "cannot listen" --metrics_listen=bogus
 bad "'extra'" "unexpected argument" extra
+# Gradient capture (issue 13).
+check_help "$BIN" capture_gradients capture_steps
 bad --capture_steps "has '5-2', a range that ends before it starts" \
   --capture_gradients=/tmp/unused.grad --capture_steps=5-2
 bad --capture_steps "has 'x'; expected increasing steps" \
