@@ -58,8 +58,11 @@ struct CodecProfile {
   double window_err_sq = 0;
   double ef_window_err_sq = 0;
   // Seconds to encode (decode) the window's W steps once: the median over
-  // the repetitions, each divided by its number of passes.
+  // the repetitions, each divided by its number of passes. ef_encode is
+  // ErrorFeedback::Encode (the codec's fused kernel if it has one), as the
+  // worker runs it.
   double encode_seconds = 0;
+  double ef_encode_seconds = 0;
   double decode_seconds = 0;
 
   size_t steps() const { return g_sq.size(); }
@@ -71,6 +74,7 @@ struct CodecProfile {
   double ef_step_error() const;  // mean over steps, EF
   double ef_window_error() const;
   double encode_elements_per_second() const;
+  double ef_encode_elements_per_second() const;
   double decode_elements_per_second() const;
 };
 

@@ -111,6 +111,8 @@ std::string ResultJson(const Window& w, absl::string_view tensor,
       ", \"ef_window_error\": ", Num(p.ef_window_error()),
       ", \"encode_elements_per_second\": ",
       Num(p.encode_elements_per_second()),
+      ", \"ef_encode_elements_per_second\": ",
+      Num(p.ef_encode_elements_per_second()),
       ", \"decode_elements_per_second\": ",
       Num(p.decode_elements_per_second()), "}");
 }
@@ -168,9 +170,9 @@ int Run() {
                 static_cast<unsigned long>(capture->steps[w.begin].step),
                 capture->slots.size(),
                 static_cast<unsigned long>(TotalElements(capture->layout)));
-    std::printf("%-32s %9s %12s %10s %10s %10s %10s %10s\n", "codec", "ratio",
-                "bytes/step", "err", "win err", "EF win err", "enc Me/s",
-                "dec Me/s");
+    std::printf("%-32s %9s %12s %10s %10s %10s %10s %10s %10s\n", "codec",
+                "ratio", "bytes/step", "err", "win err", "EF win err",
+                "enc Me/s", "EF enc", "dec Me/s");
     for (const CodecCandidate& c : sweep) {
       absl::StatusOr<std::unique_ptr<Codec>> codec =
           MakeCodec(c.codec, c.params);
@@ -194,12 +196,13 @@ int Run() {
       absl::StatusOr<CodecProfile> model = CombineProfiles(parts);
       if (!model.ok()) return Fail(model.status().ToString());
       results.push_back(ResultJson(w, "(model)", c, *model));
-      std::printf("%-32s %9.2f %12.0f %10.3g %10.3g %10.3g %10.1f %10.1f\n",
-                  c.label.c_str(), model->ratio(), model->mean_bytes(),
-                  model->rel_error(), model->window_error(),
-                  model->ef_window_error(),
-                  model->encode_elements_per_second() / 1e6,
-                  model->decode_elements_per_second() / 1e6);
+      std::printf(
+          "%-32s %9.2f %12.0f %10.3g %10.3g %10.3g %10.1f %10.1f %10.1f\n",
+          c.label.c_str(), model->ratio(), model->mean_bytes(),
+          model->rel_error(), model->window_error(), model->ef_window_error(),
+          model->encode_elements_per_second() / 1e6,
+          model->ef_encode_elements_per_second() / 1e6,
+          model->decode_elements_per_second() / 1e6);
       std::fflush(stdout);
     }
   }

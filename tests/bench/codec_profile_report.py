@@ -14,6 +14,9 @@ Figures (per window of W consecutive steps, common/codec_profile.h):
   EF win err   the same with error feedback: the error that reaches the
                model after W steps (= residual / ||sum g||)
   EF step err  mean over steps of ||g_t - D(E(g_t + e_t))|| / ||g_t||
+  rates        elements per second, one thread: Encode, the error-feedback
+               encode the worker runs (fused kernel if the codec has one),
+               and Decode
 """
 
 import argparse
@@ -57,13 +60,14 @@ def bits(r):
 
 def model_table(rows):
     out = ["| codec | bits/elem | ratio | err | win err | EF win err | EF step err "
-           "| encode Melem/s | decode Melem/s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| encode Melem/s | EF encode Melem/s | decode Melem/s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['label']} | {bits(r):.3g} | {r['ratio']:.3g} | "
                    f"{fmt_err(r['rel_error'])} | {fmt_err(r['window_error'])} | "
                    f"{fmt_err(r['ef_window_error'])} | {fmt_err(r['ef_step_error'])} | "
                    f"{fmt_rate(r['encode_elements_per_second'])} | "
+                   f"{fmt_rate(r['ef_encode_elements_per_second'])} | "
                    f"{fmt_rate(r['decode_elements_per_second'])} |")
     return out
 

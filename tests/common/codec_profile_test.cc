@@ -47,6 +47,7 @@ TEST(CodecProfile, Fp32IsExactAtRatioOne) {
   EXPECT_EQ(p->ef_step_error(), 0.0);
   EXPECT_EQ(p->ef_window_error(), 0.0);
   EXPECT_GT(p->encode_elements_per_second(), 0.0);
+  EXPECT_GT(p->ef_encode_elements_per_second(), 0.0);
   EXPECT_GT(p->decode_elements_per_second(), 0.0);
 }
 
@@ -158,6 +159,8 @@ TEST(CodecProfile, CombinedHalvesEqualTheWhole) {
   EXPECT_GT(pw->rel_error(), 0.0);
   EXPECT_GT(c->encode_seconds, 0.0);
   EXPECT_DOUBLE_EQ(c->encode_seconds, pa->encode_seconds + pb->encode_seconds);
+  EXPECT_DOUBLE_EQ(c->ef_encode_seconds,
+                   pa->ef_encode_seconds + pb->ef_encode_seconds);
 
   auto short_window = ProfileCodec(*codec, Spans({a[0], a[1]}), Quick());
   ASSERT_TRUE(short_window.ok());
