@@ -18,7 +18,11 @@
 #                 (5 epochs are 2344 steps; 1-bit Adam freezes at 600)
 #   WINDOW_NAMES [early,middle,late]   one name per window
 #   LOCAL_FLAGS   extra deploy/local.sh options (another recipe, --seed N)
-#   BASE_PORT [52051] METRICS_PORT [9351] WORKER_METRICS_PORT [9451]
+#   BASE_PORT [53051] METRICS_PORT [9551] WORKER_METRICS_PORT [9651]
+#                 must be free: gRPC binds with SO_REUSEPORT, so a second
+#                 cluster on the same ports would silently share them (the
+#                 script refuses to start if anything listens there;
+#                 fidelity.sh uses 52051)
 #   FILTER        only codecs whose label contains one of these (comma list)
 #   REPETITIONS [5]   timed repetitions per codec and tensor
 #   KEEP [0]      1: keep the capture and the run's logs (else removed)
@@ -31,9 +35,9 @@ BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 JOBS="${JOBS:-1}"
 CAPTURE_STEPS="${CAPTURE_STEPS:-0-19,1000-1019,2200-2219}"
 WINDOW_NAMES="${WINDOW_NAMES:-early,middle,late}"
-BASE_PORT="${BASE_PORT:-52051}"
-METRICS_PORT="${METRICS_PORT:-9351}"
-WORKER_METRICS_PORT="${WORKER_METRICS_PORT:-9451}"
+BASE_PORT="${BASE_PORT:-53051}"
+METRICS_PORT="${METRICS_PORT:-9551}"
+WORKER_METRICS_PORT="${WORKER_METRICS_PORT:-9651}"
 REPETITIONS="${REPETITIONS:-5}"
 FILTER="${FILTER:-}"
 KEEP="${KEEP:-0}"
@@ -81,6 +85,15 @@ if [[ -z "$GRADIENTS" ]]; then
   GRADIENTS="$WORK/gradients.bin"
   last="${CAPTURE_STEPS##*,}"
   last="${last##*-}"
+  # Every port the run listens on, free before it starts (SO_REUSEPORT lets
+  # a second server bind a port in use and take part of its connections).
+  for p in $(seq "$BASE_PORT" $((BASE_PORT + 1))) \
+           $(seq "$METRICS_PORT" $((METRICS_PORT + 1))) \
+           $(seq "$WORKER_METRICS_PORT" $((WORKER_METRICS_PORT + 3))); do
+    if ss -Htln "sport = :$p" | grep -q .; then
+      die "port $p is in use (another cluster?); set BASE_PORT, METRICS_PORT, WORKER_METRICS_PORT"
+    fi
+  done
   echo "codec_profile.sh: capturing steps $CAPTURE_STEPS of worker 0 (logs in $WORK/run)"
   # The run stops after the last captured step; what comes later cannot
   # change the gradients before it.
