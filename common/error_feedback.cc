@@ -57,11 +57,15 @@ absl::Status EncodeWithFeedback(const Codec& codec, absl::Span<const float> g,
 }
 
 ErrorFeedback::ErrorFeedback(const Codec* codec, size_t n, float decay)
-    : codec_(codec), decay_(decay), size_(n) {}
+    : built_with_(codec), codec_(codec), decay_(decay), size_(n) {}
 
 ErrorFeedback::ErrorFeedback(std::unique_ptr<Codec> codec, size_t n,
                              float decay)
-    : owned_(std::move(codec)), codec_(owned_.get()), decay_(decay), size_(n) {}
+    : owned_(std::move(codec)),
+      built_with_(owned_.get()),
+      codec_(owned_.get()),
+      decay_(decay),
+      size_(n) {}
 
 absl::Status ErrorFeedback::Encode(absl::Span<const float> g, uint64_t seed,
                                    v1::EncodedTensor* out) {

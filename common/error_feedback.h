@@ -82,9 +82,16 @@ class ErrorFeedback {
   size_t size() const { return size_; }
   float decay() const { return decay_; }
   const Codec& codec() const { return *codec_; }
+  // Encodes with `codec` from now on (nullptr: the one it was built with);
+  // the residual carries over, so what the old codec dropped is sent by the
+  // new one. `codec` must outlive its use here.
+  void UseCodec(const Codec* codec) {
+    codec_ = codec != nullptr ? codec : built_with_;
+  }
 
  private:
   std::unique_ptr<Codec> owned_;
+  const Codec* built_with_;
   const Codec* codec_;
   float decay_;
   size_t size_;

@@ -21,6 +21,9 @@
 #                 default, server]  where 1-bit Adam's compression stage
 #                 takes its momentum (docs/architecture.md)
 #   --k-fraction X [K_FRACTION=0.01]           --seed N [SEED=1]
+#   --schedule FILE [SCHEDULE]  a compression schedule for shards and workers
+#                 (docs/schedules.md; e.g. deploy/schedules/staged_quantize.json):
+#                 its phases' codecs replace the codec options above
 #   --base-port P [BASE_PORT=50051]  shards listen on P.., their metrics on
 #                 METRICS_PORT=9100.., workers' metrics on 9200..
 #   --run-dir D [RUN_DIR=a new folder under /tmp]   logs and summaries
@@ -50,6 +53,7 @@ FREEZE_STEP="${FREEZE_STEP:-}"
 ONEBIT_MOMENTUM="${ONEBIT_MOMENTUM:-}"
 K_FRACTION="${K_FRACTION:-0.01}"
 SEED="${SEED:-1}"
+SCHEDULE="${SCHEDULE:-}"
 BASE_PORT="${BASE_PORT:-50051}"
 METRICS_PORT="${METRICS_PORT:-9100}"
 WORKER_METRICS_PORT="${WORKER_METRICS_PORT:-9200}"
@@ -78,12 +82,13 @@ while [[ $# -gt 0 ]]; do
     --onebit-momentum) need_value "$@"; ONEBIT_MOMENTUM="$2"; shift 2 ;;
     --k-fraction) need_value "$@"; K_FRACTION="$2"; shift 2 ;;
     --seed) need_value "$@"; SEED="$2"; shift 2 ;;
+    --schedule) need_value "$@"; SCHEDULE="$2"; shift 2 ;;
     --base-port) need_value "$@"; BASE_PORT="$2"; shift 2 ;;
     --run-dir) need_value "$@"; RUN_DIR="$2"; shift 2 ;;
     --prometheus-port) need_value "$@"; PROMETHEUS_PORT="$2"; shift 2 ;;
     --monitor) MONITOR=1; shift ;;
     --script) need_value "$@"; SCRIPT="$2"; shift 2; SCRIPT_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -101,6 +106,11 @@ else
 fi
 momentum_flag=()
 [[ -n "$ONEBIT_MOMENTUM" ]] && momentum_flag=(--onebit_momentum="$ONEBIT_MOMENTUM")
+schedule_flag=()
+if [[ -n "$SCHEDULE" ]]; then
+  [[ -f "$SCHEDULE" ]] || die "--schedule: cannot read '$SCHEDULE'"
+  schedule_flag=(--schedule="$(cd "$(dirname "$SCHEDULE")" && pwd)/$(basename "$SCHEDULE")")
+fi
 
 # shellcheck source=packages.sh
 source "$ROOT/deploy/packages.sh"
@@ -154,7 +164,8 @@ for ((s = 0; s < SHARDS; s++)); do
     --metrics_listen="127.0.0.1:$((METRICS_PORT + s))" \
     --optimizer="$OPTIMIZER" --lr="$LR" --freeze_step="$FREEZE_STEP" \
     --pull_codec="$PULL_CODEC" --pull_k_fraction="$K_FRACTION" \
-    "${momentum_flag[@]}" ${SERVER_FLAGS:-} >"$RUN_DIR/shard$s.log" 2>&1 &
+    "${momentum_flag[@]}" "${schedule_flag[@]}" ${SERVER_FLAGS:-} \
+    >"$RUN_DIR/shard$s.log" 2>&1 &
   PIDS+=($!)
 done
 servers="$(IFS=,; echo "${addresses[*]}")"
@@ -165,6 +176,7 @@ if [[ "$MONITOR" == 1 ]]; then
   for ((w = 0; w < WORKERS; w++)); do targets+="'127.0.0.1:$((WORKER_METRICS_PORT + w))',"; done
   sed -e "s|targets: \[.*\] *# local.sh|targets: [${targets%,}]|" \
     "$ROOT/deploy/prometheus/local.yml" >"$RUN_DIR/prometheus.yml"
+  cp "$ROOT/deploy/prometheus/alerts.yml" "$RUN_DIR/alerts.yml"  # its rule_files
   prometheus --config.file="$RUN_DIR/prometheus.yml" \
     --storage.tsdb.path="$RUN_DIR/prometheus-data" \
     --web.listen-address="127.0.0.1:$PROMETHEUS_PORT" >"$RUN_DIR/prometheus.log" 2>&1 &
@@ -208,7 +220,8 @@ fi
 
 start=$(date +%s.%N)
 echo "local.sh: $SHARDS shards, $WORKERS workers, optimizer $OPTIMIZER," \
-  "push $PUSH_CODEC (warmup $WARMUP_CODEC), pull $PULL_CODEC; logs in $RUN_DIR"
+  "push $PUSH_CODEC (warmup $WARMUP_CODEC), pull $PULL_CODEC${SCHEDULE:+, schedule $SCHEDULE};" \
+  "logs in $RUN_DIR"
 progress=lines
 [[ -t 1 ]] && progress=bar
 worker_pids=()
@@ -216,7 +229,7 @@ for ((w = 0; w < WORKERS; w++)); do
   args=(--servers="$servers" --worker_id="$w" --num_workers="$WORKERS"
         --epochs="$EPOCHS" --steps="$STEPS" --batch_size="$BATCH" --seed="$SEED"
         --push_codec="$PUSH_CODEC" --warmup_codec="$WARMUP_CODEC"
-        --k_fraction="$K_FRACTION"
+        --k_fraction="$K_FRACTION" "${schedule_flag[@]}"
         --metrics_listen="127.0.0.1:$((WORKER_METRICS_PORT + w))"
         --summary_json="$RUN_DIR/worker$w.json")
   if [[ $w -eq 0 ]]; then

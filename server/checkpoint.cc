@@ -16,8 +16,9 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
 absl::string_view Magic() { return absl::string_view(kMagic, sizeof(kMagic)); }
-constexpr uint32_t kVersion = 3;
-// Version 2 had no local_steps; it loads as local_steps 1.
+constexpr uint32_t kVersion = 4;
+// Version 2 had no local_steps; it loads as local_steps 1. Version 3 had no
+// schedule; it loads as none.
 constexpr uint32_t kOldestVersion = 2;
 constexpr char kPrefix[] = "ckpt-";
 constexpr char kSuffix[] = ".pserver";
@@ -79,6 +80,12 @@ std::string Mismatch(const ShardState& s, const CheckpointExpectation& expect) {
                           " (--freeze_step)");
     }
   }
+  if (s.schedule_fingerprint != expect.schedule_fingerprint) {
+    return absl::StrFormat(
+        "it was written with compression schedule %016x; this shard has "
+        "%016x (--schedule; 0: none)",
+        s.schedule_fingerprint, expect.schedule_fingerprint);
+  }
   // Last: the only check that reads every element.
   const uint64_t replica = ChecksumOf(s.x_hat);
   if (replica != s.replica_checksum) {
@@ -107,6 +114,8 @@ std::string SerializeShardState(const ShardState& s) {
   w.Num<uint64_t>(s.prev_replica_checksum);
   w.Num<uint64_t>(s.replica_checksum);
   w.Num<uint32_t>(s.local_steps);
+  w.Num<uint64_t>(s.schedule_fingerprint);
+  w.Num<uint64_t>(s.schedule_total_steps);
   w.Blob(s.layout.SerializeAsString());
   {
     v1::EncodedChunks chunks;
@@ -141,7 +150,10 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
             r.Num(&frozen) && r.Num(&preconditioned) && r.Num(&has_delta) &&
             r.Num(&worker_momentum) && r.Num(&s.step) && r.Num(&s.freeze_step) &&
             r.Num(&s.prev_replica_checksum) && r.Num(&s.replica_checksum) &&
-            (version < 3 || r.Num(&s.local_steps)) && r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
+            (version < 3 || r.Num(&s.local_steps)) &&
+            (version < 4 || (r.Num(&s.schedule_fingerprint) &&
+                             r.Num(&s.schedule_total_steps))) &&
+            r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
             r.Floats(&s.m) && r.Floats(&s.v) && r.Floats(&s.x_hat) &&
             r.Int64s(&s.last_pushed);
   if (!ok) return absl::DataLossError("checkpoint is truncated");

@@ -2,18 +2,20 @@
 // including its compression state (the replica x_hat that workers hold and
 // the last pull delta), so a restart loses no error-feedback memory.
 //
-// File format (version 3), all numbers little-endian:
+// File format (version 4), all numbers little-endian:
 //   "PSCKPT\0\1" | u32 version | u32 shard_index | u32 num_shards |
 //   u32 num_workers | u32 optimizer kind | u8 frozen | u8 preconditioned |
 //   u8 has_delta | u8 worker_momentum | u64 step | u64 freeze_step |
 //   u64 prev_replica_checksum | u64 replica_checksum | u32 local_steps |
+//   u64 schedule_fingerprint | u64 schedule_total_steps |
 //   blob layout (pserver.v1.ModelLayout) | blob delta (pserver.v1.EncodedChunks)
 //   | floats x | floats m | floats v | floats x_hat | i64s last_pushed |
 //   u64 Checksum64 of every byte before it
 // where blob = u64 length + bytes, floats/i64s = u64 count + values (the
 // record format of common/record_io.h). freeze_step is the step at which v
 // freezes (onebit_adam; 0 for the other optimizers). Version 2 files (no
-// local_steps: the job pushed every step) still load, as local_steps 1.
+// local_steps: the job pushed every step) still load, as local_steps 1;
+// version 3 files (no schedule fields) load as having no schedule.
 // worker_momentum (--onebit_momentum=worker: m holds only the freeze-time
 // momentum) was a zero pad byte before, which is the shard's momentum.
 // Files are named ckpt-<20-digit step>.pserver and written atomically: a
@@ -54,6 +56,10 @@ struct ShardState {
   std::vector<float> x, m, v, x_hat;
   std::vector<int64_t> last_pushed;
   uint32_t local_steps = 1;  // the job's local steps between pushes
+  // The compression schedule (common/schedule.h; 0: none) and the run
+  // length its fractions were resolved against (0: none needed).
+  uint64_t schedule_fingerprint = 0;
+  uint64_t schedule_total_steps = 0;
 };
 
 // Serialises / parses the format above. Parse never crashes on any input:
@@ -88,6 +94,9 @@ struct CheckpointExpectation {
   // while the checkpoint is still in warmup, where it decides when v
   // freezes; a frozen checkpoint's freeze is history.
   std::optional<uint64_t> freeze_step;
+  // The shard's --schedule fingerprint (0: none): the phases a checkpoint
+  // was in follow from it, so another schedule is refused.
+  uint64_t schedule_fingerprint = 0;
 };
 
 // Loads the newest checkpoint in `dir` that is complete, uncorrupted,

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/codec.h"
+#include "common/schedule.h"
 #include "common/daemon/command_line.h"
 #include "common/daemon/daemon_flags.h"
 #include "common/file_io.h"
@@ -60,6 +61,10 @@ ABSL_FLAG(uint32_t, pull_block_size, 256,
           "pull codec: elements per scale block (onebit, quantize)");
 ABSL_FLAG(double, pull_k_fraction, 0.01,
           "pull codec: fraction kept by topk/randomk");
+ABSL_FLAG(std::string, schedule, "",
+          "compression schedule file (JSON or text proto; docs/schedules.md): "
+          "per phase of the run, the pull codec and the workers' push codec; "
+          "the workers need the same file");
 ABSL_FLAG(uint32_t, pull_bits, 8, "pull codec: bits for quantize, 2..8");
 ABSL_FLAG(int32_t, max_message_mb, 1024,
           "largest gRPC message in MiB, each direction (1..2047)");
@@ -156,6 +161,14 @@ int Run() {
   config.pull_params.set_block_size(absl::GetFlag(FLAGS_pull_block_size));
   config.pull_params.set_k_fraction(absl::GetFlag(FLAGS_pull_k_fraction));
   config.pull_params.set_bits(absl::GetFlag(FLAGS_pull_bits));
+  if (std::string path = absl::GetFlag(FLAGS_schedule); !path.empty()) {
+    absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+        CompressionSchedule::Load(path);
+    if (!schedule.ok()) {
+      return Fail(absl::StrCat("--schedule: ", schedule.status().message()));
+    }
+    config.schedule = *std::move(schedule);
+  }
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
@@ -222,11 +235,21 @@ int Run() {
   }
   std::fprintf(stderr,
                "pserver_server: shard %u/%u listening on port %d (metrics "
-               "port %s), %u workers, optimizer %s, pull codec %s, %s\n",
+               "port %s), %u workers, optimizer %s%s, pull codec %s%s, %s\n",
                config.shard_index, config.num_shards, (*server)->port(),
                MetricsPortText(exposer->get()).c_str(), config.num_workers,
                OptimizerName(o.kind).c_str(),
+               o.kind == OptimizerKind::kOneBitAdam
+                   ? (o.worker_momentum ? " (momentum on the workers)"
+                                        : " (momentum on the shard)")
+                   : "",
                CodecName(config.pull_codec).c_str(),
+               config.schedule == nullptr
+                   ? ""
+                   : absl::StrCat(", schedule ", absl::GetFlag(FLAGS_schedule),
+                                  " (", config.schedule->num_phases(),
+                                  " phases)")
+                         .c_str(),
                SecuritySummary(options.security, TransportSecurity::kServer)
                    .c_str());
   if (std::string port_file = absl::GetFlag(FLAGS_port_file);

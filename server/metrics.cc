@@ -107,6 +107,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                  .Help("1 = warmup (plain Adam), 2 = compression (v frozen).")
                  .Register(registry)
                  .Add({{"shard", shard_}})),
+      schedule_phase_(BuildGauge()
+                          .Name("pserver_server_schedule_phase")
+                          .Help("The compression schedule's phase of the "
+                                "round in progress (0 without --schedule).")
+                          .Register(registry)
+                          .Add({{"shard", shard_}})),
       workers_registered_(BuildGauge()
                               .Name("pserver_server_workers_registered")
                               .Help("Workers that have registered.")
@@ -144,6 +150,38 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                         .Help("Workers the rounds wait for (leases not expired).")
                         .Register(registry)
                         .Add({{"shard", shard_}})),
+      last_wait_(BuildCounter()
+                     .Name("pserver_server_last_arrival_wait_seconds_total")
+                     .Help("Time rounds waited for their last worker's push "
+                           "after the second-to-last one's.")
+                     .Register(registry)
+                     .Add({{"shard", shard_}})),
+      straggler_worker_(BuildGauge()
+                            .Name("pserver_server_straggler_worker")
+                            .Help("The worker whose push arrived last most "
+                                  "often in the last 100 rounds (-1: none "
+                                  "yet).")
+                            .Register(registry)
+                            .Add({{"shard", shard_}})),
+      straggler_share_(BuildGauge()
+                           .Name("pserver_server_straggler_last_share")
+                           .Help("That worker's share of the last 100 "
+                                 "rounds' last arrivals, 0..1.")
+                           .Register(registry)
+                           .Add({{"shard", shard_}})),
+      straggler_wait_share_(
+          BuildGauge()
+              .Name("pserver_server_straggler_wait_share")
+              .Help("Share of the last 100 rounds' time spent waiting for "
+                    "that worker after every other push was in, 0..1.")
+              .Register(registry)
+              .Add({{"shard", shard_}})),
+      diagnostics_(BuildCounter()
+                       .Name("pserver_server_diagnostics_total")
+                       .Help("Conditions the shard reported (logged once per "
+                             "occurrence), by kind: straggler, "
+                             "update_blowup.")
+                       .Register(registry)),
       workers_dropped_(BuildCounter()
                            .Name("pserver_server_workers_dropped_total")
                            .Help("Workers dropped from the rounds after their "
@@ -169,6 +207,10 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
               .Add({{"shard", shard_}})),
       push_ratio_(compression_ratio_.Add({{"shard", shard_}, {"direction", "push"}})),
       pull_ratio_(compression_ratio_.Add({{"shard", shard_}, {"direction", "pull"}})) {
+  straggler_worker_.Set(-1);
+  for (const char* kind : {"straggler", "update_blowup"}) {
+    diagnostics_.Add({{"shard", shard_}, {"kind", kind}});  // 0 until found
+  }
   BuildGauge()
       .Name("pserver_build_info")
       .Help("Always 1; labels name the build.")
@@ -271,6 +313,9 @@ void ServerMetrics::SetStep(uint64_t step) {
   step_.Set(static_cast<double>(step));
 }
 void ServerMetrics::SetStage(int stage) { stage_.Set(stage); }
+void ServerMetrics::SetSchedulePhase(uint32_t phase) {
+  schedule_phase_.Set(phase);
+}
 void ServerMetrics::SetWorkersRegistered(uint32_t n) {
   workers_registered_.Set(n);
 }
@@ -281,6 +326,18 @@ void ServerMetrics::SetNorms(double update, double momentum, double residual) {
 }
 void ServerMetrics::SetWorkersLive(uint32_t n) { workers_live_.Set(n); }
 void ServerMetrics::AddDroppedWorker() { workers_dropped_.Increment(); }
+
+void ServerMetrics::ObserveStragglers(double wait_seconds, int64_t worker,
+                                      double share, double wait_share) {
+  last_wait_.Increment(wait_seconds);
+  straggler_worker_.Set(static_cast<double>(worker));
+  straggler_share_.Set(share);
+  straggler_wait_share_.Set(wait_share);
+}
+
+void ServerMetrics::CountDiagnostic(const char* kind) {
+  diagnostics_.Add({{"shard", shard_}, {"kind", kind}}).Increment();
+}
 void ServerMetrics::AddSkippedRounds(uint64_t n) {
   skipped_rounds_.Increment(static_cast<double>(n));
 }

@@ -64,6 +64,13 @@ class ServerMetrics {
   void ObservePullEncode(double seconds);
   void SetStep(uint64_t step);
   void SetStage(int stage);  // 1 warmup, 2 compression
+  void SetSchedulePhase(uint32_t phase);
+  // How long the round waited for its last worker, and the window's
+  // straggler figures (server/round_diagnostics.h).
+  void ObserveStragglers(double wait_seconds, int64_t worker, double share,
+                         double wait_share);
+  // A finding of server/round_diagnostics.h, by its kind label.
+  void CountDiagnostic(const char* kind);
   void SetWorkersRegistered(uint32_t n);
   void SetNorms(double update, double momentum, double replica_residual);
   void SetModelElements(uint64_t n);
@@ -97,6 +104,7 @@ class ServerMetrics {
   prometheus::Histogram& pull_encode_seconds_;
   prometheus::Gauge& step_;
   prometheus::Gauge& stage_;
+  prometheus::Gauge& schedule_phase_;
   prometheus::Gauge& workers_registered_;
   prometheus::Gauge& update_norm_;
   prometheus::Gauge& momentum_norm_;
@@ -104,6 +112,11 @@ class ServerMetrics {
   prometheus::Gauge& model_elements_;
   prometheus::Counter& skipped_rounds_;
   prometheus::Gauge& workers_live_;
+  prometheus::Counter& last_wait_;
+  prometheus::Gauge& straggler_worker_;
+  prometheus::Gauge& straggler_share_;
+  prometheus::Gauge& straggler_wait_share_;
+  prometheus::Family<prometheus::Counter>& diagnostics_;
   prometheus::Counter& workers_dropped_;
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_failures_;

@@ -38,6 +38,7 @@ ReplicaTracker::ReplicaTracker(uint32_t shard_index, v1::Codec pull_codec,
     : shard_index_(shard_index),
       pull_codec_id_(pull_codec),
       codec_(std::move(codec)),
+      active_(codec_.get()),
       pool_(pool) {}
 
 void ReplicaTracker::DropAnswers() {
@@ -124,7 +125,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
         const uint64_t seed =
             c == 0 ? PullSeed(shard_index_, step)
                    : Mix64(PullSeed(shard_index_, step) ^ (c << 20));
-        status[c] = codec_->Encode(scratch.subspan(plan_.begin(ci), plan_.size(ci)),
+        status[c] = active_->Encode(scratch.subspan(plan_.begin(ci), plan_.size(ci)),
                                    seed, &d[c]);
       }
     });
@@ -141,7 +142,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
         for (uint64_t c = b; c < e; ++c) {
           const uint32_t ci = static_cast<uint32_t>(c);
           // The codec's own output: accumulating it cannot fail.
-          status[c] = codec_->DecodeAccumulate(
+          status[c] = active_->DecodeAccumulate(
               d[c], 1.0f, hat_out.subspan(plan_.begin(ci), plan_.size(ci)));
         }
       });
@@ -166,7 +167,8 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
 }
 
 PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
-                                  v1::OptimizerStage stage) {
+                                  v1::OptimizerStage stage,
+                                  uint32_t phase) {
   if (answers_step_ != step || answers_stage_ != stage) {
     DropAnswers();
     answers_step_ = step;
@@ -183,6 +185,7 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
     v1::PullResponse header;
     header.set_step(step);
     header.set_stage(stage);
+    header.set_schedule_phase(phase);
     header.set_replica_checksum(checksum_);
     header.set_chunk(c);
     if (delta_ok) {

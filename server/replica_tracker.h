@@ -58,12 +58,24 @@ class ReplicaTracker {
   // pulls get snapshots until the next Advance.
   void Invalidate();
 
+  // The codec the next Advance encodes with: a compression schedule's
+  // phase's (common/schedule.h), or nullptr for the configured one; the
+  // residual x - x_hat carries over. REQUIRES: `codec` is fp32 exactly when
+  // the configured codec is (with fp32, x_hat is x itself; the shard's
+  // config check refuses schedules that would mix them), and it outlives
+  // its use here.
+  void UseCodec(const Codec* codec) {
+    active_ = codec != nullptr ? codec : codec_.get();
+  }
+
   // The answer to a pull of chunk req.chunk() of the current step `step` in
   // stage `stage`: the delta when the request proves the worker holds
-  // x_hat(step - 1), else a snapshot. Answers are built once per step and
-  // chunk and shared. REQUIRES: req.chunk() < plan().num_chunks().
+  // x_hat(step - 1), else a snapshot. `phase` is the compression schedule's
+  // phase of round `step` (a function of the step). Answers are built once
+  // per step and chunk and shared. REQUIRES: req.chunk() <
+  // plan().num_chunks().
   PullAnswer Answer(const v1::PullRequest& req, uint64_t step,
-                    v1::OptimizerStage stage);
+                    v1::OptimizerStage stage, uint32_t phase = 0);
 
   absl::Span<const float> x_hat() const { return hat_; }
   // The delta's chunks (empty: none).
@@ -81,7 +93,8 @@ class ReplicaTracker {
 
   const uint32_t shard_index_;
   const v1::Codec pull_codec_id_;
-  const std::unique_ptr<Codec> codec_;
+  const std::unique_ptr<Codec> codec_;  // the configured pull codec
+  const Codec* active_;                 // codec_, or a schedule's
   ThreadPool* const pool_;
   ChunkPlan plan_;
   std::vector<float> x_hat_;    // unused with the fp32 pull codec

@@ -61,7 +61,41 @@ absl::Status ValidateShardConfig(const ShardConfig& c) {
         absl::StrCat("chunk_elements is ", c.chunk_elements, "; expected ",
                      kMinChunkElements, "..", kMaxChunkElements));
   }
+  if (c.schedule != nullptr) {
+    // With an fp32 pull codec the replica is x itself (no x_hat array), so
+    // a schedule may not switch between fp32 and compressed pulls.
+    const bool fp32 = c.pull_codec == v1::CODEC_FP32;
+    for (size_t p = 0; p < c.schedule->num_phases(); ++p) {
+      const CodecChoiceSpec* pull = c.schedule->pull(p);
+      if (pull != nullptr && (pull->codec == v1::CODEC_FP32) != fp32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "schedule phase ", p, " pulls with ", CodecName(pull->codec),
+            " but --pull_codec is ", CodecName(c.pull_codec),
+            "; expected fp32 pulls in every phase or in none (use bf16 for "
+            "near-exact compressed pulls)"));
+      }
+    }
+  }
   return ValidateOptimizerConfig(c.optimizer);
+}
+
+uint32_t Shard::PhaseAt(uint64_t step) const {
+  return schedule_.has_value()
+             ? static_cast<uint32_t>(schedule_->PhaseAt(step))
+             : 0;
+}
+
+absl::StatusOr<std::optional<ResolvedSchedule>> Shard::ResolveSchedule(
+    uint64_t total_steps) const {
+  if (config_.schedule == nullptr) return std::optional<ResolvedSchedule>();
+  absl::StatusOr<ResolvedSchedule> r =
+      ResolvedSchedule::Make(config_.schedule, total_steps);
+  if (!r.ok()) {
+    return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                  absl::FailedPreconditionError(
+                      absl::StrCat("schedule: ", r.status().message())));
+  }
+  return std::optional<ResolvedSchedule>(*std::move(r));
 }
 
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
@@ -83,6 +117,8 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
     expect.optimizer_kind = static_cast<uint32_t>(config.optimizer.kind);
     expect.preconditioned = config.optimizer.preconditioned;
     expect.worker_momentum = config.optimizer.worker_momentum;
+    expect.schedule_fingerprint =
+        config.schedule != nullptr ? config.schedule->fingerprint() : 0;
     // freeze_step is not compared: a shard that fast-forwarded from a fresh
     // start saves its shifted freeze step, which a restart must accept.
     std::vector<std::string> refused;
@@ -128,6 +164,7 @@ Shard::Shard(const ShardConfig& config, ShardEnv env,
       last_pushed_(config.num_workers, -1),
       replica_(std::move(replica)),
       round_(config.num_workers, env.pool),
+      diagnostics_(config.num_workers),
       leases_(config.num_workers, config.lease_timeout, clock_) {}
 
 absl::Status Shard::CheckWorker(uint32_t worker_id) const {
@@ -258,6 +295,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
       round_.Queue(w, Round::Push::Own(std::move(request), *valid,
                                        std::move(on_summed)),
                    c);
+      diagnostics_.Arrived(w, clock_->Now());
       *queued = true;
       last_pushed_[w] = static_cast<int64_t>(req.step());
       ready = Drain();
@@ -309,14 +347,23 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   double optimizer_seconds = 0;
   absl::Time pull_start;
   // WithMean runs the lambda synchronously, under mu_ still.
+  const v1::OptimizerStage stage_before = optimizer_->stage();
   round_.WithMean([&](absl::Span<float> mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));
     optimizer_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
     ++step_;
-    // Downlink: the replica follows x through the pull codec; the mean is
-    // free now and serves as scratch for x - x_hat.
+    // Downlink: the replica follows x through the pull codec (the round's
+    // phase's, with a schedule); the mean is free now and serves as scratch
+    // for x - x_hat.
     pull_start = clock_->Now();
+    if (schedule_.has_value()) {
+      replica_->UseCodec([&]() -> const Codec* {
+        const CodecChoiceSpec* pull =
+            schedule_->schedule().pull(schedule_->PhaseAt(step_ - 1));
+        return pull != nullptr ? pull->encoder.get() : nullptr;
+      }());
+    }
     if (norms) {
       residual_norm = replica_->Advance(x_, step_, mean);
     } else {
@@ -329,8 +376,25 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   metrics_->ObserveOptimizer(optimizer_seconds);
   metrics_->ObservePullEncode(absl::ToDoubleSeconds(clock_->Now() - pull_start));
   metrics_->ObserveRound(absl::ToDoubleSeconds(clock_->Now() - round_start_));
+  {
+    // The round just completed is step_ - 1: a regime change when the
+    // optimizer froze in it or it began a schedule phase.
+    const uint64_t round = step_ - 1;
+    const bool change = optimizer_->stage() != stage_before ||
+                        (round > 0 && PhaseAt(round) != PhaseAt(round - 1));
+    RoundDiagnostics::RoundEnd end = diagnostics_.EndRound(
+        round, round_start_, clock_->Now(), update_norm, change);
+    metrics_->ObserveStragglers(end.wait_seconds, end.top_worker,
+                                end.top_share, end.wait_share);
+    for (const RoundFinding& f : end.findings) {
+      metrics_->CountDiagnostic(RoundFindingName(f.kind));
+      std::fprintf(stderr, "pserver: shard %u %s\n", config_.shard_index,
+                   f.message.c_str());
+    }
+  }
   metrics_->SetStep(step_);
   metrics_->SetStage(optimizer_->stage());
+  metrics_->SetSchedulePhase(PhaseAt(step_));
   if (norms) {
     norms_at_ = clock_->Now();
     metrics_->SetNorms(update_norm, L2Norm(optimizer_->m()), residual_norm);

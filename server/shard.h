@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "common/chunking.h"
 #include "common/clock.h"
 #include "common/layout.h"
+#include "common/schedule.h"
 #include "common/thread_pool.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/checkpoint.h"
@@ -46,6 +48,7 @@
 #include "server/pull_waiters.h"
 #include "server/replica_tracker.h"
 #include "server/round.h"
+#include "server/round_diagnostics.h"
 #include "server/round_policy.h"
 
 namespace pserver {
@@ -89,6 +92,12 @@ struct ShardConfig {
   // Pushes and pulls move the slice in chunks of this many elements
   // (announced in RegisterResponse; common/chunking.h bounds it).
   uint64_t chunk_elements = kDefaultChunkElements;
+  // The compression schedule (common/schedule.h; null: none): per phase of
+  // the run, the pull codec (overriding pull_codec) and the workers' push
+  // codec. The shard resolves it against the run length of the Register
+  // that installs the model, announces each round's phase and refuses
+  // workers with another schedule.
+  std::shared_ptr<const CompressionSchedule> schedule;
 };
 
 absl::Status ValidateShardConfig(const ShardConfig& c);
@@ -199,6 +208,12 @@ class Shard {
   // Whether pushes must carry the workers' momentum now (1-bit Adam's
   // compression stage with --onebit_momentum=worker and beta1 > 0).
   bool ExpectsMomentum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The compression schedule's phase of round `step` (0 without one).
+  uint32_t PhaseAt(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The schedule resolved for a run of total_steps rounds (nullopt without
+  // a schedule); a Register's refusal when it cannot be.
+  absl::StatusOr<std::optional<ResolvedSchedule>> ResolveSchedule(
+      uint64_t total_steps) const;
   // Register's checks that need no state; on success *slots is the layout.
   absl::Status CheckRegisterRequest(const v1::RegisterRequest& req,
                                     std::vector<TensorSlot>* slots) const;
@@ -258,9 +273,14 @@ class Shard {
   // for a push per step), set by the model's installer and checkpointed.
   uint32_t local_steps_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t lost_to_ ABSL_GUARDED_BY(mu_) = 0;
+  // config_.schedule resolved for the job's run length (set with the
+  // model: by its installer's Register, or from a checkpoint).
+  std::optional<ResolvedSchedule> schedule_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
+  // Stragglers and update blow-ups (server/round_diagnostics.h).
+  RoundDiagnostics diagnostics_ ABSL_GUARDED_BY(mu_);
   // When the norm gauges were last computed (CompleteRound).
   absl::Time norms_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   static constexpr absl::Duration kNormsPeriod = absl::Seconds(1);

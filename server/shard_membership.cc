@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/codec.h"
 #include "common/rejection.h"
 #include "common/validated_tensor.h"
@@ -47,6 +48,20 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
                   absl::InvalidArgumentError(absl::StrCat(
                       "local_steps is ", req.local_steps(), "; expected 0..",
                       kMaxJobLocalSteps)));
+  }
+  const uint64_t fingerprint =
+      config_.schedule != nullptr ? config_.schedule->fingerprint() : 0;
+  if (req.schedule_fingerprint() != fingerprint) {
+    return Reject(
+        v1::REJECT_REASON_CONFIG_MISMATCH,
+        absl::FailedPreconditionError(absl::StrFormat(
+            "schedule_fingerprint is %016x; this shard's compression schedule "
+            "is %016x (0: none; the workers and shards need the same "
+            "--schedule file)",
+            req.schedule_fingerprint(), fingerprint)));
+  }
+  if (absl::Status s = ResolveSchedule(req.total_steps()).status(); !s.ok()) {
+    return s;
   }
   if (req.resume_step() >= kMaxResumeStep) {
     return Reject(v1::REJECT_REASON_BAD_RESUME_STEP,
@@ -126,6 +141,14 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                           "local_steps is ", local_steps, "; the job pushes "
                           "every ", local_steps_, " local steps")));
       }
+      if (schedule_.has_value() && schedule_->schedule().uses_fractions() &&
+          req.total_steps() != schedule_->total_steps()) {
+        return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "total_steps is ", req.total_steps(),
+                          "; the job runs ", schedule_->total_steps(),
+                          " rounds (the schedule's fractions are of that)")));
+      }
     } else if (req.chunked_weights()) {
       absl::StatusOr<bool> complete = InstallChunk(req, std::move(slots));
       if (!complete.ok()) return complete.status();
@@ -142,6 +165,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
         return resp;
       }
       local_steps_ = local_steps;
+      schedule_ = *ResolveSchedule(req.total_steps());  // checked above
       resp.set_initialized_model(true);
     } else {
       const uint64_t n = ShardRangeFor(TotalElements(req.layout()),
@@ -174,6 +198,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
       valid->DecodeInto(absl::MakeSpan(x));
       InstallModel(req.layout(), slots, std::move(x));
       local_steps_ = local_steps;
+      schedule_ = *ResolveSchedule(req.total_steps());  // checked above
       resp.set_initialized_model(true);
     }
     if (req.resume_step() > step_) {
@@ -209,6 +234,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                                    : v1::GRADIENT_SPACE_RAW);
     resp.set_chunk_elements(config_.chunk_elements);
     resp.set_worker_momentum(WorkerMomentumBeta(config_.optimizer));
+    resp.set_schedule_phase(PhaseAt(step_));
     resp.set_model_ready(true);
     return resp;
   }();

@@ -27,7 +27,8 @@ std::vector<Shard::Ready> Shard::WakeWaiters() {
 }
 
 PullAnswer Shard::AnswerPull(const v1::PullRequest& req) {
-  PullAnswer answer = replica_->Answer(req, step_, optimizer_->stage());
+  PullAnswer answer = replica_->Answer(req, step_, optimizer_->stage(),
+                                        PhaseAt(step_));
   metrics_->AddSent(answer->codec, answer->payload_bytes,
                     Fp32Bytes(answer->num_elements));
   return answer;

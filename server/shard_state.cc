@@ -118,12 +118,20 @@ ShardState Shard::CaptureState() {
   st.x_hat.assign(replica_->x_hat().begin(), replica_->x_hat().end());
   st.last_pushed = last_pushed_;
   st.local_steps = local_steps_;
+  if (schedule_.has_value()) {
+    st.schedule_fingerprint = schedule_->schedule().fingerprint();
+    st.schedule_total_steps = schedule_->total_steps();
+  }
   return st;
 }
 
 absl::Status Shard::RestoreFrom(ShardState st) {
   absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(st.layout);
   if (!slots.ok()) return slots.status();
+  // The loader compared the fingerprints; the run length resolves it again.
+  absl::StatusOr<std::optional<ResolvedSchedule>> schedule =
+      ResolveSchedule(st.schedule_total_steps);
+  if (!schedule.ok()) return schedule.status();
   // The loader refused a file whose x_hat does not match its checksum
   // (server/checkpoint.cc), falling back to an older one.
   absl::MutexLock lock(&mu_);
@@ -135,11 +143,13 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   step_ = st.step;
   last_pushed_ = std::move(st.last_pushed);
   local_steps_ = st.local_steps;
+  schedule_ = *std::move(schedule);
   ++arrays_version_;
   // Workers registered before the restart may push straight away.
   worker_registered_.assign(config_.num_workers, true);
   metrics_->SetStep(step_);
   metrics_->SetStage(optimizer_->stage());
+  metrics_->SetSchedulePhase(PhaseAt(step_));
   metrics_->SetWorkersRegistered(config_.num_workers);
   return absl::OkStatus();
 }

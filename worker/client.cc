@@ -70,6 +70,10 @@ v1::RegisterRequest Client::RegisterRequestFor(size_t s,
   *r.mutable_layout() = layout_;
   r.set_resume_step(resume_step);
   r.set_local_steps(options_.local_steps);
+  if (options_.schedule != nullptr) {
+    r.set_schedule_fingerprint(options_.schedule->fingerprint());
+  }
+  r.set_total_steps(run_length_);
   r.set_chunked_weights(true);
   return r;
 }
@@ -231,6 +235,9 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
                             momentum);
     if (!e.ok()) return e.status();
     encoders_.push_back(*std::move(e));
+    if (absl::Status st = SetPhase(s, resps[s].schedule_phase()); !st.ok()) {
+      return st;
+    }
   }
   replica_.Reset(total, std::move(ranges), min_step);
   if (absl::Status st =
@@ -286,7 +293,32 @@ absl::StatusOr<uint64_t> Client::Rejoin(size_t s, uint64_t resume_step) {
   if (absl::Status st = SetChunking(s, resp); !st.ok()) return st;
   metrics_.CountRejoin();
   if (absl::Status st = SetStage(s, resp.stage()); !st.ok()) return st;
+  if (absl::Status st = SetPhase(s, resp.schedule_phase()); !st.ok()) {
+    return st;
+  }
   return resp.current_step();
+}
+
+absl::Status Client::CheckPhase(size_t s, uint32_t phase) const {
+  const CompressionSchedule* schedule = options_.schedule.get();
+  const size_t phases = schedule != nullptr ? schedule->num_phases() : 1;
+  if (phase >= phases) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", s, " (", calls_->address(s), ") announced schedule phase ",
+        phase, "; expected 0..", phases - 1,
+        " (the shards and workers need the same --schedule file)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::SetPhase(size_t s, uint32_t phase) {
+  if (absl::Status st = CheckPhase(s, phase); !st.ok()) return st;
+  const CompressionSchedule* schedule = options_.schedule.get();
+  if (schedule == nullptr) return absl::OkStatus();
+  const CodecChoiceSpec* push = schedule->push(phase);
+  encoders_[s]->UseCodec(push != nullptr ? push->encoder.get() : nullptr);
+  if (s == 0) phase_ = phase;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<Preconditioner>> Client::PrepareStage(

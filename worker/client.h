@@ -49,6 +49,7 @@
 #include "absl/types/span.h"
 #include "common/chunking.h"
 #include "common/layout.h"
+#include "common/schedule.h"
 #include "common/tls.h"
 #include "prometheus/registry.h"
 #include "pserver/v1/parameter_server.pb.h"
@@ -79,6 +80,13 @@ struct ClientOptions {
   uint32_t local_steps = 1;
   // Decay of the error-feedback residual (1 = exact error feedback).
   float ef_decay = 1.0f;
+  // A compression schedule (common/schedule.h; null: none), the same file
+  // the shards have: the push codec follows the phase each shard announces
+  // (RegisterResponse / PullResponse.schedule_phase), so every worker
+  // switches at the same round; a phase without a push codec uses
+  // push_codec / warmup_codec. The run's length for its fractions is given
+  // with SetRunLength.
+  std::shared_ptr<const CompressionSchedule> schedule;
   // Base of the per-step encoder seeds (stochastic rounding, randomk).
   uint64_t seed = 1;
   // Deadline of one Register/Push/GetFrozenVariance attempt.
@@ -119,6 +127,14 @@ class Client {
   // FAILED_PRECONDITION when the shards' layout or configuration differs.
   absl::Status Register(const v1::ModelLayout& layout,
                         absl::Span<const float> initial_weights);
+
+  // The run's length in rounds (pushes), sent at Register: a schedule with
+  // fractional bounds needs it, and the shards refuse a worker whose run
+  // length differs from the job's. 0 (the default): unknown.
+  void SetRunLength(uint64_t rounds) { run_length_ = rounds; }
+  const ClientOptions& options() const { return options_; }
+  // The compression schedule's phase of the next push (0 without one).
+  uint32_t schedule_phase() const { return phase_; }
 
   // Pushes `gradient` (the full flat gradient at weights()) for step(), then
   // waits for every shard's next weights and advances the replica. Blocks on
@@ -209,7 +225,9 @@ class Client {
   // progress: registers again (and for kRejoinAndResend pushes `push` again,
   // re-encoded if the shard's stage changed). The shard is then pulled as a
   // snapshot. kFail never gets here.
-  absl::Status Recover(size_t s, Recovery recovery, const PendingPush& push);
+  // Returns the shard's step after registering again.
+  absl::StatusOr<uint64_t> Recover(size_t s, Recovery recovery,
+                                   const PendingPush& push);
   // Pulls `step` from every shard (snapshot[s]: a full snapshot from shard
   // s) and commits the answers to the replica only when all verified; a
   // checksum mismatch is re-pulled as a snapshot. `push` is the step's push
@@ -231,6 +249,11 @@ class Client {
   absl::StatusOr<std::optional<Preconditioner>> PrepareStage(
       size_t s, v1::OptimizerStage stage);
   absl::Status SetStage(size_t s, v1::OptimizerStage stage);
+  // Moves shard s's encoder to the push codec of schedule phase `phase`,
+  // as the shard announced it; FAILED_PRECONDITION for a phase the
+  // schedule does not have (or any but 0 without one).
+  absl::Status SetPhase(size_t s, uint32_t phase);
+  absl::Status CheckPhase(size_t s, uint32_t phase) const;
   // A chunked Register of shard s, without weights.
   v1::RegisterRequest RegisterRequestFor(size_t s, uint64_t resume_step) const;
   // For each shard in `shards` whose (*resps)[s] says the model is not
@@ -263,6 +286,8 @@ class Client {
   Replica replica_;
   bool registered_ = false;
   v1::ModelLayout layout_;
+  uint64_t run_length_ = 0;
+  uint32_t phase_ = 0;  // the schedule phase shard 0 announced last
 };
 
 }  // namespace pserver

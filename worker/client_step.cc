@@ -176,31 +176,37 @@ absl::Status Client::FinishStep() {
   const size_t n = calls_->size();
   const PendingPush push{gradient};
   std::vector<bool> snapshot(n, false);
+  // A shard that went on without this worker may be many rounds ahead (the
+  // worker stalled longer than its lease): the pull is of the step the
+  // rounds are at now.
+  uint64_t pull_step = replica_.step() + 1;
   for (size_t s = 0; s < n; ++s) {
     if (pushed_[s].ok()) continue;
     const Recovery r = RecoveryFor(pushed_[s]);
     if (r == Recovery::kFail) return pushed_[s];
-    if (absl::Status st = Recover(s, r, push); !st.ok()) return st;
+    absl::StatusOr<uint64_t> now = Recover(s, r, push);
+    if (!now.ok()) return now.status();
+    if (r == Recovery::kRejoinNextRound) pull_step = std::max(pull_step, *now);
     snapshot[s] = true;  // its replica is not ours any more
   }
   metrics_.AddEncodeSeconds(absl::ToDoubleSeconds(encoding_));
   metrics_.AddPushSeconds(
       absl::ToDoubleSeconds(absl::Now() - push_start_ - encoding_));
   const absl::Time pull_start = absl::Now();
-  absl::Status st = PullAll(replica_.step() + 1, std::move(snapshot), &push);
+  absl::Status st = PullAll(pull_step, std::move(snapshot), &push);
   metrics_.AddPullSeconds(absl::ToDoubleSeconds(absl::Now() - pull_start));
   if (!st.ok()) return st;
   metrics_.CountStep();
   return absl::OkStatus();
 }
 
-absl::Status Client::Recover(size_t s, Recovery recovery,
-                             const PendingPush& push) {
+absl::StatusOr<uint64_t> Client::Recover(size_t s, Recovery recovery,
+                                         const PendingPush& push) {
   const uint64_t step = replica_.step();
   if (recovery == Recovery::kRejoinNextRound) {
     // This round went on without us on that shard: register again to be
     // counted from the next round, and take that round's weights.
-    return Rejoin(s, 0).status();
+    return Rejoin(s, 0);
   }
   // The shard is behind this step or lost this worker's registration (it
   // restarted): register again, letting it catch up to `step`.
@@ -208,7 +214,7 @@ absl::Status Client::Recover(size_t s, Recovery recovery,
   if (!now.ok()) return now.status();
   // Another worker already brought the shard past this step: the round
   // this push was for is over (lost on that shard); just pull.
-  if (*now > step) return absl::OkStatus();
+  if (*now > step) return *now;
   // The same chunks again. A shard that came back in warmup expects the
   // warmup codec in RAW space: then every chunk is encoded anew, as is an
   // fp32 chunk (not kept; the same bytes) or any chunk when the shard's
@@ -219,7 +225,7 @@ absl::Status Client::Recover(size_t s, Recovery recovery,
   const std::vector<v1::EncodedTensor> kept =
       sent_[s].size() == chunks ? sent_[s] : std::vector<v1::EncodedTensor>();
   const v1::GradientSpace space = sent_space_[s];
-  return calls_->PushChunks(
+  absl::Status pushed = calls_->PushChunks(
       {s}, {chunks},
       [&](size_t, uint32_t c, v1::PushRequest* req) {
         if (reencode || kept.empty() ||
@@ -236,6 +242,8 @@ absl::Status Client::Recover(size_t s, Recovery recovery,
       [](size_t, uint32_t, const v1::PushResponse&) {
         return absl::OkStatus();
       })[0];
+  if (!pushed.ok()) return pushed;
+  return *now;
 }
 
 absl::Status Client::CheckAnswer(size_t s, uint64_t step, bool registering,
@@ -264,6 +272,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     uint64_t checksum = 0;
     v1::OptimizerStage stage = v1::OPTIMIZER_STAGE_UNSPECIFIED;
     bool ahead = false;
+    uint32_t phase = 0;
   };
   std::vector<Head> head(n);
   // The replica stages the decoded slices (worker/replica.h); nothing
@@ -305,10 +314,16 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
             fatal[s] = a;
             return a;
           }
+          if (absl::Status p = CheckPhase(s, resp.schedule_phase());
+              !p.ok()) {
+            fatal[s] = p;
+            return p;
+          }
           Head& h = head[s];
           if (!h.seen) {
-            h = Head{true, resp.kind(), resp.step(), resp.replica_checksum(),
-                     resp.stage(), is_ahead};
+            h = Head{true,         resp.kind(),  resp.step(),
+                     resp.replica_checksum(), resp.stage(), is_ahead,
+                     resp.schedule_phase()};
           } else if (resp.kind() != h.kind || resp.step() != h.step ||
                      resp.replica_checksum() != h.checksum) {
             // The shard moved on between chunks: take a snapshot.
@@ -352,7 +367,9 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         const Recovery r =
             push == nullptr ? Recovery::kFail : RecoveryFor(pulled[i]);
         if (r == Recovery::kFail) return pulled[i];
-        if (absl::Status st = Recover(s, r, *push); !st.ok()) return st;
+        if (absl::Status st = Recover(s, r, *push).status(); !st.ok()) {
+          return st;
+        }
         again.push_back(s);
         continue;
       }
@@ -391,6 +408,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         !st.ok()) {
       return st;
     }
+    if (absl::Status st = SetPhase(s, head[s].phase); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/codec.h"
+#include "common/schedule.h"
 #include "common/daemon/command_line.h"
 #include "common/daemon/daemon_flags.h"
 #include "common/gradient_file.h"
@@ -52,6 +53,10 @@ ABSL_FLAG(std::string, push_codec, "onebit",
           "fp32, fp16, bf16, onebit, topk, randomk, quantize, topk_quantize");
 ABSL_FLAG(std::string, warmup_codec, "fp32",
           "push codec during 1-bit Adam's warmup (fp32, bf16, ...)");
+ABSL_FLAG(std::string, schedule, "",
+          "compression schedule file (JSON or text proto; docs/schedules.md), "
+          "the same as the shards': the push codec of each phase of the run "
+          "(phases without one use --push_codec / --warmup_codec)");
 ABSL_FLAG(uint32_t, block_size, 256,
           "onebit/quantize: elements per scale block (0 = whole tensor)");
 ABSL_FLAG(std::string, onebit_scale, "mean_abs",
@@ -88,6 +93,9 @@ ABSL_FLAG(int32_t, local_steps, 1,
 ABSL_FLAG(float, inner_lr, 1e-3f, "local steps: the inner Adam's learning rate");
 ABSL_FLAG(float, inner_weight_decay, 0.0f,
           "local steps: the inner Adam's decoupled weight decay");
+ABSL_FLAG(double, compute_delay_ms, 0,
+          "milliseconds added to every gradient's compute (a sleep): makes "
+          "this worker a straggler on purpose, for benchmarks and tests");
 ABSL_FLAG(std::string, save_weights, "",
           "if set, write the final weights here as raw little-endian fp32");
 ABSL_FLAG(std::string, summary_json, "",
@@ -167,7 +175,7 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
       "\"encode_seconds\": %.4f, \"push_seconds\": %.4f, "
       "\"pull_seconds\": %.4f, \"variance_bytes\": %d, "
-      "\"local_steps\": %d, ",
+      "\"local_steps\": %d, \"communication_share\": %.4f, ",
       c.worker_id, c.num_workers, static_cast<int>(c.server_addresses.size()),
       t.model, t.init == InitScheme::kPyTorch ? "pytorch" : "he_normal",
       t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
@@ -175,7 +183,14 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
       s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds,
       s.push_seconds, s.pull_seconds, s.variance_payload_bytes,
-      t.local_steps);
+      t.local_steps, r.communication_share);
+  out << "\"diagnostics\": {"
+      << absl::StrJoin(r.diagnostics, ", ",
+                       [](std::string* o, const auto& kv) {
+                         absl::StrAppendFormat(o, "\"%s\": %d", kv.first,
+                                               kv.second);
+                       })
+      << "}, ";
   // Per step, in order (tests/bench/network.sh takes medians of these).
   out << "\"step_seconds\": ["
       << absl::StrJoin(r.step_log, ", ",
@@ -221,6 +236,14 @@ int Run() {
     return Fail(s.message());
   }
   c.warmup_params = c.push_params;
+  if (std::string path = absl::GetFlag(FLAGS_schedule); !path.empty()) {
+    absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+        CompressionSchedule::Load(path);
+    if (!schedule.ok()) {
+      return Fail(absl::StrCat("--schedule: ", schedule.status().message()));
+    }
+    c.schedule = *std::move(schedule);
+  }
   c.ef_decay = absl::GetFlag(FLAGS_ef_decay);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout));
@@ -269,6 +292,12 @@ int Run() {
   t.state_every = absl::GetFlag(FLAGS_state_every);
   t.local_steps = absl::GetFlag(FLAGS_local_steps);
   c.local_steps = t.local_steps < 1 ? 1 : static_cast<uint32_t>(t.local_steps);
+  const double delay_ms = absl::GetFlag(FLAGS_compute_delay_ms);
+  if (!(delay_ms >= 0 && delay_ms <= 60000)) {
+    return Fail(absl::StrCat("--compute_delay_ms is ", delay_ms,
+                             "; expected 0..60000"));
+  }
+  t.compute_delay = absl::Milliseconds(delay_ms);
   t.inner.lr = absl::GetFlag(FLAGS_inner_lr);
   t.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
   t.capture_file = absl::GetFlag(FLAGS_capture_gradients);

@@ -9,11 +9,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "worker/diagnostics.h"
 
 namespace pserver {
 
@@ -28,6 +32,10 @@ class WorkerMetrics {
   void ObserveStep(double seconds, uint64_t step, double loss);
   void SetResidualNorm(double norm) { residual_norm_.Set(norm); }
   void SetTestAccuracy(double accuracy, double loss);
+  // The step's diagnostics inputs and what TrainingDiagnostics made of
+  // them (worker/diagnostics.h): gauges, time counters, findings by kind.
+  void ObserveDiagnostics(const StepSample& s, const TrainingDiagnostics& d,
+                          const std::vector<Finding>& found);
 
  private:
   std::unique_ptr<prometheus::Registry> own_registry_;  // Unexported() only
@@ -37,6 +45,13 @@ class WorkerMetrics {
   prometheus::Gauge& test_loss_;
   prometheus::Histogram& step_seconds_;
   prometheus::Gauge& residual_norm_;
+  prometheus::Gauge& gradient_norm_;
+  prometheus::Gauge& residual_ratio_;
+  prometheus::Counter& compute_seconds_;
+  prometheus::Counter& communication_seconds_;
+  prometheus::Gauge& communication_share_;
+  prometheus::Gauge& push_throughput_;
+  prometheus::Family<prometheus::Counter>& diagnostics_;
 };
 
 }  // namespace pserver

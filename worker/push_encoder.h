@@ -58,6 +58,13 @@ class PushEncoder {
                            uint64_t seed, v1::PushRequest* req);
 
   v1::OptimizerStage stage() const { return stage_; }
+  // A compression schedule's push codec for every stage from now on
+  // (nullptr: the configured warmup and push codecs again); the residuals
+  // carry over. `codec` must outlive its use here (the schedule owns it).
+  void UseCodec(const Codec* codec) {
+    warmup_ef_->UseCodec(codec);
+    push_ef_->UseCodec(codec);
+  }
   // Whether entering the compression stage needs the shard's frozen
   // variance (1-bit Adam, non-empty slice).
   bool needs_preconditioner() const { return freezes_ && n_ > 0; }

@@ -1,12 +1,14 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "worker/diagnostics.h"
 #include "worker/workloads.h"
 
 namespace pserver {
@@ -184,12 +186,15 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     metrics = unexported.get();
   }
 
+  const int64_t total = model.total_steps();
+  // The run's length in rounds (pushes), for a schedule's fractions.
+  client->SetRunLength(static_cast<uint64_t>(
+      (total + o.local_steps - 1) / std::max(1, o.local_steps)));
   if (absl::Status s = client->Register(model.layout(), model.InitialWeights());
       !s.ok()) {
     return s;
   }
   LoadWorkerState(o, client, log, worker_id);
-  const int64_t total = model.total_steps();
   const int64_t per_epoch = model.steps_per_epoch();
   std::vector<float> grad(client->num_params());
   TrainResult result;
@@ -212,14 +217,78 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   // After each push: the step's record, metrics, progress, the state file,
   // and an evaluation when the step (or round) crossed into a new epoch.
   // `first` is the first data step it covered, `done` the data steps done.
-  auto after_step = [&](absl::Time t0, int64_t first, int64_t done) {
+  uint32_t phase = client->schedule_phase();
+  // Diagnostics (worker/diagnostics.h): the gradient's norm is a pass over
+  // it, so on large models it is sampled every few steps.
+  TrainingDiagnostics diagnostics;
+  const int64_t norm_stride =
+      std::max<int64_t>(1, static_cast<int64_t>(grad.size() >> 22));
+  auto diagnose = [&](const StepSample& sample) {
+    std::vector<Finding> found = diagnostics.Observe(sample);
+    metrics->ObserveDiagnostics(sample, diagnostics, found);
+    result.communication_share = diagnostics.communication_share();
+    for (const Finding& f : found) {
+      ++result.diagnostics[DiagnosticName(f.kind)];
+      if (log != nullptr) {
+        std::fprintf(log, "%sworker %u %s\n", o.progress_bar ? "\n" : "",
+                     worker_id, f.message.c_str());
+      }
+    }
+  };
+  // A non-finite loss is reported before the step that would send it fails.
+  auto check_loss = [&](int64_t step, double loss) {
+    if (!std::isfinite(loss)) {
+      StepSample sample;
+      sample.step = step;
+      sample.loss = loss;
+      diagnose(sample);
+    }
+  };
+  auto gradient_norm = [&](int64_t step) {
+    if (step % norm_stride != 0) return 0.0;
+    double sum = 0;
+    for (float v : grad) sum += double{v} * v;
+    return std::sqrt(sum);
+  };
+  // `compute`: the step's forward and backward time; `gnorm`: ||g|| (0:
+  // not sampled).
+  auto after_step = [&](absl::Time t0, int64_t first, int64_t done,
+                        double compute, double gnorm) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (client->schedule_phase() != phase && log != nullptr &&
+        client->options().schedule != nullptr) {
+      phase = client->schedule_phase();
+      const CompressionSchedule& s = *client->options().schedule;
+      const CodecChoiceSpec* push = s.push(phase);
+      std::fprintf(log,
+                   "%sworker %u round %lu: schedule phase %u (%s): push %s\n",
+                   o.progress_bar ? "\n" : "", worker_id,
+                   static_cast<unsigned long>(client->step()), phase,
+                   s.PhaseName(phase).c_str(),
+                   push != nullptr ? push->Describe().c_str()
+                                   : "by --push_codec/--warmup_codec");
+    }
     const ClientStats& now = client->stats();
     result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
                                now.pull_payload_bytes - pulled});
     pushed = now.push_payload_bytes;
     pulled = now.pull_payload_bytes;
     metrics->ObserveStep(seconds, done, result.last_loss);
+    StepSample sample;
+    sample.step = first;
+    sample.loss = result.last_loss;
+    sample.gradient_norm = gnorm;
+    // After 1-bit Adam's freeze the residual lives in the preconditioned
+    // space, not comparable with ||g||: that check covers the warmup and
+    // the optimizers without a freeze.
+    sample.residual_norm =
+        gnorm > 0 && client->stage() != v1::OPTIMIZER_STAGE_COMPRESSION
+            ? client->ResidualNorm()
+            : -1;
+    sample.compute_seconds = std::min(compute, seconds);
+    sample.communication_seconds = seconds - sample.compute_seconds;
+    sample.pushed_bytes = result.step_log.back().push_bytes;
+    diagnose(sample);
     // A sum over the residuals' pieces (error_feedback.h): cheap.
     if (exported) metrics->SetResidualNorm(client->ResidualNorm());
     progress.Update(done, per_epoch > 0 ? first / per_epoch : 0,
@@ -249,13 +318,20 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
             model.Gradient(step, local, absl::MakeSpan(grad));
         if (!loss.ok()) return loss.status();
         if (absl::Status s = capture->Step(step, grad); !s.ok()) return s;
+        if (o.compute_delay > absl::ZeroDuration()) {
+          absl::SleepFor(o.compute_delay);
+        }
         result.last_loss = *loss;
+        check_loss(step, *loss);
         inner.Step(grad, absl::MakeSpan(local));
       }
       for (size_t i = 0; i < grad.size(); ++i) grad[i] = replica[i] - local[i];
+      const double compute = absl::ToDoubleSeconds(absl::Now() - t0);
+      const double gnorm = gradient_norm(first / h);
       if (absl::Status s = client->Step(grad); !s.ok()) return s;
       after_step(t0, first,
-                 std::min(total, static_cast<int64_t>(client->step()) * h));
+                 std::min(total, static_cast<int64_t>(client->step()) * h),
+                 compute, gnorm);
     }
   }
   // The client's step leads: a worker that joins late starts at the shards'
@@ -273,13 +349,17 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
           if (handed.ok()) handed = client->GradientReady(b, e);
         });
     if (!loss.ok()) return loss.status();
+    if (o.compute_delay > absl::ZeroDuration()) absl::SleepFor(o.compute_delay);
+    const double compute = absl::ToDoubleSeconds(absl::Now() - t0);
+    check_loss(step, *loss);
     if (!handed.ok()) return handed;
     // While the pusher encodes: grad is complete and no longer changes.
     absl::Status captured = capture->Step(step, grad);
     if (absl::Status s = client->FinishStep(); !s.ok()) return s;
     if (!captured.ok()) return captured;
     result.last_loss = *loss;
-    after_step(t0, step, static_cast<int64_t>(client->step()));
+    after_step(t0, step, static_cast<int64_t>(client->step()), compute,
+               gradient_norm(step));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (absl::Status s = capture->Finish(o.capture_file, log, worker_id);

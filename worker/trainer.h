@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/gradient_file.h"
 #include "worker/client.h"
 #include "worker/inner_adam.h"
@@ -52,6 +54,10 @@ struct TrainerOptions {
   // default). `steps`/`epochs` count local steps; the shards count rounds.
   int local_steps = 1;
   InnerAdamOptions inner;
+  // Added to every gradient's compute time (a sleep after it): makes this
+  // worker a straggler on purpose, for benchmarks and tests of rounds that
+  // wait for the slowest worker.
+  absl::Duration compute_delay = absl::ZeroDuration();
   // Gradient capture (common/gradient_file.h): the raw minibatch gradient of
   // every step in capture_steps (local steps count with local_steps > 1), as
   // the model computed it, before momentum, error feedback or compression,
@@ -80,6 +86,9 @@ struct TrainResult {
   double test_loss = 0;
   ClientStats stats;  // the final weights are the client's weights()
   std::vector<StepRecord> step_log;  // one per step run here, in order
+  // Conditions worker/diagnostics.h reported, by kind name.
+  std::map<std::string, int64_t> diagnostics;
+  double communication_share = 0;  // its moving average at the end
 };
 
 // Registers with the shards (the model's initial weights from options.seed)

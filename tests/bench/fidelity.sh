@@ -45,6 +45,14 @@ declare -A OPTS=(
   # The recipes before issue 12 section 3 (bf16 warmup, the shard's momentum).
   [onebit_adam_bf16]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec bf16 --freeze-step 300"
   [topk_bf16]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec bf16 --freeze-step 200 --k-fraction 0.01"
+  # Compression schedules (issue 13 part 1, deploy/schedules/): Adam with
+  # 8-bit quantize both ways for the whole run (the fixed codec to beat),
+  # the staged recipe (8-bit for the first 10% of rounds, 6-bit stochastic
+  # to 50%, then 4-bit), and the TopK recipe with a sparsity warm-up after
+  # the freeze (25% -> 6.25% -> 2% -> 1%, Deep Gradient Compression's idea).
+  [adam_q8]="--optimizer adam --push-codec quantize --pull-codec quantize"
+  [staged_q]="--optimizer adam --push-codec quantize --pull-codec quantize --schedule $ROOT/deploy/schedules/staged_quantize.json"
+  [topk_warmup]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step 600 --k-fraction 0.01 --schedule $ROOT/deploy/schedules/topk_sparsity_warmup.json"
 )
 
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
@@ -62,6 +70,9 @@ declare -A EXTRA_SERVER=(
   [topk2]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [onebit_adam_bf16]="--onebit_momentum=server ${ONEBIT_SERVER_FLAGS:-}"
   [topk_bf16]="--onebit_momentum=server ${TOPK_SERVER_FLAGS:-}"
+  [adam_q8]="--pull_bits=8 ${ADAM_SERVER_FLAGS:-}"
+  [staged_q]="${ADAM_SERVER_FLAGS:-}"
+  [topk_warmup]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
 )
 declare -A EXTRA_WORKER=(
   [adam_fp32]="${ADAM_WORKER_FLAGS:-}"
@@ -71,6 +82,9 @@ declare -A EXTRA_WORKER=(
   [topk2]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
   [onebit_adam_bf16]="${ONEBIT_WORKER_FLAGS:-}"
   [topk_bf16]="${TOPK_WORKER_FLAGS:-}"
+  [adam_q8]="--bits=8 ${ADAM_WORKER_FLAGS:-}"
+  [staged_q]="${ADAM_WORKER_FLAGS:-}"
+  [topk_warmup]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
 )
 
 # Local steps (DiLoCo): diloco_h<H>_<codec> runs H steps of Adam (lr 1e-3)

@@ -1,5 +1,6 @@
 #include "common/error_feedback.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -224,6 +225,49 @@ TEST(ErrorFeedback, SetResidualResetAndOwnership) {
   ASSERT_TRUE(ef.Encode(std::vector<float>{1.0f, 2.0f, 1e-4f, 0.1f}, 0, &t).ok());
   EXPECT_EQ(t.codec(), v1::CODEC_FP16);
   EXPECT_GT(ef.ResidualNorm(), 0.0);  // 0.1 and 1e-4 are not exact in fp16
+}
+
+// A compression schedule switches codec mid-run: the residual of the old
+// codec is sent by the new one (sum of decoded = sum of inputs - residual,
+// across the switch), and UseCodec(nullptr) goes back to the first codec.
+TEST(ErrorFeedback, UseCodecCarriesTheResidualAcrossCodecs) {
+  auto topk = MustMake(v1::CODEC_TOPK);
+  auto quantize = MustMake(v1::CODEC_QUANTIZE);
+  constexpr size_t kN = 2000;
+  ErrorFeedback ef(topk.get(), kN);
+  std::vector<double> sent(kN, 0.0), input(kN, 0.0);
+  std::vector<float> d(kN);
+  v1::EncodedTensor t;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3) {
+      const std::vector<float> before(ef.residual().begin(),
+                                      ef.residual().end());
+      ef.UseCodec(quantize.get());
+      // Switching moves nothing.
+      ASSERT_TRUE(std::equal(before.begin(), before.end(),
+                             ef.residual().begin()));
+    }
+    std::vector<float> g = RandomVector(kN, 10 + step);
+    ASSERT_TRUE(ef.Encode(g, step, &t).ok());
+    EXPECT_EQ(t.codec(), step < 3 ? v1::CODEC_TOPK : v1::CODEC_QUANTIZE);
+    ASSERT_TRUE(ef.codec().Decode(t, absl::MakeSpan(d)).ok());
+    for (size_t i = 0; i < kN; ++i) {
+      sent[i] += d[i];
+      input[i] += g[i];
+    }
+  }
+  // TopK at 1% left most of steps 0-2 in the residual; 8-bit quantize sends
+  // nearly all of it, so the residual ends small.
+  double residual_sq = 0, input_sq = 0;
+  for (size_t i = 0; i < kN; ++i) {
+    EXPECT_NEAR(sent[i] + ef.residual()[i], input[i], 1e-4) << i;
+    residual_sq += double{ef.residual()[i]} * ef.residual()[i];
+    input_sq += input[i] * input[i];
+  }
+  EXPECT_LT(std::sqrt(residual_sq), 0.05 * std::sqrt(input_sq));
+  ef.UseCodec(nullptr);
+  ASSERT_TRUE(ef.Encode(RandomVector(kN, 99), 7, &t).ok());
+  EXPECT_EQ(t.codec(), v1::CODEC_TOPK);
 }
 
 }  // namespace

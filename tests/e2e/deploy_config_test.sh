@@ -41,6 +41,7 @@ promtool check config "$ROOT/deploy/prometheus/prometheus.yml" >/dev/null ||
   fail "promtool rejects deploy/prometheus/prometheus.yml"
 sed -e "s|targets: \[.*\] *# local.sh|targets: ['127.0.0.1:9100', '127.0.0.1:9200']|" \
   "$ROOT/deploy/prometheus/local.yml" >"$DIR/local.yml"
+cp "$ROOT/deploy/prometheus/alerts.yml" "$DIR/alerts.yml"
 promtool check config "$DIR/local.yml" >/dev/null || fail "promtool rejects deploy/prometheus/local.yml as local.sh fills it"
 echo "ok: promtool check config (prometheus.yml, local.yml)"
 

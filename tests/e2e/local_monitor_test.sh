@@ -82,6 +82,18 @@ while read -r expr; do
   n=$(api "$expr" | count) || fail "Prometheus rejects the URL's query: $expr"
   [[ "$n" -gt 0 ]] || fail "no data for the URL's query: $expr"
 done <"$DIR/exprs"
+# The alerting rules (deploy/prometheus/alerts.yml) are loaded and healthy.
+curl -sf --max-time 5 "http://127.0.0.1:$pport/api/v1/rules" >"$DIR/rules.json" ||
+  fail "Prometheus does not answer /api/v1/rules"
+python3 - "$DIR/rules.json" <<'PY' || fail "the alerting rules are not loaded: $(head -c 300 "$DIR/rules.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+rules = [r for g in d["data"]["groups"] for r in g["rules"]]
+names = {r["name"] for r in rules if r["type"] == "alerting"}
+want = {"PserverLossNotFinite", "PserverStraggler", "PserverCommunicationBound"}
+assert want <= names, names
+assert all(r["health"] in ("ok", "unknown") for r in rules), rules
+PY
 kill -TERM "$PID"
 code=0
 wait "$PID" || code=$?

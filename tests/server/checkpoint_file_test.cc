@@ -46,12 +46,14 @@ TEST(Checkpoint, SerializeParseRoundTrip) {
   }
 }
 
-// Version 3 is version 2 plus u32 local_steps after replica_checksum. The
-// bytes of this state without that field must be the version 2 file the
-// original writer produced (size and Checksum64 recorded then, unchanged
-// since version 1 but for the version number), and such a file still loads,
-// as a job that pushed every step.
-TEST(Checkpoint, FormatVersion3IsVersion2PlusLocalSteps) {
+// Version 4 is version 3 plus u64 schedule_fingerprint and u64
+// schedule_total_steps after local_steps; version 3 is version 2 plus u32
+// local_steps after replica_checksum. The bytes of this state without those
+// fields must be the version 2 file the original writer produced (size and
+// Checksum64 recorded then, unchanged since version 1 but for the version
+// number), and version 2 and 3 files still load: as a job that pushed every
+// step, without a schedule.
+TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
   ShardState s;
   s.shard_index = 1;
   s.num_shards = 3;
@@ -73,34 +75,56 @@ TEST(Checkpoint, FormatVersion3IsVersion2PlusLocalSteps) {
   s.last_pushed = {41, -1};
   s.delta = {Fp32Tensor(std::vector<float>(n, 0.25f))};
   s.local_steps = 1;
-  const std::string v3 = SerializeShardState(s);
-  EXPECT_EQ(v3.size(), 5289u);
-  // Version 2: without the u32 at offset 64 (magic 8, five u32, four u8,
-  // four u64), version 2, the trailing Checksum64 redone.
-  std::string v2 = v3.substr(0, 64) + v3.substr(68, v3.size() - 68 - 8);
-  const uint32_t two = 2;
-  v2.replace(8, 4, reinterpret_cast<const char*>(&two), 4);
-  Checksum64 trailer;
-  trailer.Update(v2.data(), v2.size());
-  const uint64_t sum = trailer.Finish();
-  v2.append(reinterpret_cast<const char*>(&sum), 8);
+  const std::string v4 = SerializeShardState(s);
+  EXPECT_EQ(v4.size(), 5305u);
+  // An older version: `drop` bytes cut at `at`, the version number set, the
+  // trailing Checksum64 redone.
+  auto older = [](const std::string& newer, size_t at, size_t drop,
+                  uint32_t version) {
+    std::string b =
+        newer.substr(0, at) + newer.substr(at + drop, newer.size() - at - drop - 8);
+    b.replace(8, 4, reinterpret_cast<const char*>(&version), 4);
+    Checksum64 trailer;
+    trailer.Update(b.data(), b.size());
+    const uint64_t sum = trailer.Finish();
+    b.append(reinterpret_cast<const char*>(&sum), 8);
+    return b;
+  };
+  // Offsets: magic 8, five u32, four u8, four u64 = 64; local_steps 4.
+  const std::string v3 = older(v4, 68, 16, 3);
+  const std::string v2 = older(v3, 64, 4, 2);
   Checksum64 h;
   h.Update(v2.data(), v2.size());
   EXPECT_EQ(v2.size(), 5285u);
   EXPECT_EQ(h.Finish(), 0xec80687abfd4e7f8ull);
-  auto old = ParseShardState(v2);
-  ASSERT_TRUE(old.ok()) << old.status();
-  EXPECT_EQ(old->local_steps, 1u);
-  EXPECT_EQ(old->x, s.x);
-  EXPECT_EQ(old->step, 42u);
-  // Version 3 carries the value; 0 and versions outside 2..3 are refused.
+  for (const std::string* file : {&v2, &v3}) {
+    auto old = ParseShardState(*file);
+    ASSERT_TRUE(old.ok()) << old.status();
+    EXPECT_EQ(old->local_steps, 1u);
+    EXPECT_EQ(old->schedule_fingerprint, 0u);
+    EXPECT_EQ(old->schedule_total_steps, 0u);
+    EXPECT_EQ(old->x, s.x);
+    EXPECT_EQ(old->step, 42u);
+    EXPECT_EQ(SerializeShardState(*old), v4);
+  }
+  // Version 4 carries the values; local_steps 0 is refused.
   s.local_steps = 16;
+  s.schedule_fingerprint = 0xfeedfacecafebeefull;
+  s.schedule_total_steps = 9370;
   auto now = ParseShardState(SerializeShardState(s));
   ASSERT_TRUE(now.ok()) << now.status();
   EXPECT_EQ(now->local_steps, 16u);
+  EXPECT_EQ(now->schedule_fingerprint, 0xfeedfacecafebeefull);
+  EXPECT_EQ(now->schedule_total_steps, 9370u);
   s.local_steps = 0;
   EXPECT_EQ(ParseShardState(SerializeShardState(s)).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A version beyond the newest is refused naming the range.
+  const std::string v5 = older(v4, 68, 0, 5);
+  auto future = ParseShardState(v5);
+  ASSERT_FALSE(future.ok());
+  EXPECT_NE(future.status().message().find("expected 2..4"), std::string::npos)
+      << future.status();
 }
 
 // Regression (issue 6, found by the checkpoint fuzzer): an Adam checkpoint

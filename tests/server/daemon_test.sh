@@ -35,7 +35,7 @@ CLI_CHECKS_NO_SETUP=1 source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_ch
 # --- --help ---------------------------------------------------------------
 check_help "$BIN" listen metrics_listen shard_index num_shards num_workers \
   optimizer lr beta1 beta2 eps weight_decay freeze_step variance_floor \
-  onebit_mode onebit_momentum pull_codec max_message_mb grpc_memory_mb max_model_elements \
+  onebit_mode onebit_momentum pull_codec schedule max_message_mb grpc_memory_mb max_model_elements \
   drain_seconds tls_cert tls_key tls_ca auth_token_file
 
 # --- invalid combinations ---------------------------------------------------
@@ -51,6 +51,20 @@ check_invalid --shard_index --shard_index=2 --num_shards=2
 check_invalid --num_shards --num_shards=0
 check_invalid --optimizer --optimizer=lamb
 check_invalid --pull_codec --pull_codec=zip
+# Compression schedules: a missing file, one that does not parse, a phase
+# out of range, fp32 pulls mixed with compressed ones.
+printf '{"phases": [{"push": {"codec": "quantize", "params": {"bits": 9}}}]}' \
+  >"$WORK/bits.json"
+printf '{"phases": [{"pull": {"codec": "fp32"}}]}' >"$WORK/fp32.json"
+printf 'phases { bgin_step: 3 }' >"$WORK/typo.txt"
+check_invalid_exit 2 "$BIN" --schedule "cannot read" --listen=127.0.0.1:0 \
+  --metrics_listen=127.0.0.1:0 --schedule="$WORK/none.json"
+check_invalid_exit 2 "$BIN" --schedule "phase 0 push: params.bits is 9; expected 2..8" \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --schedule="$WORK/bits.json"
+check_invalid_exit 2 "$BIN" --schedule "text format" --listen=127.0.0.1:0 \
+  --metrics_listen=127.0.0.1:0 --schedule="$WORK/typo.txt"
+check_invalid_exit 2 "$BIN" --schedule "pulls with fp32 but --pull_codec is onebit" \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --schedule="$WORK/fp32.json"
 check_invalid --num_workers --num_workers=0
 check_invalid --onebit_mode --onebit_mode=fast
 check_invalid --onebit_momentum --onebit_momentum=both

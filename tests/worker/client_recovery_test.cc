@@ -325,5 +325,51 @@ TEST(ClientReplica, StagedAnswersAreInvisibleUntilCommit) {
   EXPECT_TRUE(BitEqual(replica.slice(0), a2));
 }
 
+// A worker that stalls far longer than its lease (a starved host) finds the
+// rounds many steps on when it pushes again: it rejoins and takes the
+// rounds' current weights, instead of failing with "answered with step 20;
+// expected 1" (seen in a fidelity run on an overloaded machine).
+TEST(ClientRecovery, AWorkerDroppedManyRoundsAgoSkipsAheadToTheRounds) {
+  auto cluster = std::make_unique<Cluster>();
+  cluster->config.num_shards = 2;
+  cluster->config.num_workers = 2;
+  cluster->config.optimizer = ExactSgd();
+  cluster->config.pull_codec = v1::CODEC_ONEBIT;
+  cluster->config.lease_timeout = absl::Milliseconds(300);
+  for (uint32_t s = 0; s < 2; ++s) {
+    cluster->registries.push_back(std::make_unique<prometheus::Registry>());
+    auto server =
+        StartShard(cluster->config, s, 0, cluster->registries.back().get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    cluster->addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+    cluster->servers.push_back(std::move(server).value());
+  }
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  auto stalled = Client::Connect(Options(*cluster, 0, v1::CODEC_ONEBIT));
+  auto busy = Client::Connect(Options(*cluster, 1, v1::CODEC_ONEBIT));
+  ASSERT_TRUE(stalled.ok() && busy.ok());
+  ASSERT_TRUE((*stalled)->Register(layout, Values(n, 8)).ok());
+  ASSERT_TRUE((*busy)->Register(layout, Values(n, 8)).ok());
+  // Worker 0 says nothing; once its lease expires worker 1 goes on alone.
+  constexpr int kSteps = 20;
+  for (int t = 0; t < kSteps; ++t) {
+    absl::Status st = (*busy)->Step(Gradient(n, 1, t));
+    ASSERT_TRUE(st.ok()) << "step " << t << ": " << st;
+  }
+  ASSERT_EQ((*busy)->step(), static_cast<uint64_t>(kSteps));
+  // Worker 0's push for step 0 is long over: it rejoins and skips ahead.
+  absl::Status st = (*stalled)->Step(Gradient(n, 0, 0));
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ((*stalled)->step(), static_cast<uint64_t>(kSteps));
+  EXPECT_GE((*stalled)->stats().rejoins, 2u);  // once per shard
+  EXPECT_TRUE(BitEqual((*stalled)->weights(), (*busy)->weights()));
+  for (uint32_t s = 0; s < 2; ++s) {
+    ShardRange r = ShardRangeFor(n, 2, s);
+    EXPECT_EQ(ChecksumOf((*stalled)->weights().subspan(r.begin, r.size())),
+              cluster->shard(s)->Status().replica_checksum());
+  }
+}
+
 }  // namespace
 }  // namespace pserver

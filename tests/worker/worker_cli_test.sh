@@ -13,7 +13,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../test_util/cli_checks.sh"
 
 check_help "$BIN" servers worker_id num_workers model hidden epochs steps \
   batch_size push_codec warmup_codec block_size onebit_scale k_fraction \
-  topk_selection value_format bits rounding quantize_range metrics_listen \
+  topk_selection value_format bits rounding quantize_range schedule metrics_listen \
   progress state_file tls_ca tls_cert tls_key auth_token_file
 
 # Nothing listens on port 1: a flag error must come before any connection
@@ -28,6 +28,11 @@ bad --value_format "expected fp32 or fp16$" --value_format=int8
 bad --rounding "expected nearest or stochastic$" --rounding=up
 bad --quantize_range "expected linear or adaptive$" --quantize_range=log
 bad --model "'cnn'; expected mlp or synthetic$" --model=cnn
+printf '{"phases": [{"begin_step": 4}]}' >"$WORK/late.json"
+bad --schedule "cannot read the schedule file" --schedule="$WORK/none.json"
+bad --compute_delay_ms "is -1; expected 0..60000$" --compute_delay_ms=-1
+bad --schedule "expected the first phase to begin at step 0" \
+  --schedule="$WORK/late.json"
 bad --init "'xavier'; expected pytorch or he_normal$" --init=xavier
 bad --progress "expected auto, bar or lines$" --progress=fancy
 # Other checks of the same shape.
