@@ -31,7 +31,7 @@
 #                 daemon, and print the URL of a graph of the key series; when
 #                 stdin is a terminal, Prometheus and the shards stay up after
 #                 training until Ctrl-C. [PROMETHEUS_PORT=9090]
-#   SERVER_FLAGS / WORKER_FLAGS: extra flags passed to every daemon.
+#   SERVER_FLAGS / WORKER_FLAGS: extra flags for every daemon (WORKER0_FLAGS: worker 0's).
 #   --script FILE [ARGS...]  instead of pserver_worker, run a PyTorch script
 #                 (e.g. python/examples/fashion_cnn.py) once per worker through
 #                 `python3 -m pserver.launch` (docs/python.md), with the shard
@@ -235,7 +235,7 @@ for ((w = 0; w < WORKERS; w++)); do
   if [[ $w -eq 0 ]]; then
     # Worker 0 shows its progress here; the others log to files.
     # shellcheck disable=SC2086
-    "$WORKER" "${args[@]}" --progress="$progress" ${WORKER_FLAGS:-} \
+    "$WORKER" "${args[@]}" --progress="$progress" ${WORKER_FLAGS:-} ${WORKER0_FLAGS:-} \
       > >(tee "$RUN_DIR/worker$w.log") 2>&1 &
   else
     # shellcheck disable=SC2086

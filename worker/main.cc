@@ -20,6 +20,7 @@
 #include "common/schedule.h"
 #include "common/daemon/command_line.h"
 #include "common/daemon/daemon_flags.h"
+#include "common/gradient_file.h"
 #include "prometheus/registry.h"
 #include "worker/client.h"
 #include "worker/metrics.h"
@@ -102,6 +103,13 @@ ABSL_FLAG(std::string, save_weights, "",
 ABSL_FLAG(std::string, summary_json, "",
           "if set, write the final summary (accuracy, bytes, time; per "
           "step: seconds, pushed and pulled payload bytes) here as JSON");
+ABSL_FLAG(std::string, capture_gradients, "",
+          "if set, write the raw gradients (before momentum, error feedback "
+          "and compression) of the --capture_steps to this file "
+          "(common/gradient_file.h; tests/bench/codec_profile reads it)");
+ABSL_FLAG(std::string, capture_steps, "",
+          "steps whose gradients --capture_gradients keeps: increasing "
+          "steps or inclusive ranges, e.g. 0-19,1000-1019,2200-2219");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle the shards' certificates must chain to; turns on TLS "
           "(empty: plaintext)");
@@ -308,6 +316,22 @@ int Run() {
   t.compute_delay = absl::Milliseconds(delay_ms);
   t.inner.lr = absl::GetFlag(FLAGS_inner_lr);
   t.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
+  t.capture_file = absl::GetFlag(FLAGS_capture_gradients);
+  const std::string capture_steps = absl::GetFlag(FLAGS_capture_steps);
+  if (t.capture_file.empty() != capture_steps.empty()) {
+    return Fail(t.capture_file.empty()
+                    ? "--capture_steps is set without --capture_gradients; "
+                      "expected both or neither"
+                    : "--capture_gradients is set without --capture_steps; "
+                      "expected both or neither");
+  }
+  if (!capture_steps.empty()) {
+    absl::StatusOr<StepRanges> steps = StepRanges::Parse(capture_steps);
+    if (!steps.ok()) {
+      return Fail(absl::StrCat("--capture_steps ", steps.status().message()));
+    }
+    t.capture_steps = *std::move(steps);
+  }
   enum class Progress { kAuto, kBar, kLines };
   absl::StatusOr<Progress> progress = ParseEnumFlag<Progress>(
       "progress", absl::GetFlag(FLAGS_progress),

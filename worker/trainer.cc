@@ -102,6 +102,50 @@ void SaveWorkerState(const TrainerOptions& o, const Client& client, FILE* log,
   }
 }
 
+// Appends the steps of o.capture_steps to o.capture_file.
+class Capture {
+ public:
+  static absl::StatusOr<Capture> Open(const TrainerOptions& o,
+                                      const v1::ModelLayout& layout,
+                                      uint32_t worker_id) {
+    Capture c;
+    if (o.capture_file.empty()) return c;
+    if (!o.capture_steps.has_value()) {
+      return absl::InvalidArgumentError(
+          "capture_steps is unset; expected the steps to capture");
+    }
+    absl::StatusOr<std::unique_ptr<GradientFileWriter>> w =
+        GradientFileWriter::Create(o.capture_file, layout, worker_id);
+    if (!w.ok()) return w.status();
+    c.writer_ = *std::move(w);
+    c.steps_ = &*o.capture_steps;
+    return c;
+  }
+
+  absl::Status Step(int64_t step, absl::Span<const float> grad) {
+    if (writer_ == nullptr || step < 0 ||
+        !steps_->Contains(static_cast<uint64_t>(step))) {
+      return absl::OkStatus();
+    }
+    return writer_->Append(static_cast<uint64_t>(step), grad);
+  }
+
+  absl::Status Finish(const std::string& path, FILE* log, uint32_t worker) {
+    if (writer_ == nullptr) return absl::OkStatus();
+    absl::Status s = writer_->Close();
+    if (s.ok() && log != nullptr) {
+      std::fprintf(log, "worker %u: captured the gradients of %lu steps to %s\n",
+                   worker, static_cast<unsigned long>(writer_->steps_written()),
+                   path.c_str());
+    }
+    return s;
+  }
+
+ private:
+  std::unique_ptr<GradientFileWriter> writer_;
+  const StepRanges* steps_ = nullptr;
+};
+
 }  // namespace
 
 absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
@@ -132,6 +176,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   }
   if (!made.ok()) return made.status();
   Workload& model = **made;
+  absl::StatusOr<Capture> capture = Capture::Open(o, model.layout(), worker_id);
+  if (!capture.ok()) return capture.status();
   // The residual norm is a pass over every residual: only when exported.
   const bool exported = metrics != nullptr;
   std::unique_ptr<WorkerMetrics> unexported;
@@ -271,6 +317,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
         absl::StatusOr<double> loss =
             model.Gradient(step, local, absl::MakeSpan(grad));
         if (!loss.ok()) return loss.status();
+        if (absl::Status s = capture->Step(step, grad); !s.ok()) return s;
         if (o.compute_delay > absl::ZeroDuration()) {
           absl::SleepFor(o.compute_delay);
         }
@@ -306,12 +353,19 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     const double compute = absl::ToDoubleSeconds(absl::Now() - t0);
     check_loss(step, *loss);
     if (!handed.ok()) return handed;
+    // While the pusher encodes: grad is complete and no longer changes.
+    absl::Status captured = capture->Step(step, grad);
     if (absl::Status s = client->FinishStep(); !s.ok()) return s;
+    if (!captured.ok()) return captured;
     result.last_loss = *loss;
     after_step(t0, step, static_cast<int64_t>(client->step()), compute,
                gradient_norm(step));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (absl::Status s = capture->Finish(o.capture_file, log, worker_id);
+      !s.ok()) {
+    return s;
+  }
   evaluate(per_epoch > 0 ? (total + per_epoch - 1) / per_epoch : 0);
   result.steps = total;
   result.stats = client->stats();

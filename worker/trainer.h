@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/gradient_file.h"
 #include "worker/client.h"
 #include "worker/inner_adam.h"
 #include "worker/metrics.h"
@@ -56,6 +58,13 @@ struct TrainerOptions {
   // worker a straggler on purpose, for benchmarks and tests of rounds that
   // wait for the slowest worker.
   absl::Duration compute_delay = absl::ZeroDuration();
+  // Gradient capture (common/gradient_file.h): the raw minibatch gradient of
+  // every step in capture_steps (local steps count with local_steps > 1), as
+  // the model computed it, before momentum, error feedback or compression,
+  // is appended to capture_file. Empty: no capture. REQUIRES: capture_steps
+  // is set when capture_file is.
+  std::string capture_file;
+  std::optional<StepRanges> capture_steps;
 };
 
 inline constexpr int kMaxLocalSteps = 100000;

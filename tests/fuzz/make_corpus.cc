@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "common/checksum.h"
 #include "common/codec.h"
+#include "common/gradient_file.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/checkpoint.h"
 #include "tests/fuzz/fuzz_inputs.h"
@@ -294,6 +295,37 @@ void CheckpointCorpus(const std::string& dir) {
         std::string(1, static_cast<char>(kCkptSeal | kCkptLoad)) + bytes);
 }
 
+// Gradient files (common/gradient_file.h) as GradientFileWriter writes
+// them: the MLP's tensor shapes shrunk, a scalar, a header alone.
+void GradientFileCorpus(const std::string& dir) {
+  ::mkdir(dir.c_str(), 0755);
+  v1::ModelLayout layout;
+  auto add = [&](const char* name, std::vector<uint64_t> shape) {
+    v1::TensorSpec* t = layout.add_tensors();
+    t->set_name(name);
+    for (uint64_t d : shape) t->add_shape(d);
+  };
+  add("fc1.weight", {4, 3});
+  add("fc1.bias", {4});
+  add("scale", {});
+  auto write = [&](const std::string& name, std::vector<uint64_t> steps) {
+    auto w = GradientFileWriter::Create(dir + "/" + name, layout, 2);
+    if (!w.ok()) {
+      std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
+      ++failures;
+      return;
+    }
+    std::vector<float> g(17);
+    for (uint64_t s : steps) {
+      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.125f * (i + s) - 1.0f;
+      if (!(*w)->Append(s, g).ok()) ++failures;
+    }
+    if (!(*w)->Close().ok()) ++failures;
+  };
+  write("header-only", {});
+  write("two-windows", {0, 1, 2, 10, 11});
+}
+
 }  // namespace
 }  // namespace fuzz
 }  // namespace pserver
@@ -309,5 +341,6 @@ int main(int argc, char** argv) {
   pserver::fuzz::CodecCorpus(out + "/codec");
   pserver::fuzz::ShardCorpus(out + "/shard");
   pserver::fuzz::CheckpointCorpus(out + "/checkpoint");
+  pserver::fuzz::GradientFileCorpus(out + "/gradient_file");
   return pserver::fuzz::failures == 0 ? 0 : 1;
 }

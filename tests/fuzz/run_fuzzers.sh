@@ -19,7 +19,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build-fuzz}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
-FUZZ_TARGETS="${FUZZ_TARGETS:-codec shard checkpoint}"
+FUZZ_TARGETS="${FUZZ_TARGETS:-codec shard checkpoint gradient_file}"
 FUZZ_JOBS="${FUZZ_JOBS:-1}"
 JOBS="${JOBS:-$(nproc)}"
 

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/gradient_file.h"
+#include "common/layout.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
 #include "tests/test_util/temp_dir.h"
@@ -224,6 +226,109 @@ TEST(Trainer, UnknownModelIsRefusedNamingTheChoices) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("expected mlp or synthetic"),
             std::string::npos);
+}
+
+// Issue 13: --capture_gradients keeps the raw gradient of exactly the
+// requested steps (the workload's own gradient, not what error feedback and
+// 1-bit compression made of it), under the model's layout and worker id.
+TEST(Trainer, CapturesTheRawGradientsOfTheRequestedSteps) {
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer.kind = OptimizerKind::kAdam;
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  auto server = ShardServer::Start(config, so, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string dir = testing_util::MakeTempDir("trainer_test");
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.synthetic_params = 1000;
+  t.synthetic_tensors = 2;
+  t.steps = 6;
+  t.capture_file = dir + "/grads.bin";
+  absl::StatusOr<StepRanges> ranges = StepRanges::Parse("1-2,4,9");
+  ASSERT_TRUE(ranges.ok());
+  t.capture_steps = *ranges;
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
+  c.push_codec = v1::CODEC_ONEBIT;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<TrainResult> r =
+      RunTraining(t, client->get(), nullptr, nullptr, 0, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  absl::StatusOr<GradientCapture> got = ReadGradientFile(t.capture_file);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->worker_id, 0u);
+  auto model = MakeSyntheticWorkload(t, 0);
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(FirstLayoutDifference(got->layout, (*model)->layout()), "");
+  ASSERT_EQ(got->steps.size(), 3u);  // step 9 is past the run's end
+  std::vector<float> weights(1000), want(1000);
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t step = std::vector<int64_t>{1, 2, 4}[i];
+    EXPECT_EQ(got->steps[i].step, static_cast<uint64_t>(step));
+    ASSERT_TRUE((*model)->Gradient(step, weights, absl::MakeSpan(want)).ok());
+    EXPECT_EQ(got->steps[i].values, want) << "step " << step;
+  }
+  EXPECT_NE(got->steps[0].values, got->steps[1].values);
+
+  // A file that cannot be created ends the run before the first step.
+  t.capture_file = dir + "/missing/grads.bin";
+  auto other = Client::Connect(c);
+  ASSERT_TRUE(other.ok());
+  r = RunTraining(t, other->get(), nullptr, nullptr, 0, 1);
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("missing/grads.bin"), std::string::npos);
+}
+
+// With local steps the capture counts local steps: each of a round's inner
+// gradients is the workload's own, not the round's weight change.
+TEST(Trainer, CaptureWithLocalStepsKeepsEachInnerGradient) {
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer.kind = OptimizerKind::kSgd;
+  config.pull_codec = v1::CODEC_FP32;
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  auto server = ShardServer::Start(config, so, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string dir = testing_util::MakeTempDir("trainer_test");
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.synthetic_params = 300;
+  t.synthetic_tensors = 3;
+  t.steps = 6;  // rounds of 2 local steps
+  t.local_steps = 2;
+  t.capture_file = dir + "/grads.bin";
+  absl::StatusOr<StepRanges> ranges = StepRanges::Parse("1-4");
+  ASSERT_TRUE(ranges.ok());
+  t.capture_steps = *ranges;
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
+  c.push_codec = v1::CODEC_FP32;
+  c.local_steps = 2;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(RunTraining(t, client->get(), nullptr, nullptr, 0, 1).ok());
+
+  absl::StatusOr<GradientCapture> got = ReadGradientFile(t.capture_file);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->steps.size(), 4u);
+  auto model = MakeSyntheticWorkload(t, 0);
+  ASSERT_TRUE(model.ok());
+  std::vector<float> weights(300), want(300);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got->steps[i].step, i + 1);
+    ASSERT_TRUE((*model)->Gradient(i + 1, weights, absl::MakeSpan(want)).ok());
+    EXPECT_EQ(got->steps[i].values, want) << "step " << i + 1;
+  }
+  (*server)->Shutdown(absl::Seconds(1));
 }
 
 }  // namespace

@@ -46,6 +46,15 @@ bad --blas_threads "expected >= 1" --blas_threads=0
 bad --tls_key "expected the certificate's private key" --tls_cert=/nonexistent.pem
 bad --metrics_listen "cannot listen" --metrics_listen=bogus
 bad "'extra'" "unexpected argument" extra
+# Gradient capture (issue 13).
+check_help "$BIN" capture_gradients capture_steps
+bad --capture_steps "has '5-2', a range that ends before it starts" \
+  --capture_gradients=/tmp/unused.grad --capture_steps=5-2
+bad --capture_steps "has 'x'; expected increasing steps" \
+  --capture_gradients=/tmp/unused.grad --capture_steps=0-3,x
+bad --capture_steps "expected both or neither" --capture_steps=0-3
+bad --capture_gradients "expected both or neither" \
+  --capture_gradients=/tmp/unused.grad
 # absl's own errors: one line, exit 1.
 check_invalid_exit 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_flag=1
 check_invalid_exit 1 "$BIN" num_workers "Illegal value" --num_workers=abc
