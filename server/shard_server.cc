@@ -68,6 +68,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.AddListeningPort(options.listen_address,
                            MakeServerCredentials(options.security), &s->port_);
   builder.RegisterService(s->service_.get());
+  // gRPC binds with SO_REUSEPORT by default: a second shard on a port in
+  // use would share it silently (two clusters' calls mixed). Refuse it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   SetMemoryLimits(options, &builder);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {

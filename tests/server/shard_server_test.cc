@@ -175,5 +175,22 @@ TEST(ShardServer, Hole3RegisterDuringStartSeesHealth) {
   EXPECT_GT(started, kRounds / 2);
 }
 
+// Two shards on one port would share it (gRPC's SO_REUSEPORT) and mix two
+// clusters' calls (seen: a benchmark's capture run joined a fidelity run's
+// shards). The second is refused.
+TEST(ShardServer, APortInUseIsRefused) {
+  ShardConfig config;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  auto first = ShardServer::Start(config, options, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options.listen_address = absl::StrCat("127.0.0.1:", (*first)->port());
+  auto second = ShardServer::Start(config, options, nullptr);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find("cannot listen on"), std::string::npos)
+      << second.status();
+}
+
 }  // namespace
 }  // namespace pserver
