@@ -358,11 +358,9 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     // for x - x_hat.
     pull_start = clock_->Now();
     if (schedule_.has_value()) {
-      replica_->UseCodec([&]() -> const Codec* {
-        const CodecChoiceSpec* pull =
-            schedule_->schedule().pull(schedule_->PhaseAt(step_ - 1));
-        return pull != nullptr ? pull->encoder.get() : nullptr;
-      }());
+      const CodecChoiceSpec* pull =
+          schedule_->schedule().pull(schedule_->PhaseAt(step_ - 1));
+      replica_->UseCodec(pull != nullptr ? pull->encoder.get() : nullptr);
     }
     if (norms) {
       residual_norm = replica_->Advance(x_, step_, mean);
