@@ -52,6 +52,9 @@ declare -A OPTS=(
   # the freeze (25% -> 6.25% -> 2% -> 1%, Deep Gradient Compression's idea).
   [adam_q8]="--optimizer adam --push-codec quantize --pull-codec quantize"
   [staged_q]="--optimizer adam --push-codec quantize --pull-codec quantize --schedule $ROOT/deploy/schedules/staged_quantize.json"
+  # 1-bit with 100 rounds of 4-bit pushes after the freeze (measured, did
+  # not help: results/README.md).
+  [onebit_soft]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step 600 --schedule $ROOT/deploy/schedules/onebit_soft_freeze.json"
   [topk_warmup]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step 600 --k-fraction 0.01 --schedule $ROOT/deploy/schedules/topk_sparsity_warmup.json"
   # Block sparsification (issue 13 part 5): the topk recipe with block_topk
   # (blocks of 16, 1% of them) after the freeze and for the pulls; the 8-bit
@@ -76,6 +79,7 @@ declare -A EXTRA_SERVER=(
   [topk_bf16]="--onebit_momentum=server ${TOPK_SERVER_FLAGS:-}"
   [adam_q8]="--pull_bits=8 ${ADAM_SERVER_FLAGS:-}"
   [staged_q]="${ADAM_SERVER_FLAGS:-}"
+  [onebit_soft]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
   [topk_warmup]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [block_topk]="--onebit_momentum=worker --pull_block_size=16 ${TOPK_SERVER_FLAGS:-}"
 )
@@ -89,6 +93,7 @@ declare -A EXTRA_WORKER=(
   [topk_bf16]="${TOPK_WORKER_FLAGS:-}"
   [adam_q8]="--bits=8 ${ADAM_WORKER_FLAGS:-}"
   [staged_q]="${ADAM_WORKER_FLAGS:-}"
+  [onebit_soft]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
   [topk_warmup]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
   [block_topk]="--bits=8 --block_size=16 ${TOPK_WORKER_FLAGS:-}"
 )
