@@ -162,14 +162,10 @@ int Run() {
   config.pull_params.set_block_size(absl::GetFlag(FLAGS_pull_block_size));
   config.pull_params.set_k_fraction(absl::GetFlag(FLAGS_pull_k_fraction));
   config.pull_params.set_bits(absl::GetFlag(FLAGS_pull_bits));
-  if (std::string path = absl::GetFlag(FLAGS_schedule); !path.empty()) {
-    absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
-        CompressionSchedule::Load(path);
-    if (!schedule.ok()) {
-      return Fail(absl::StrCat("--schedule: ", schedule.status().message()));
-    }
-    config.schedule = *std::move(schedule);
-  }
+  absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+      LoadScheduleFlag(absl::GetFlag(FLAGS_schedule));
+  if (!schedule.ok()) return Fail(schedule.status().message());
+  config.schedule = *std::move(schedule);
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);

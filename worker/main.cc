@@ -252,14 +252,10 @@ int Run() {
     return Fail(s.message());
   }
   c.warmup_params = c.push_params;
-  if (std::string path = absl::GetFlag(FLAGS_schedule); !path.empty()) {
-    absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
-        CompressionSchedule::Load(path);
-    if (!schedule.ok()) {
-      return Fail(absl::StrCat("--schedule: ", schedule.status().message()));
-    }
-    c.schedule = *std::move(schedule);
-  }
+  absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+      LoadScheduleFlag(absl::GetFlag(FLAGS_schedule));
+  if (!schedule.ok()) return Fail(schedule.status().message());
+  c.schedule = *std::move(schedule);
   c.ef_decay = absl::GetFlag(FLAGS_ef_decay);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout));

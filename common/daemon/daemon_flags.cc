@@ -11,6 +11,18 @@
 
 namespace pserver {
 
+absl::StatusOr<std::shared_ptr<const CompressionSchedule>> LoadScheduleFlag(
+    const std::string& path) {
+  if (path.empty()) return std::shared_ptr<const CompressionSchedule>();
+  absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+      CompressionSchedule::Load(path);
+  if (!schedule.ok()) {
+    return absl::Status(schedule.status().code(),
+                        absl::StrCat("--schedule: ", schedule.status().message()));
+  }
+  return schedule;
+}
+
 absl::StatusOr<size_t> FindFlagChoice(absl::string_view flag,
                                       absl::string_view value,
                                       absl::Span<const std::string> names) {

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/schedule.h"
 #include "common/tls.h"
 #include "pserver/v1/codec.pb.h"
 #include "prometheus/exposer.h"
@@ -68,6 +69,11 @@ struct SecurityFlagValues {
   std::string tls_ca;           // --tls_ca
   std::string auth_token_file;  // --auth_token_file
 };
+// --schedule's value: the compression schedule at `path` (common/schedule.h),
+// or null for an empty path (no schedule). Errors start with "--schedule: ".
+absl::StatusOr<std::shared_ptr<const CompressionSchedule>> LoadScheduleFlag(
+    const std::string& path);
+
 absl::StatusOr<TransportSecurity> LoadSecurityFromFlags(
     const SecurityFlagValues& flags, TransportSecurity::Role role);
 

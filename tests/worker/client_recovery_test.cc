@@ -330,20 +330,14 @@ TEST(ClientReplica, StagedAnswersAreInvisibleUntilCommit) {
 // rounds' current weights, instead of failing with "answered with step 20;
 // expected 1" (seen in a fidelity run on an overloaded machine).
 TEST(ClientRecovery, AWorkerDroppedManyRoundsAgoSkipsAheadToTheRounds) {
-  auto cluster = std::make_unique<Cluster>();
-  cluster->config.num_shards = 2;
-  cluster->config.num_workers = 2;
-  cluster->config.optimizer = ExactSgd();
-  cluster->config.pull_codec = v1::CODEC_ONEBIT;
-  cluster->config.lease_timeout = absl::Milliseconds(300);
-  for (uint32_t s = 0; s < 2; ++s) {
-    cluster->registries.push_back(std::make_unique<prometheus::Registry>());
-    auto server =
-        StartShard(cluster->config, s, 0, cluster->registries.back().get());
-    ASSERT_TRUE(server.ok()) << server.status();
-    cluster->addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-    cluster->servers.push_back(std::move(server).value());
-  }
+  ShardConfig config;
+  config.num_shards = 2;
+  config.num_workers = 2;
+  config.optimizer = ExactSgd();
+  config.pull_codec = v1::CODEC_ONEBIT;
+  config.lease_timeout = absl::Milliseconds(300);
+  auto cluster = StartClusterWith(config);
+  ASSERT_NE(cluster, nullptr);
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
   auto stalled = Client::Connect(Options(*cluster, 0, v1::CODEC_ONEBIT));

@@ -36,21 +36,13 @@ constexpr char kSchedule[] = R"pb(
 std::unique_ptr<Cluster> StartScheduled(
     uint32_t shards, uint32_t workers,
     std::shared_ptr<const CompressionSchedule> schedule) {
-  auto c = std::make_unique<Cluster>();
-  c->config.num_shards = shards;
-  c->config.num_workers = workers;
-  c->config.optimizer = ExactSgd();
-  c->config.pull_codec = v1::CODEC_ONEBIT;
-  c->config.schedule = std::move(schedule);
-  for (uint32_t s = 0; s < shards; ++s) {
-    c->registries.push_back(std::make_unique<prometheus::Registry>());
-    auto server = StartShard(c->config, s, 0, c->registries.back().get());
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return nullptr;
-    c->addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-    c->servers.push_back(std::move(server).value());
-  }
-  return c;
+  ShardConfig config;
+  config.num_shards = shards;
+  config.num_workers = workers;
+  config.optimizer = ExactSgd();
+  config.pull_codec = v1::CODEC_ONEBIT;
+  config.schedule = std::move(schedule);
+  return StartClusterWith(config);
 }
 
 TEST(ClientSchedule, EveryWorkerSwitchesCodecAtTheAnnouncedRound) {

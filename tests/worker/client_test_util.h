@@ -92,16 +92,11 @@ inline absl::StatusOr<std::unique_ptr<ShardServer>> StartShard(
   return ShardServer::Start(c, o, registry);
 }
 
-inline std::unique_ptr<Cluster> StartCluster(
-    uint32_t shards, uint32_t workers, const OptimizerConfig& opt,
-    v1::Codec pull_codec, uint64_t chunk_elements = kDefaultChunkElements) {
+// config.num_shards shards of `config` (each with its own shard_index).
+inline std::unique_ptr<Cluster> StartClusterWith(const ShardConfig& config) {
   auto c = std::make_unique<Cluster>();
-  c->config.chunk_elements = chunk_elements;
-  c->config.num_shards = shards;
-  c->config.num_workers = workers;
-  c->config.optimizer = opt;
-  c->config.pull_codec = pull_codec;
-  for (uint32_t s = 0; s < shards; ++s) {
+  c->config = config;
+  for (uint32_t s = 0; s < config.num_shards; ++s) {
     c->registries.push_back(std::make_unique<prometheus::Registry>());
     auto server = StartShard(c->config, s, 0, c->registries.back().get());
     EXPECT_TRUE(server.ok()) << server.status();
@@ -110,6 +105,18 @@ inline std::unique_ptr<Cluster> StartCluster(
     c->servers.push_back(std::move(server).value());
   }
   return c;
+}
+
+inline std::unique_ptr<Cluster> StartCluster(
+    uint32_t shards, uint32_t workers, const OptimizerConfig& opt,
+    v1::Codec pull_codec, uint64_t chunk_elements = kDefaultChunkElements) {
+  ShardConfig config;
+  config.chunk_elements = chunk_elements;
+  config.num_shards = shards;
+  config.num_workers = workers;
+  config.optimizer = opt;
+  config.pull_codec = pull_codec;
+  return StartClusterWith(config);
 }
 
 inline ClientOptions Options(const Cluster& c, uint32_t worker, v1::Codec push,
