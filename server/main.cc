@@ -67,6 +67,20 @@ ABSL_FLAG(std::string, schedule, "",
           "per phase of the run, the pull codec and the workers' push codec; "
           "the workers need the same file");
 ABSL_FLAG(uint32_t, pull_bits, 8, "pull codec: bits for quantize, 2..8");
+ABSL_FLAG(std::string, consistency, "bsp",
+          "what rounds wait for (docs/consistency.md): bsp (every live "
+          "worker), ssp (bounded staleness, see --max_staleness) or async "
+          "(nobody)");
+ABSL_FLAG(uint32_t, max_staleness, 0,
+          "with --consistency=ssp: the most rounds a push may land after the "
+          "step it was computed on (0 behaves as bsp)");
+ABSL_FLAG(std::string, staleness_scaling, "none",
+          "with ssp or async: none, or inverse (a push s rounds stale counts "
+          "1/s in its round's mean)");
+ABSL_FLAG(double, ssp_patience, 0.5,
+          "with ssp: how long past the median arrival of the workers that "
+          "kept up a round waits for the rest of them, as a fraction of that "
+          "median");
 ABSL_FLAG(int32_t, max_message_mb, 1024,
           "largest gRPC message in MiB, each direction (1..2047)");
 ABSL_FLAG(uint32_t, grpc_memory_mb, 2048,
@@ -166,6 +180,20 @@ int Run() {
       LoadScheduleFlag(absl::GetFlag(FLAGS_schedule));
   if (!schedule.ok()) return Fail(schedule.status().message());
   config.schedule = *std::move(schedule);
+  absl::StatusOr<Consistency> consistency = ParseEnumFlag<Consistency>(
+      "consistency", absl::GetFlag(FLAGS_consistency),
+      {{"bsp", Consistency::kBsp},
+       {"ssp", Consistency::kSsp},
+       {"async", Consistency::kAsync}});
+  if (!consistency.ok()) return Fail(consistency.status().message());
+  config.consistency.mode = *consistency;
+  config.consistency.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  absl::StatusOr<bool> scaled = ParseEnumFlag<bool>(
+      "staleness_scaling", absl::GetFlag(FLAGS_staleness_scaling),
+      {{"none", false}, {"inverse", true}});
+  if (!scaled.ok()) return Fail(scaled.status().message());
+  config.consistency.scale_by_staleness = *scaled;
+  config.consistency.patience = absl::GetFlag(FLAGS_ssp_patience);
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
@@ -232,9 +260,11 @@ int Run() {
   }
   std::fprintf(stderr,
                "pserver_server: shard %u/%u listening on port %d (metrics "
-               "port %s), %u workers, optimizer %s%s, pull codec %s%s, %s\n",
+               "port %s), %u workers, %s rounds, optimizer %s%s, pull codec "
+               "%s%s, %s\n",
                config.shard_index, config.num_shards, (*server)->port(),
                MetricsPortText(exposer->get()).c_str(), config.num_workers,
+               DescribeConsistency(config.consistency).c_str(),
                OptimizerName(o.kind).c_str(),
                o.kind == OptimizerKind::kOneBitAdam
                    ? (o.worker_momentum ? " (momentum on the workers)"

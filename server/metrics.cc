@@ -80,6 +80,31 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                                "being pullable.")
                          .Register(registry)
                          .Add({{"shard", shard_}}, SecondsBuckets())),
+      staleness_(BuildHistogram()
+                     .Name("pserver_server_push_staleness")
+                     .Help("Versions between the weights a push was computed "
+                           "on and the round it landed in (0 under bsp).")
+                     .Register(registry)
+                     .Add({{"shard", shard_}},
+                          Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12,
+                                                      16, 32, 64})),
+      pull_wait_(BuildCounter()
+                     .Name("pserver_server_pull_wait_seconds_total")
+                     .Help("Seconds pulls spent parked until their round "
+                           "completed: the time workers waited for others.")
+                     .Register(registry)
+                     .Add({{"shard", shard_}})),
+      consistency_(BuildGauge()
+                       .Name("pserver_server_consistency_mode")
+                       .Help("0 bsp, 1 ssp (bounded staleness), 2 async.")
+                       .Register(registry)
+                       .Add({{"shard", shard_}})),
+      max_staleness_(BuildGauge()
+                         .Name("pserver_server_max_staleness")
+                         .Help("The ssp bound on a push's staleness (0 for "
+                               "bsp and async).")
+                         .Register(registry)
+                         .Add({{"shard", shard_}})),
       aggregation_seconds_(
           BuildHistogram()
               .Name("pserver_server_aggregation_duration_seconds")
@@ -302,6 +327,14 @@ void ServerMetrics::AddAppliedPushes(uint64_t n) {
   applied_pushes_.Increment(static_cast<double>(n));
 }
 void ServerMetrics::ObserveRound(double s) { round_seconds_.Observe(s); }
+void ServerMetrics::ObserveStaleness(uint64_t staleness) {
+  staleness_.Observe(static_cast<double>(staleness));
+}
+void ServerMetrics::AddPullWait(double s) { pull_wait_.Increment(s); }
+void ServerMetrics::SetConsistency(int mode, uint32_t max_staleness) {
+  consistency_.Set(mode);
+  max_staleness_.Set(max_staleness);
+}
 void ServerMetrics::ObserveAggregation(double s) {
   aggregation_seconds_.Observe(s);
 }

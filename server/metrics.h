@@ -59,6 +59,14 @@ class ServerMetrics {
   // decoded but never applied.
   void AddAppliedPushes(uint64_t n);
   void ObserveRound(double seconds);
+  // A push landed in a round `staleness` versions after the one it was
+  // computed on (always 0 with consistency bsp).
+  void ObserveStaleness(uint64_t staleness);
+  // A pull waited this long (parked) before it was answered.
+  void AddPullWait(double seconds);
+  // The consistency mode (server/round_policy.h): 0 bsp, 1 ssp, 2 async,
+  // and ssp's bound.
+  void SetConsistency(int mode, uint32_t max_staleness);
   void ObserveAggregation(double seconds);
   void ObserveOptimizer(double seconds);
   void ObservePullEncode(double seconds);
@@ -99,6 +107,10 @@ class ServerMetrics {
   prometheus::Counter& decoded_elements_;
   prometheus::Counter& applied_pushes_;
   prometheus::Histogram& round_seconds_;
+  prometheus::Histogram& staleness_;
+  prometheus::Counter& pull_wait_;
+  prometheus::Gauge& consistency_;
+  prometheus::Gauge& max_staleness_;
   prometheus::Histogram& aggregation_seconds_;
   prometheus::Histogram& optimizer_seconds_;
   prometheus::Histogram& pull_encode_seconds_;

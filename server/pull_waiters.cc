@@ -4,9 +4,10 @@
 
 namespace pserver {
 
-uint64_t PullWaiters::Add(const v1::PullRequest& request, PullDone done) {
+uint64_t PullWaiters::Add(const v1::PullRequest& request, PullDone done,
+                          absl::Time since) {
   const uint64_t id = next_id_++;
-  waiters_.push_back(Waiter{id, request, std::move(done)});
+  waiters_.push_back(Waiter{id, request, std::move(done), since});
   return id;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/pull_answer.h"
 
@@ -25,10 +26,12 @@ class PullWaiters {
     uint64_t id = 0;
     v1::PullRequest request;
     PullDone done;
+    absl::Time since;  // when it was parked
   };
 
   // Parks a pull; returns its id (never 0).
-  uint64_t Add(const v1::PullRequest& request, PullDone done);
+  uint64_t Add(const v1::PullRequest& request, PullDone done,
+               absl::Time since = absl::InfinitePast());
   // Removes the waiter `id`; empty if it was already answered.
   PullDone Remove(uint64_t id);
   // Removes and returns the waiters whose step is <= `step`, oldest first.

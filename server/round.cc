@@ -34,6 +34,7 @@ Round::Round(uint32_t num_workers, ThreadPool* pool)
       queued_count_(num_workers, 0),
       contributed_(num_workers, false),
       in_(num_workers, false),
+      passed_(num_workers, false),
       sum_(std::make_unique<RoundSum>(pool)) {}
 
 std::vector<std::function<void()>> Round::Resize(uint64_t n,
@@ -73,6 +74,7 @@ void Round::Skip(uint32_t c, absl::FunctionRef<bool(uint32_t)> waits_for) {
   if (next_[c] == num_workers_ || busy_[c]) return;
   while (next_[c] < num_workers_ && !queued(next_[c], c) &&
          !waits_for(next_[c])) {
+    passed_[next_[c]] = true;
     ++next_[c];  // passed over
   }
   if (next_[c] == num_workers_) ++chunks_done_;
@@ -135,6 +137,7 @@ std::vector<std::function<void()>> Round::Clear() {
   std::fill(queued_count_.begin(), queued_count_.end(), 0);
   std::fill(contributed_.begin(), contributed_.end(), false);
   std::fill(in_.begin(), in_.end(), false);
+  std::fill(passed_.begin(), passed_.end(), false);
   received_ = 0;
   workers_in_ = 0;
   contributors_ = 0;
@@ -145,6 +148,7 @@ std::vector<std::function<void()>> Round::Clear() {
 
 void Round::Restart() {
   std::fill(next_.begin(), next_.end(), 0);
+  std::fill(passed_.begin(), passed_.end(), false);
   chunks_done_ = 0;
 }
 
@@ -161,7 +165,7 @@ void RoundSum::Add(const Round::Batch& batch) {
   float* base = const_cast<float*>(sum_.data());
   absl::Span<float> chunk(base + plan_.begin(batch.chunk),
                           plan_.size(batch.chunk));
-  batch.a->valid->AccumulateInto(1.0f, chunk);
+  batch.a->valid->AccumulateInto(batch.a->weight, chunk);
 }
 
 void RoundSum::WithMean(const std::vector<uint32_t>& counts,

@@ -50,6 +50,9 @@ class Round {
     std::shared_ptr<const void> owner;
     std::optional<ValidatedTensor> valid;  // references memory `owner` keeps
     std::function<void()> on_done;         // may be empty
+    // Its weight in the round's mean (server/round_policy.h: 1 unless
+    // stale pushes are scaled down).
+    float weight = 1.0f;
 
     // A copy of the validated tensor (tests, and callers that do not own
     // their request).
@@ -88,6 +91,9 @@ class Round {
   bool queued_any(uint32_t w) const { return queued_count_[w] > 0; }
   // Some chunk of worker w was received this round (queued or summed).
   bool pushed_any(uint32_t w) const { return in_[w]; }
+  // Some chunk passed worker w over this round (it had not pushed it and
+  // the round did not wait): its push belongs to a later round.
+  bool passed_over(uint32_t w) const { return passed_[w]; }
   // Chunk pushes received this round.
   uint32_t received() const { return received_; }
   // Workers with at least one chunk received this round.
@@ -139,6 +145,7 @@ class Round {
   std::vector<uint32_t> queued_count_;      // per worker
   std::vector<bool> contributed_;           // per worker
   std::vector<bool> in_;                    // per worker: some chunk came
+  std::vector<bool> passed_;                // per worker: some chunk skipped it
   uint32_t received_ = 0;
   uint32_t workers_in_ = 0;
   uint32_t contributors_ = 0;

@@ -76,6 +76,9 @@ absl::Status ValidateShardConfig(const ShardConfig& c) {
       }
     }
   }
+  if (absl::Status s = ValidateConsistencyConfig(c.consistency); !s.ok()) {
+    return s;
+  }
   return ValidateOptimizerConfig(c.optimizer);
 }
 
@@ -148,6 +151,16 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
     Shard* self = shard.get();
     shard->reaper_ = std::make_unique<std::thread>([self] { self->ReaperLoop(); });
   }
+  shard->metrics_->SetConsistency(static_cast<int>(config.consistency.mode),
+                                  config.consistency.max_staleness);
+  {
+    absl::MutexLock lock(&shard->mu_);
+    shard->round_open_ = shard->clock_->Now();
+  }
+  if (shard->policy_.has_patience()) {
+    Shard* self = shard.get();
+    shard->timer_ = std::make_unique<std::thread>([self] { self->TimerLoop(); });
+  }
   return shard;
 }
 
@@ -160,8 +173,13 @@ Shard::Shard(const ShardConfig& config, ShardEnv env,
       metrics_(env.metrics != nullptr ? env.metrics : own_metrics_.get()),
       clock_(env.clock != nullptr ? env.clock : Clock::Real()),
       pool_(env.pool),
+      policy_(config.consistency),
       worker_registered_(config.num_workers, false),
       last_pushed_(config.num_workers, -1),
+      landed_(config.num_workers, -1),
+      version_(config.num_workers, 0),
+      fresh_(config.num_workers, true),
+      deferred_(config.num_workers),
       replica_(std::move(replica)),
       round_(config.num_workers, env.pool),
       diagnostics_(config.num_workers),
@@ -239,104 +257,136 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
     absl::MutexLock lock(&mu_);
     const uint32_t w = req.worker_id();
     leases_.Touch(w);
-    const v1::GradientSpace space = req.space() == v1::GRADIENT_SPACE_UNSPECIFIED
-                                        ? v1::GRADIENT_SPACE_RAW
-                                        : req.space();
-    if (req.step() == step_ && !leases_.live(w) && !round_.queued(w, c)) {
-      return Reject(
-          v1::REJECT_REASON_DROPPED_WORKER,
-          absl::AbortedError(absl::StrCat(
-              "worker_id ", w, " was dropped from the rounds (no call within "
-              "the lease timeout); step ", step_, " goes on without it; ",
-              leases_.rejoining(w)
-                  ? absl::StrCat("it is counted again from step ", step_ + 1)
-                  : "call Register to rejoin")));
-    }
-    if (req.step() < step_ && req.step() >= lost_from_ &&
-        req.step() < lost_to_ &&
-        last_pushed_[w] < static_cast<int64_t>(req.step())) {
-      // That round was lost in a restart and skipped; the current weights
-      // stand for its result, so the worker only has to pull them.
-      resp.set_round_lost(true);
-    } else if (req.step() < step_) {
-      if (last_pushed_[w] < static_cast<int64_t>(req.step())) {
-        return Reject(v1::REJECT_REASON_STALE_STEP,
-                      absl::AbortedError(absl::StrCat(
-                          "step is ", req.step(), "; the shard is at step ",
-                          step_, " and worker ", w, " never pushed that step")));
-      }
-      resp.set_duplicate(true);
-    } else if (req.step() > step_) {
-      return Reject(v1::REJECT_REASON_FUTURE_STEP,
-                    absl::FailedPreconditionError(absl::StrCat(
-                        "step is ", req.step(), "; the shard is at step ", step_,
-                        " (pull step ", step_, " first)")));
-    } else if (round_.pushed(w, c)) {
-      resp.set_duplicate(true);
-    } else if (space != optimizer_->expected_space()) {
-      return Reject(v1::REJECT_REASON_WRONG_SPACE,
-                    absl::FailedPreconditionError(absl::StrCat(
-                        "space is ", SpaceName(space), "; expected ",
-                        SpaceName(optimizer_->expected_space()), " at step ",
-                        step_)));
-    } else if (const bool want = ExpectsMomentum(); req.momentum() != want) {
-      return Reject(v1::REJECT_REASON_WRONG_SPACE,
-                    absl::FailedPreconditionError(absl::StrCat(
-                        "momentum is ", req.momentum() ? "true" : "false",
-                        "; expected ", want ? "true" : "false", " at step ",
-                        step_, " (the shard's --onebit_momentum=",
-                        config_.optimizer.worker_momentum ? "worker" : "server",
-                        ")")));
-    } else {
-      if (round_.received() == 0) round_start_ = clock_->Now();
-      metrics_->AddReceived(req.gradient().codec(),
-                            req.gradient().payload().size(),
-                            Fp32Bytes(req.gradient().num_elements()));
-      round_.Queue(w, Round::Push::Own(std::move(request), *valid,
-                                       std::move(on_summed)),
-                   c);
-      diagnostics_.Arrived(w, clock_->Now());
-      *queued = true;
-      last_pushed_[w] = static_cast<int64_t>(req.step());
-      ready = Drain();
-    }
+    absl::Status st =
+        policy_.relaxed()
+            ? PushRelaxed(request, *valid, on_summed, queued, &resp)
+            : PushSynchronous(request, *valid, on_summed, queued, &resp);
+    if (!st.ok()) return st;
+    if (*queued) ready = Drain();
     resp.set_current_step(step_);
   }
   for (Ready& r : ready) r();
   return resp;
 }
 
+absl::Status Shard::PushSynchronous(
+    std::shared_ptr<const v1::PushRequest>& request,
+    const ValidatedTensor& valid, std::function<void()>& on_summed,
+    bool* queued, v1::PushResponse* resp) {
+  const v1::PushRequest& req = *request;
+  const uint32_t w = req.worker_id();
+  const uint32_t c = req.chunk();
+  const v1::GradientSpace space = req.space() == v1::GRADIENT_SPACE_UNSPECIFIED
+                                      ? v1::GRADIENT_SPACE_RAW
+                                      : req.space();
+  if (req.step() == step_ && !leases_.live(w) && !round_.queued(w, c)) {
+    return Reject(
+        v1::REJECT_REASON_DROPPED_WORKER,
+        absl::AbortedError(absl::StrCat(
+            "worker_id ", w, " was dropped from the rounds (no call within "
+            "the lease timeout); step ", step_, " goes on without it; ",
+            leases_.rejoining(w)
+                ? absl::StrCat("it is counted again from step ", step_ + 1)
+                : "call Register to rejoin")));
+  }
+  if (req.step() < step_ && req.step() >= lost_from_ &&
+      req.step() < lost_to_ &&
+      last_pushed_[w] < static_cast<int64_t>(req.step())) {
+    // That round was lost in a restart and skipped; the current weights
+    // stand for its result, so the worker only has to pull them.
+    resp->set_round_lost(true);
+  } else if (req.step() < step_) {
+    if (last_pushed_[w] < static_cast<int64_t>(req.step())) {
+      return Reject(v1::REJECT_REASON_STALE_STEP,
+                    absl::AbortedError(absl::StrCat(
+                        "step is ", req.step(), "; the shard is at step ",
+                        step_, " and worker ", w, " never pushed that step")));
+    }
+    resp->set_duplicate(true);
+  } else if (req.step() > step_) {
+    return Reject(v1::REJECT_REASON_FUTURE_STEP,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "step is ", req.step(), "; the shard is at step ", step_,
+                      " (pull step ", step_, " first)")));
+  } else if (round_.pushed(w, c)) {
+    resp->set_duplicate(true);
+  } else if (space != optimizer_->expected_space()) {
+    return Reject(v1::REJECT_REASON_WRONG_SPACE,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "space is ", SpaceName(space), "; expected ",
+                      SpaceName(optimizer_->expected_space()), " at step ",
+                      step_)));
+  } else if (const bool want = ExpectsMomentum(); req.momentum() != want) {
+    return Reject(v1::REJECT_REASON_WRONG_SPACE,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "momentum is ", req.momentum() ? "true" : "false",
+                      "; expected ", want ? "true" : "false", " at step ",
+                      step_, " (the shard's --onebit_momentum=",
+                      config_.optimizer.worker_momentum ? "worker" : "server",
+                      ")")));
+  } else {
+    if (round_.received() == 0) round_start_ = clock_->Now();
+    metrics_->AddReceived(req.gradient().codec(),
+                          req.gradient().payload().size(),
+                          Fp32Bytes(req.gradient().num_elements()));
+    if (!round_.pushed_any(w)) metrics_->ObserveStaleness(0);
+    round_.Queue(w, Round::Push::Own(std::move(request), valid,
+                                     std::move(on_summed)),
+                 c);
+    diagnostics_.Arrived(w, clock_->Now());
+    *queued = true;
+    last_pushed_[w] = static_cast<int64_t>(req.step());
+  }
+  return absl::OkStatus();
+}
+
+bool Shard::WaitsFor(uint32_t w) const {
+  WorkerView view;
+  view.live = leases_.live(w);
+  view.in_round = round_.pushed_any(w);
+  // A worker whose push landed computes next on the round after it (its
+  // pull waits for that round), whether or not it has pulled yet.
+  view.version = std::max<uint64_t>(
+      version_[w], static_cast<uint64_t>(landed_[w] + 1));
+  view.fresh = fresh_[w];
+  return policy_.WaitsFor(view, step_, patience_over_);
+}
+
 std::vector<Shard::Ready> Shard::Drain() {
   // Called by round_ inside BeginSum, i.e. with mu_ held.
   auto waits_for = [this](uint32_t w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return policy_.WaitsFor(w, leases_);
+    return WaitsFor(w);
   };
   std::vector<Ready> ready;  // acknowledgements of the chunks summed
-  while (std::optional<Round::Batch> batch = round_.BeginSum(waits_for)) {
-    // This thread holds the batch's chunk until EndSum (BeginSum hands each
-    // chunk to one thread at a time) and its push stays queued until then:
-    // decode into the thread-safe sum without mu_ so other pushes are
-    // validated, queued and summed (other chunks) meanwhile.
-    RoundSum* const sum = round_.sum();
-    const uint64_t elements = batch->a->valid->num_elements();
-    mu_.Unlock();
-    const absl::Time start = clock_->Now();
-    sum->Add(*batch);
-    metrics_->ObserveAggregation(absl::ToDoubleSeconds(clock_->Now() - start));
-    metrics_->AddDecodedElements(elements);
-    mu_.Lock();
-    if (std::function<void()> done = round_.EndSum(*batch)) {
-      ready.push_back(std::move(done));
+  while (true) {
+    while (std::optional<Round::Batch> batch = round_.BeginSum(waits_for)) {
+      // This thread holds the batch's chunk until EndSum (BeginSum hands
+      // each chunk to one thread at a time) and its push stays queued until
+      // then: decode into the thread-safe sum without mu_ so other pushes
+      // are validated, queued and summed (other chunks) meanwhile.
+      RoundSum* const sum = round_.sum();
+      const uint64_t elements = batch->a->valid->num_elements();
+      mu_.Unlock();
+      const absl::Time start = clock_->Now();
+      sum->Add(*batch);
+      metrics_->ObserveAggregation(
+          absl::ToDoubleSeconds(clock_->Now() - start));
+      metrics_->AddDecodedElements(elements);
+      mu_.Lock();
+      if (std::function<void()> done = round_.EndSum(*batch)) {
+        ready.push_back(std::move(done));
+      }
     }
-  }
-  if (!round_.all_in() || round_.summing()) return ready;
-  if (round_.contributors() > 0) {
+    if (!round_.all_in() || round_.summing()) return ready;
+    if (round_.contributors() == 0) {
+      round_.Restart();  // every worker was passed over: wait for pushes
+      return ready;
+    }
     std::vector<Ready> more = CompleteRound();
     for (Ready& r : more) ready.push_back(std::move(r));
-    return ready;
+    // Pushes deferred to the new round (ssp, async) may complete it too.
+    if (round_.received() == 0) return ready;
   }
-  round_.Restart();  // every worker was dropped: wait for one to come back
-  return ready;
 }
 
 std::vector<Shard::Ready> Shard::CompleteRound() {
@@ -399,6 +449,7 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   }
 
   std::vector<Ready> ready = round_.Clear();  // none: every chunk was summed
+  OpenRound();
   if (writer_ != nullptr && config_.checkpoint_every > 0 &&
       step_ % config_.checkpoint_every == 0) {
     writer_->Submit(CaptureState());

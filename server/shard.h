@@ -1,7 +1,7 @@
 // One shard of the parameter server: a thin coordinator over the parts that
 // each live in a file of their own:
 //   server/round.h            the pushes of a round, summed in worker order
-//   server/round_policy.h     what a round waits for (synchronous today)
+//   server/round_policy.h     what a round waits for (bsp, ssp, async)
 //   server/optimizer.h        the optimizer (1-bit Adam, Adam, SGD)
 //   server/replica_tracker.h  x_hat, pull deltas and snapshots, checksums
 //   server/pull_waiters.h     pulls parked until their round completes
@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -98,6 +99,9 @@ struct ShardConfig {
   // that installs the model, announces each round's phase and refuses
   // workers with another schedule.
   std::shared_ptr<const CompressionSchedule> schedule;
+  // What a round waits for and which stale pushes it takes
+  // (server/round_policy.h; bsp by default).
+  ConsistencyConfig consistency;
 };
 
 absl::Status ValidateShardConfig(const ShardConfig& c);
@@ -193,6 +197,11 @@ class Shard {
   const std::vector<std::string>& startup_log() const { return startup_log_; }
   const ShardConfig& config() const { return config_; }
 
+  // ssp: ends the round's patience for fresh workers when its deadline
+  // passed (the round timer calls it; tests with a FakeClock call it
+  // directly).
+  void CheckPatience() ABSL_LOCKS_EXCLUDED(mu_);
+
   // For tests: times Status() hashed the big arrays.
   uint64_t status_hashes() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -231,6 +240,32 @@ class Shard {
   // Sums queued pushes in worker-id order, releasing mu_ while decoding;
   // completes the round when the last is in. Returns the pulls to answer.
   std::vector<Ready> Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the round in progress waits for worker w (the policy's rule).
+  bool WaitsFor(uint32_t w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Push's checks and bookkeeping under bsp: on success the chunk was
+  // queued (*queued) or the response says why not (duplicate, round_lost).
+  absl::Status PushSynchronous(std::shared_ptr<const v1::PushRequest>& request,
+                               const ValidatedTensor& valid,
+                               std::function<void()>& on_summed, bool* queued,
+                               v1::PushResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Push's checks and bookkeeping under ssp and async (stale tags, pushes
+  // deferred to the next round); the request is consumed when queued.
+  absl::Status PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
+                           const ValidatedTensor& valid,
+                           std::function<void()>& on_summed, bool* queued,
+                           v1::PushResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues worker w's chunk c into the round in progress (staleness from
+  // its tag), noting its arrival.
+  void Land(uint32_t w, uint32_t c, Round::Push push, uint64_t tag)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The round and the pushes deferred to the next one dropped; their
+  // acknowledgements returned.
+  std::vector<Ready> ClearRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the next round: its clock, patience and the deferred pushes.
+  void OpenRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Ready> CompleteRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Ready> WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PullAnswer AnswerPull(const v1::PullRequest& req)
@@ -246,7 +281,7 @@ class Shard {
   ServerMetrics* const metrics_;
   const Clock* const clock_;
   ThreadPool* const pool_;
-  const SynchronousPolicy policy_;
+  const RoundPolicy policy_;
 
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -273,6 +308,26 @@ class Shard {
   // for a push per step), set by the model's installer and checkpointed.
   uint32_t local_steps_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t lost_to_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per worker, for ssp and async (server/round_policy.h): the round its
+  // last push landed in (-1: none; step_ + 1 when deferred), the version
+  // it computes on (the step of its last pull or Register), whether its
+  // last push landed in the round of its tag, and its push deferred to the
+  // next round (by chunk; its tag is last_pushed_).
+  std::vector<int64_t> landed_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> version_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> fresh_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::map<uint32_t, Round::Push>> deferred_ ABSL_GUARDED_BY(mu_);
+  // The round in progress opened (the previous one completed); the offsets
+  // of its workers' first chunks from then; its patience's end and whether
+  // it passed; deadline_seq_ changes when the deadline does (wakes the
+  // timer).
+  absl::Time round_open_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> arrivals_ ABSL_GUARDED_BY(mu_);
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool patience_over_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t deadline_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool timer_stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<std::thread> timer_;
   // config_.schedule resolved for the job's run length (set with the
   // model: by its installer's Register, or from a checkpoint).
   std::optional<ResolvedSchedule> schedule_ ABSL_GUARDED_BY(mu_);

@@ -209,12 +209,15 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                      "pserver: shard %u drops %u pushes queued for step %lu\n",
                      config_.shard_index, round_.received(),
                      static_cast<unsigned long>(step_));
-        ready = round_.Clear();
+        ready = ClearRound();
       }
       FastForward(req.resume_step());
       for (Ready& r : WakeWaiters()) ready.push_back(std::move(r));
     }
     worker_registered_[w] = true;
+    // It takes the current weights: its next push is computed on them.
+    version_[w] = step_;
+    fresh_[w] = true;
     leases_.Touch(w);
     if (!leases_.live(w)) {
       const bool now = leases_.Rejoin(w, round_.started());
@@ -235,6 +238,9 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     resp.set_chunk_elements(config_.chunk_elements);
     resp.set_worker_momentum(WorkerMomentumBeta(config_.optimizer));
     resp.set_schedule_phase(PhaseAt(step_));
+    resp.set_consistency(static_cast<v1::Consistency>(
+        static_cast<int>(policy_.mode()) + 1));
+    resp.set_max_staleness(policy_.config().max_staleness);
     resp.set_model_ready(true);
     return resp;
   }();
@@ -333,6 +339,11 @@ void Shard::FastForward(uint64_t step) {
   if (lost_to_ != step_) lost_from_ = step_;
   lost_to_ = step;
   step_ = step;
+  // Every worker resumes from the current weights.
+  std::fill(version_.begin(), version_.end(), step_);
+  std::fill(landed_.begin(), landed_.end(), -1);
+  std::fill(fresh_.begin(), fresh_.end(), true);
+  OpenRound();
   optimizer_->FastForward(step);
   // Workers' replicas of this shard are not x_hat any more: snapshots only.
   replica_->Invalidate();
@@ -348,7 +359,8 @@ std::vector<Shard::Ready> Shard::ReapLeases() {
   if (!registered_ || !leases_.enabled()) return {};
   auto busy = [this](uint32_t w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // Called by leases_ inside Expire, i.e. with mu_ held.
-    return round_.pushed_any(w) || waiters_.IsWaiting(w);
+    return round_.pushed_any(w) || !deferred_[w].empty() ||
+           waiters_.IsWaiting(w);
   };
   auto dropped = leases_.Expire(busy);
   if (dropped.empty()) return {};

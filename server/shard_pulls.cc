@@ -1,6 +1,7 @@
 // Shard: the pull side. Pulls of an available step are answered at once
 // (from the replica tracker's shared answers); pulls of the round in
 // progress wait in PullWaiters until it completes.
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -17,7 +18,11 @@ using internal::ShuttingDown;
 
 std::vector<Shard::Ready> Shard::WakeWaiters() {
   std::vector<Ready> ready;
+  const absl::Time now = clock_->Now();
   for (PullWaiters::Waiter& w : waiters_.TakeReady(step_)) {
+    if (w.since != absl::InfinitePast()) {
+      metrics_->AddPullWait(absl::ToDoubleSeconds(now - w.since));
+    }
     PullAnswer answer = AnswerPull(w.request);
     ready.push_back([done = std::move(w.done), answer = std::move(answer)] {
       done(absl::OkStatus(), answer);
@@ -27,6 +32,10 @@ std::vector<Shard::Ready> Shard::WakeWaiters() {
 }
 
 PullAnswer Shard::AnswerPull(const v1::PullRequest& req) {
+  if (policy_.relaxed()) {
+    uint64_t& v = version_[req.worker_id()];
+    v = std::max(v, step_);
+  }
   PullAnswer answer = replica_->Answer(req, step_, optimizer_->stage(),
                                         PhaseAt(step_));
   metrics_->AddSent(answer->codec, answer->payload_bytes,
@@ -65,8 +74,20 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
                          "worker_id ", w, " has not pushed step ", step_,
                          " to this shard; push it, then pull step ",
                          req.step())));
+    } else if (policy_.relaxed()) {
+      // Read your writes: the pull waits until this worker's latest push
+      // is applied, then gets the newest weights (possibly later than
+      // asked for).
+      const uint64_t want = std::max<uint64_t>(
+          req.step(), static_cast<uint64_t>(landed_[w] + 1));
+      if (want > step_) {
+        v1::PullRequest parked = req;
+        parked.set_step(want);
+        return waiters_.Add(parked, std::move(done), clock_->Now());
+      }
+      answer = AnswerPull(req);
     } else if (req.step() > step_) {
-      return waiters_.Add(req, std::move(done));
+      return waiters_.Add(req, std::move(done), clock_->Now());
     } else {
       answer = AnswerPull(req);
     }

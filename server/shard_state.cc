@@ -74,6 +74,17 @@ uint64_t Shard::StateChecksumLocked() {
     const bool p = round_.queued_any(w);
     h.Update(&p, 1);
   }
+  if (policy_.relaxed()) {
+    // ssp and async's bookkeeping (bsp never reads it).
+    h.Update(landed_.data(), landed_.size() * sizeof(int64_t));
+    h.Update(version_.data(), version_.size() * sizeof(uint64_t));
+    for (uint32_t w = 0; w < config_.num_workers; ++w) {
+      const bool f = fresh_[w];
+      h.Update(&f, 1);
+      const uint64_t d = deferred_[w].size();
+      h.Update(&d, sizeof(d));
+    }
+  }
   return h.Finish();
 }
 
@@ -84,15 +95,20 @@ void Shard::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     reaper_stop_ = true;
+    timer_stop_ = true;
     waiters = waiters_.TakeAll();
     // Queued chunks are acknowledged (their calls end); a checkpoint taken
     // after this holds the completed rounds only.
-    if (!round_.summing()) dropped = round_.Clear();
+    if (!round_.summing()) dropped = ClearRound();
   }
   for (Ready& r : dropped) r();
   if (reaper_) {
     reaper_->join();
     reaper_.reset();
+  }
+  if (timer_) {
+    timer_->join();
+    timer_.reset();
   }
   for (PullWaiters::Waiter& w : waiters) w.done(ShuttingDown(), nullptr);
 }
@@ -142,6 +158,10 @@ absl::Status Shard::RestoreFrom(ShardState st) {
                            std::move(st.v), st.freeze_step);
   step_ = st.step;
   last_pushed_ = std::move(st.last_pushed);
+  std::fill(version_.begin(), version_.end(), step_);
+  std::fill(landed_.begin(), landed_.end(), -1);
+  std::fill(fresh_.begin(), fresh_.end(), true);
+  round_open_ = clock_->Now();
   local_steps_ = st.local_steps;
   schedule_ = *std::move(schedule);
   ++arrays_version_;
@@ -181,8 +201,10 @@ Shard::~Shard() {
   {
     absl::MutexLock lock(&mu_);
     reaper_stop_ = true;
+    timer_stop_ = true;
   }
   if (reaper_) reaper_->join();
+  if (timer_) timer_->join();
   if (writer_) writer_->Stop();
 }
 

@@ -206,7 +206,26 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
     plans_[s].n = ranges[s].size();
     if (absl::Status st = SetChunking(s, r); !st.ok()) return st;
   }
-  if (max_step > min_step + 1) {
+  consistency_ = resps[0].consistency() == v1::CONSISTENCY_UNSPECIFIED
+                     ? v1::CONSISTENCY_BSP
+                     : resps[0].consistency();
+  for (size_t s = 1; s < n; ++s) {
+    v1::Consistency c = resps[s].consistency() == v1::CONSISTENCY_UNSPECIFIED
+                            ? v1::CONSISTENCY_BSP
+                            : resps[s].consistency();
+    if (c != consistency_ ||
+        resps[s].max_staleness() != resps[0].max_staleness()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " runs consistency ", v1::Consistency_Name(c),
+          " (max_staleness ", resps[s].max_staleness(), ") and shard 0 ",
+          v1::Consistency_Name(consistency_), " (max_staleness ",
+          resps[0].max_staleness(),
+          "); expected the same --consistency and --max_staleness on every "
+          "shard"));
+    }
+  }
+  // Under ssp and async the shards' steps are their own.
+  if (!relaxed() && max_step > min_step + 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("shards are more than one step apart: their steps range "
                      "from ", min_step, " to ", max_step));

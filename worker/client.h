@@ -171,7 +171,12 @@ class Client {
 
   // The replica: the weights every worker holds for step().
   absl::Span<const float> weights() const { return replica_.weights(); }
+  // The step of the replica. Under the shards' --consistency=ssp or async
+  // each shard's slice has its own step and this is the lowest; it may
+  // advance by more than one per Step() (the shards went on meanwhile).
   uint64_t step() const { return replica_.step(); }
+  // What the shards' rounds wait for (RegisterResponse.consistency).
+  v1::Consistency consistency() const { return consistency_; }
   uint64_t num_params() const { return replica_.weights().size(); }
   // COMPRESSION once every shard is in 1-bit Adam's compression stage.
   v1::OptimizerStage stage() const;
@@ -288,6 +293,12 @@ class Client {
   v1::ModelLayout layout_;
   uint64_t run_length_ = 0;
   uint32_t phase_ = 0;  // the schedule phase shard 0 announced last
+  v1::Consistency consistency_ = v1::CONSISTENCY_BSP;
+  // Under ssp and async: pulls are answered with the shards' newest step.
+  bool relaxed() const {
+    return consistency_ == v1::CONSISTENCY_SSP ||
+           consistency_ == v1::CONSISTENCY_ASYNC;
+  }
 };
 
 }  // namespace pserver

@@ -3,6 +3,7 @@
 // push of every chunk (worker/ready_chunks.h) on a background thread, then
 // recovery for shards that refused, then the pull of every chunk.
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -35,7 +36,7 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
                                  v1::PushRequest* req) {
   const ShardRange& r = replica_.range(s);
   const ChunkPlan& plan = plans_[s];
-  const uint64_t step = replica_.step();
+  const uint64_t step = replica_.step(s);
   req->set_worker_id(options_.worker_id);
   req->set_step(step);
   req->set_chunk(c);
@@ -202,7 +203,7 @@ absl::Status Client::FinishStep() {
 
 absl::StatusOr<uint64_t> Client::Recover(size_t s, Recovery recovery,
                                          const PendingPush& push) {
-  const uint64_t step = replica_.step();
+  const uint64_t step = replica_.step(s);
   if (recovery == Recovery::kRejoinNextRound) {
     // This round went on without us on that shard: register again to be
     // counted from the next round, and take that round's weights.
@@ -252,8 +253,10 @@ absl::Status Client::CheckAnswer(size_t s, uint64_t step, bool registering,
   // At Register a shard one step ahead (see Register) answers with its
   // newer snapshot.
   *ahead = registering && resp.kind() == v1::PULL_KIND_SNAPSHOT &&
-           resp.step() == step + 1;
-  if (resp.step() != step && !*ahead) {
+           resp.step() == step + 1 && !relaxed();
+  // Under ssp and async the answer is the shard's newest step.
+  const bool newer = relaxed() && resp.step() >= step;
+  if (resp.step() != step && !*ahead && !newer) {
     return absl::AbortedError(absl::StrCat(
         "shard ", s, " answered with step ", resp.step(), "; expected ", step));
   }
@@ -275,6 +278,13 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     uint32_t phase = 0;
   };
   std::vector<Head> head(n);
+  // The step asked of each shard: `step`, or under ssp and async (each
+  // shard's slice at its own step) the one after the slice's, answered
+  // with the shard's newest once this worker's push there is applied.
+  std::vector<uint64_t> want(n, step);
+  if (relaxed() && push != nullptr) {
+    for (size_t s = 0; s < n; ++s) want[s] = replica_.step(s) + 1;
+  }
   // The replica stages the decoded slices (worker/replica.h); nothing
   // changes unless every shard's answer verified.
   replica_.BeginUpdate();
@@ -293,11 +303,11 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         [&](size_t s, uint32_t c, v1::PullRequest* q) {
           q->Clear();
           q->set_worker_id(options_.worker_id);
-          q->set_step(step);
+          q->set_step(want[s]);
           q->set_chunk(c);
           q->set_want_snapshot(snapshot[s]);
           if (!snapshot[s]) {
-            q->set_replica_step(static_cast<int64_t>(replica_.step()));
+            q->set_replica_step(static_cast<int64_t>(replica_.step(s)));
             // Verified against the shard when the replica was last
             // committed.
             q->set_replica_checksum(replica_.checksum(s));
@@ -308,7 +318,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         },
         [&](size_t s, uint32_t c, const v1::PullResponse& resp) {
           bool is_ahead = false;
-          if (absl::Status a = CheckAnswer(s, step, push == nullptr, resp,
+          if (absl::Status a = CheckAnswer(s, want[s], push == nullptr, resp,
                                            &is_ahead);
               !a.ok()) {
             fatal[s] = a;
@@ -400,7 +410,13 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     if (!p.ok()) return p.status();
     d[s] = *std::move(p);
   }
-  replica_.Commit(step);
+  if (relaxed()) {
+    std::vector<uint64_t> steps(n);
+    for (size_t s = 0; s < n; ++s) steps[s] = head[s].step;
+    replica_.Commit(steps);
+  } else {
+    replica_.Commit(step);
+  }
   for (size_t s = 0; s < n; ++s) {
     if (head[s].ahead) continue;
     if (absl::Status st = encoders_[s]->SetStage(head[s].stage,

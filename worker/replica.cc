@@ -19,6 +19,7 @@ void Replica::Reset(uint64_t total, std::vector<ShardRange> ranges,
   checksums_.assign(ranges_.size(), 0);
   staged_checksums_.assign(ranges_.size(), 0);
   staged_.assign(ranges_.size(), false);
+  steps_.assign(ranges_.size(), step);
   step_ = step;
 }
 
@@ -82,8 +83,17 @@ void Replica::Commit(uint64_t step) {
                  "Replica::Commit with a shard not staged");
   weights_.swap(staging_);
   checksums_ = staged_checksums_;
+  std::fill(steps_.begin(), steps_.end(), step);
   step_ = step;
   BeginUpdate();
+}
+
+void Replica::Commit(const std::vector<uint64_t>& steps) {
+  ABSL_RAW_CHECK(steps.size() == steps_.size(),
+                 "Replica::Commit with another number of shards");
+  Commit(steps.empty() ? step_
+                       : *std::min_element(steps.begin(), steps.end()));
+  steps_ = steps;
 }
 
 }  // namespace pserver

@@ -36,7 +36,12 @@ class Replica {
   void Reset(uint64_t total, std::vector<ShardRange> ranges, uint64_t step);
 
   absl::Span<const float> weights() const { return weights_; }
+  // The step of the replica: the lowest of the shards' (under bsp every
+  // shard's slice is of the same step; under ssp and async each shard's may
+  // be its own, see step(s)).
   uint64_t step() const { return step_; }
+  // The step of shard s's slice.
+  uint64_t step(size_t s) const { return steps_[s]; }
   size_t num_shards() const { return ranges_.size(); }
   const ShardRange& range(size_t s) const { return ranges_[s]; }
   absl::Span<const float> slice(size_t s) const {
@@ -65,6 +70,8 @@ class Replica {
   // Makes every staged slice the replica, at `step`. REQUIRES: every shard
   // staged since BeginUpdate().
   void Commit(uint64_t step);
+  // The same, with each shard's slice at its own step (steps[s]).
+  void Commit(const std::vector<uint64_t>& steps);
 
  private:
   std::vector<ShardRange> ranges_;
@@ -73,7 +80,8 @@ class Replica {
   std::vector<uint64_t> checksums_;
   std::vector<uint64_t> staged_checksums_;
   std::vector<bool> staged_;
-  uint64_t step_ = 0;
+  std::vector<uint64_t> steps_;  // per shard
+  uint64_t step_ = 0;            // the lowest of steps_
 };
 
 }  // namespace pserver
