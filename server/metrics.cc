@@ -94,6 +94,13 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                            "completed: the time workers waited for others.")
                      .Register(registry)
                      .Add({{"shard", shard_}})),
+      dropped_stale_(BuildCounter()
+                         .Name("pserver_server_stale_pushes_dropped_total")
+                         .Help("Pushes that arrived more stale than "
+                               "--max_staleness allows and were dropped, "
+                               "not applied.")
+                         .Register(registry)
+                         .Add({{"shard", shard_}})),
       consistency_(BuildGauge()
                        .Name("pserver_server_consistency_mode")
                        .Help("0 bsp, 1 ssp (bounded staleness), 2 async.")
@@ -331,6 +338,7 @@ void ServerMetrics::ObserveStaleness(uint64_t staleness) {
   staleness_.Observe(static_cast<double>(staleness));
 }
 void ServerMetrics::AddPullWait(double s) { pull_wait_.Increment(s); }
+void ServerMetrics::AddDroppedStalePush() { dropped_stale_.Increment(); }
 void ServerMetrics::SetConsistency(int mode, uint32_t max_staleness) {
   consistency_.Set(mode);
   max_staleness_.Set(max_staleness);

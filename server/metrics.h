@@ -62,6 +62,8 @@ class ServerMetrics {
   // A push landed in a round `staleness` versions after the one it was
   // computed on (always 0 with consistency bsp).
   void ObserveStaleness(uint64_t staleness);
+  // A push arrived more stale than --max_staleness allows and was dropped.
+  void AddDroppedStalePush();
   // A pull waited this long (parked) before it was answered.
   void AddPullWait(double seconds);
   // The consistency mode (server/round_policy.h): 0 bsp, 1 ssp, 2 async,
@@ -109,6 +111,7 @@ class ServerMetrics {
   prometheus::Histogram& round_seconds_;
   prometheus::Histogram& staleness_;
   prometheus::Counter& pull_wait_;
+  prometheus::Counter& dropped_stale_;
   prometheus::Gauge& consistency_;
   prometheus::Gauge& max_staleness_;
   prometheus::Histogram& aggregation_seconds_;

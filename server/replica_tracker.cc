@@ -46,7 +46,19 @@ void ReplicaTracker::DropAnswers() {
   snapshot_answers_.assign(plan_.num_chunks(), {});
 }
 
+void ReplicaTracker::TrimHistory() {
+  // At most history_limit_ rounds, together smaller than a snapshot.
+  const uint64_t cap = Fp32Bytes(plan_.n);
+  while (!history_.empty() &&
+         (history_.size() > history_limit_ || history_bytes_ > cap)) {
+    history_bytes_ -= history_.front().bytes;
+    history_.pop_front();
+  }
+}
+
 void ReplicaTracker::Reset(absl::Span<const float> x, uint64_t chunk_elements) {
+  history_.clear();
+  history_bytes_ = 0;
   plan_.n = x.size();
   plan_.chunk_elements = chunk_elements;
   if (pull_codec_id_ == v1::CODEC_FP32) {
@@ -76,6 +88,8 @@ void ReplicaTracker::Restore(std::vector<float> x_hat,
     x_hat_ = std::move(x_hat);
     hat_ = x_hat_;
   }
+  history_.clear();
+  history_bytes_ = 0;
   bool fits = delta.size() == plan_.num_chunks();
   for (uint32_t c = 0; fits && c < delta.size(); ++c) {
     fits = ValidateTensor(delta[c], plan_.size(c)).ok();
@@ -88,6 +102,8 @@ void ReplicaTracker::Restore(std::vector<float> x_hat,
 
 void ReplicaTracker::Invalidate() {
   delta_.clear();
+  history_.clear();
+  history_bytes_ = 0;
   prev_checksum_ = checksum_;
   DropAnswers();
 }
@@ -147,7 +163,21 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
         }
       });
       delta_ = std::move(d);
+      if (history_limit_ > 0) {
+        Past past;
+        past.step = step;
+        past.prev_checksum = prev_checksum_;
+        past.delta = delta_;
+        for (const v1::EncodedTensor& t : past.delta) {
+          past.bytes += t.payload().size();
+        }
+        history_bytes_ += past.bytes;
+        history_.push_back(std::move(past));
+        TrimHistory();
+      }
     } else {
+      history_.clear();
+      history_bytes_ = 0;
       // Non-finite weights (a diverged run): pulls fall back to snapshots.
       std::fprintf(stderr, "pserver: shard %u step %lu: pull encode failed: %s\n",
                    shard_index_, static_cast<unsigned long>(step),
@@ -175,6 +205,9 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
     answers_stage_ = stage;
   }
   const uint32_t c = req.chunk();
+  if (PullAnswer a = AnswerFromHistory(req, step, stage, phase)) {
+    return a;
+  }
   const bool delta_ok = !delta_.empty() && !req.want_snapshot() &&
                         req.step() == step &&
                         req.replica_step() == static_cast<int64_t>(step) - 1 &&
@@ -213,6 +246,50 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
     }
   }
   return cached;
+}
+
+
+PullAnswer ReplicaTracker::AnswerFromHistory(const v1::PullRequest& req,
+                                             uint64_t step,
+                                             v1::OptimizerStage stage,
+                                             uint32_t phase) {
+  if (history_.empty() || req.want_snapshot() || delta_.empty() ||
+      history_.back().step != step) {
+    return nullptr;
+  }
+  // Two or more steps behind (one behind is the shared delta answer).
+  const int64_t from = req.replica_step();
+  if (from < 0 || static_cast<uint64_t>(from) + 2 > step ||
+      static_cast<uint64_t>(from) + 1 < history_.front().step) {
+    return nullptr;
+  }
+  const size_t first = history_.size() - (step - static_cast<uint64_t>(from));
+  if (history_[first].step != static_cast<uint64_t>(from) + 1 ||
+      history_[first].prev_checksum != req.replica_checksum()) {
+    return nullptr;
+  }
+  const uint32_t c = req.chunk();
+  v1::PullResponse header;
+  header.set_step(step);
+  header.set_stage(stage);
+  header.set_schedule_phase(phase);
+  header.set_replica_checksum(checksum_);
+  header.set_chunk(c);
+  header.set_kind(v1::PULL_KIND_DELTA);
+  uint64_t later_bytes = 0;
+  for (size_t i = first + 1; i < history_.size(); ++i) {
+    *header.add_later_deltas() = history_[i].delta[c];
+    later_bytes += history_[i].delta[c].payload().size();
+  }
+  const v1::EncodedTensor& d = history_[first].delta[c];
+  v1::EncodedTensor head;
+  head.set_codec(d.codec());
+  head.set_num_elements(d.num_elements());
+  *head.mutable_params() = d.params();
+  auto answer =
+      std::const_pointer_cast<PullChunk>(MakePullAnswer(header, head, d.payload()));
+  answer->payload_bytes += later_bytes;
+  return answer;
 }
 
 }  // namespace pserver

@@ -10,6 +10,7 @@
 #define PSERVER_SERVER_REPLICA_TRACKER_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -57,6 +58,15 @@ class ReplicaTracker {
   // The workers' replicas are not x_hat any more (the shard skipped rounds):
   // pulls get snapshots until the next Advance.
   void Invalidate();
+  // Keeps the deltas of the last `steps` rounds (0: none, the default) while
+  // together they are smaller than a snapshot of the slice, so a worker up
+  // to that many steps behind is answered with them in a row
+  // (PullResponse.later_deltas) instead of a snapshot. For ssp and async,
+  // where workers skip steps.
+  void KeepHistory(uint32_t steps) {
+    history_limit_ = steps;
+    TrimHistory();
+  }
 
   // The codec the next Advance encodes with: a compression schedule's
   // phase's (common/schedule.h), or nullptr for the configured one; the
@@ -88,6 +98,11 @@ class ReplicaTracker {
   ReplicaTracker(uint32_t shard_index, v1::Codec pull_codec,
                  std::unique_ptr<Codec> codec, ThreadPool* pool);
   void DropAnswers();
+  void TrimHistory();
+  // The answer to chunk c of a worker holding x_hat(from) (history), or
+  // null when the history does not reach back to it.
+  PullAnswer AnswerFromHistory(const v1::PullRequest& req, uint64_t step,
+                               v1::OptimizerStage stage, uint32_t phase);
   double Advance(absl::Span<const float> x, uint64_t step,
                  absl::Span<float> scratch, bool norm);
 
@@ -110,6 +125,17 @@ class ReplicaTracker {
   // holds them (waiting or on the wire), so they are shared by the pulls in
   // flight together but cost no memory between pulls.
   std::vector<std::weak_ptr<const PullChunk>> snapshot_answers_;
+  // Recent rounds' deltas, oldest first (KeepHistory): the delta that
+  // took x_hat(step - 1), whose checksum is prev_checksum, to x_hat(step).
+  struct Past {
+    uint64_t step = 0;
+    uint64_t prev_checksum = 0;
+    std::vector<v1::EncodedTensor> delta;
+    uint64_t bytes = 0;
+  };
+  std::deque<Past> history_;
+  uint32_t history_limit_ = 0;
+  uint64_t history_bytes_ = 0;
   uint64_t answers_step_ = 0;
   v1::OptimizerStage answers_stage_ = v1::OPTIMIZER_STAGE_UNSPECIFIED;
 };

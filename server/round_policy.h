@@ -14,15 +14,29 @@
 //          v_w, while v_w + s <= k. So no applied push is more than s
 //          stale and no worker runs more than s versions ahead of the
 //          slowest. With s = 0 that is every worker: bsp, bit for bit.
-//          With s > 0 the round also waits for the workers that kept up
-//          last time (their last push landed in its own round: "fresh"),
-//          but only for a patience: once at least half of the fresh
-//          workers came in and (1 + patience) times their median arrival
-//          time has passed since the round opened, it stops waiting for the
-//          rest.
-//          A worker left behind that way is not fresh any more, so later
-//          rounds do not wait for it (while the bound allows) until it
-//          keeps up again.
+//          With s > 0 the round also waits for the workers computing on its
+//          own version (they pulled the newest weights: "the cohort"), but
+//          only for a patience: once at least half of the cohort came in
+//          and (1 + patience) times their median arrival time has passed
+//          since the round opened, it stops waiting for the rest. A worker
+//          cut off that way is "late": later rounds do not wait for it
+//          (while the bound allows) until one of its pushes arrives within
+//          the patience of the round it was computed for again (landing
+//          in a later round only because nobody waited for it). So a worker slower than the
+//          others by nature costs the others one patience, once, and then
+//          contributes its pushes a round or two stale; a worker that was
+//          only unlucky once is waited for again as soon as it keeps up.
+//          Waiting at the bound is itself limited: with several shards a
+//          worker late on one shard may be waiting for its own push on
+//          another, whose round waits at its bound for a worker waiting
+//          on the first (each shard's rounds are its own). So a round
+//          waits for a worker at the bound (or one of the cohort, should
+//          the patience not have started) for at most kLaggardWaitRounds
+//          times the recent round duration (at least kMinLaggardWait);
+//          then it goes on, and the worker's push, if
+//          it then arrives more than s stale, is dropped (acknowledged as
+//          round_lost and counted), never applied: no applied push is
+//          ever more than s stale, and no cycle of waits lasts.
 //   async  a round never waits for a worker that has not pushed into it:
 //          it applies whatever pushes are in (one worker's, typically) and
 //          the next round takes what arrives next. Staleness is unbounded
@@ -41,6 +55,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace pserver {
 
@@ -52,6 +67,10 @@ absl::StatusOr<Consistency> ParseConsistency(absl::string_view s);
 
 // The largest --max_staleness accepted (a bound beyond any useful one).
 inline constexpr uint32_t kMaxStaleness = 1000;
+// ssp with s > 0: how long a round waits for a worker at the bound (see
+// above), in recent round durations, and at least.
+inline constexpr double kLaggardWaitRounds = 10;
+inline constexpr absl::Duration kMinLaggardWait = absl::Milliseconds(100);
 
 struct ConsistencyConfig {
   Consistency mode = Consistency::kBsp;
@@ -60,8 +79,8 @@ struct ConsistencyConfig {
   // Weigh each push in its round's mean by 1 / max(1, staleness) (Zhang et
   // al. 2016, "Staleness-aware async-SGD"), instead of 1.
   bool scale_by_staleness = false;
-  // ssp with s > 0: how long past the fresh workers' median arrival a round
-  // waits for the fresh workers not in yet, as a fraction of that median.
+  // ssp with s > 0: how long past the cohort's median arrival a round waits
+  // for the rest of the cohort, as a fraction of that median.
   double patience = 0.5;
 };
 
@@ -78,8 +97,9 @@ struct WorkerView {
   bool in_round = false;
   // The version its next push will be computed on (the step it pulled).
   uint64_t version = 0;
-  // Its last push landed in the round of its tag (it kept up).
-  bool fresh = true;
+  // A round's patience cut it off, and no push of it has landed in the
+  // round it was computed for since.
+  bool late = false;
 };
 
 // Thread-compatible and stateless: the shard calls it under its mutex.
@@ -95,16 +115,21 @@ class RoundPolicy {
   bool relaxed() const { return config_.mode != Consistency::kBsp; }
 
   // Whether round `round` waits for worker w's push. `patience_over`: the
-  // round's patience for fresh workers ran out (ssp).
-  bool WaitsFor(const WorkerView& w, uint64_t round, bool patience_over) const {
+  // round's patience for its cohort ran out; `laggards_released`: its
+  // wait for workers at the bound did (ssp with s > 0).
+  bool WaitsFor(const WorkerView& w, uint64_t round, bool patience_over,
+                bool laggards_released = false) const {
     if (!w.live) return false;
     if (w.in_round) return true;
     switch (config_.mode) {
       case Consistency::kBsp:
         return true;
       case Consistency::kSsp:
-        if (w.version + config_.max_staleness <= round) return true;
-        return w.fresh && !patience_over;
+        if (w.version + config_.max_staleness <= round) {
+          return config_.max_staleness == 0 || !laggards_released;
+        }
+        return w.version >= round && !w.late && !patience_over &&
+               !laggards_released;
       case Consistency::kAsync:
         return false;
     }
@@ -124,7 +149,7 @@ class RoundPolicy {
     return 0;
   }
 
-  // Whether a round may stop waiting for fresh workers after a patience
+  // Whether a round may stop waiting for its cohort after a patience
   // (and so needs a timer).
   bool has_patience() const {
     return config_.mode == Consistency::kSsp && config_.max_staleness > 0;

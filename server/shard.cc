@@ -4,6 +4,7 @@
 // variance) and shard_state.cc (status, checkpoints, shutdown).
 #include "server/shard.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -151,6 +152,14 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
     Shard* self = shard.get();
     shard->reaper_ = std::make_unique<std::thread>([self] { self->ReaperLoop(); });
   }
+  if (shard->policy_.relaxed()) {
+    // Workers skip steps under ssp and async: recent deltas answer them.
+    const uint64_t keep = std::min<uint64_t>(
+        64, std::max<uint64_t>(uint64_t{config.consistency.max_staleness} + 2,
+                               uint64_t{2} * config.num_workers));
+    absl::MutexLock lock(&shard->mu_);
+    shard->replica_->KeepHistory(static_cast<uint32_t>(keep));
+  }
   shard->metrics_->SetConsistency(static_cast<int>(config.consistency.mode),
                                   config.consistency.max_staleness);
   {
@@ -178,7 +187,7 @@ Shard::Shard(const ShardConfig& config, ShardEnv env,
       last_pushed_(config.num_workers, -1),
       landed_(config.num_workers, -1),
       version_(config.num_workers, 0),
-      fresh_(config.num_workers, true),
+      late_(config.num_workers, false),
       deferred_(config.num_workers),
       replica_(std::move(replica)),
       round_(config.num_workers, env.pool),
@@ -344,12 +353,9 @@ bool Shard::WaitsFor(uint32_t w) const {
   WorkerView view;
   view.live = leases_.live(w);
   view.in_round = round_.pushed_any(w);
-  // A worker whose push landed computes next on the round after it (its
-  // pull waits for that round), whether or not it has pulled yet.
-  view.version = std::max<uint64_t>(
-      version_[w], static_cast<uint64_t>(landed_[w] + 1));
-  view.fresh = fresh_[w];
-  return policy_.WaitsFor(view, step_, patience_over_);
+  view.version = CurrentVersion(w);
+  view.late = late_[w];
+  return policy_.WaitsFor(view, step_, patience_over_, released_);
 }
 
 std::vector<Shard::Ready> Shard::Drain() {
@@ -398,6 +404,19 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   absl::Time pull_start;
   // WithMean runs the lambda synchronously, under mu_ still.
   const v1::OptimizerStage stage_before = optimizer_->stage();
+  if (policy_.has_patience()) {
+    deadlines_.emplace_back(step_, deadline_);
+    if (deadlines_.size() > kDeadlinesKept) deadlines_.pop_front();
+  }
+  if (policy_.has_patience() && (patience_over_ || released_)) {
+    // The cohort workers this round stopped waiting for are late now.
+    for (uint32_t w = 0; w < late_.size(); ++w) {
+      if (leases_.live(w) && !round_.pushed_any(w) &&
+          CurrentVersion(w) >= step_) {
+        late_[w] = true;
+      }
+    }
+  }
   round_.WithMean([&](absl::Span<float> mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));

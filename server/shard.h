@@ -20,7 +20,9 @@
 #ifndef PSERVER_SERVER_SHARD_H_
 #define PSERVER_SERVER_SHARD_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -197,7 +199,7 @@ class Shard {
   const std::vector<std::string>& startup_log() const { return startup_log_; }
   const ShardConfig& config() const { return config_; }
 
-  // ssp: ends the round's patience for fresh workers when its deadline
+  // ssp: ends the round's patience for its cohort when its deadline
   // passed (the round timer calls it; tests with a FakeClock call it
   // directly).
   void CheckPatience() ABSL_LOCKS_EXCLUDED(mu_);
@@ -242,6 +244,12 @@ class Shard {
   std::vector<Ready> Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the round in progress waits for worker w (the policy's rule).
   bool WaitsFor(uint32_t w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The version worker w's next push will be computed on: the step it
+  // pulled, or the round after its latest push's (its pull waits for it).
+  uint64_t CurrentVersion(uint32_t w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::max<uint64_t>(version_[w],
+                              static_cast<uint64_t>(landed_[w] + 1));
+  }
   // Push's checks and bookkeeping under bsp: on success the chunk was
   // queued (*queued) or the response says why not (duplicate, round_lost).
   absl::Status PushSynchronous(std::shared_ptr<const v1::PushRequest>& request,
@@ -266,6 +274,9 @@ class Shard {
   // Opens the next round: its clock, patience and the deferred pushes.
   void OpenRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The next time the round timer has something to do (InfiniteFuture:
+  // none).
+  absl::Time NextTimerEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Ready> CompleteRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Ready> WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PullAnswer AnswerPull(const v1::PullRequest& req)
@@ -310,12 +321,12 @@ class Shard {
   uint64_t lost_to_ ABSL_GUARDED_BY(mu_) = 0;
   // Per worker, for ssp and async (server/round_policy.h): the round its
   // last push landed in (-1: none; step_ + 1 when deferred), the version
-  // it computes on (the step of its last pull or Register), whether its
-  // last push landed in the round of its tag, and its push deferred to the
-  // next round (by chunk; its tag is last_pushed_).
+  // it computes on (the step of its last pull or Register), whether it is
+  // late (server/round_policy.h), and its push deferred to the next round
+  // (by chunk; its tag is last_pushed_).
   std::vector<int64_t> landed_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> version_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> fresh_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> late_ ABSL_GUARDED_BY(mu_);
   std::vector<std::map<uint32_t, Round::Push>> deferred_ ABSL_GUARDED_BY(mu_);
   // The round in progress opened (the previous one completed); the offsets
   // of its workers' first chunks from then; its patience's end and whether
@@ -325,6 +336,16 @@ class Shard {
   std::vector<absl::Duration> arrivals_ ABSL_GUARDED_BY(mu_);
   absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool patience_over_ ABSL_GUARDED_BY(mu_) = false;
+  // When the round stops waiting for workers at the bound, whether it did,
+  // and the recent round duration (a moving average) that sets it.
+  absl::Time release_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration round_average_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  // The patience deadlines of recent rounds (round, deadline; the newest
+  // kDeadlinesKept): a late worker whose push arrives before the deadline
+  // of the round it was computed for is on time again.
+  std::deque<std::pair<uint64_t, absl::Time>> deadlines_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kDeadlinesKept = 64;
   uint64_t deadline_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool timer_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<std::thread> timer_;

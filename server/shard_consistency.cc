@@ -73,9 +73,10 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
   }
   const uint64_t staleness = step_ - tag;
   if (staleness > policy_.max_staleness()) {
-    // Computed on weights older than the bound allows (the worker was
-    // passed over while not live): nothing is applied; the worker pulls
-    // the current weights and goes on from there.
+    // Computed on weights older than the bound allows (the rounds stopped
+    // waiting for the worker, or it was not live): nothing is applied; the
+    // worker pulls the current weights and goes on from there.
+    metrics_->AddDroppedStalePush();
     resp->set_round_lost(true);
     return absl::OkStatus();
   }
@@ -135,15 +136,25 @@ void Shard::Land(uint32_t w, uint32_t c, Round::Push push, uint64_t tag) {
   diagnostics_.Arrived(w, now);
   if (!first) return;
   metrics_->ObserveStaleness(staleness);
-  fresh_[w] = staleness == 0;
+  if (staleness == 0) {
+    late_[w] = false;
+  } else if (late_[w]) {
+    // Stale only because no round waited for it: on time for its own.
+    for (auto it = deadlines_.rbegin(); it != deadlines_.rend(); ++it) {
+      if (it->first == tag) {
+        if (now <= it->second) late_[w] = false;
+        break;
+      }
+    }
+  }
   if (!policy_.has_patience() || staleness != 0) return;
   // Patience: (1 + patience) times the median arrival of the workers that
   // computed on this round's weights, from the round's opening, once at
-  // least half of the live workers that kept up last time are in.
+  // least half of the round's cohort is in.
   arrivals_.push_back(now - round_open_);
   uint32_t cohort = 0;
-  for (uint32_t v = 0; v < fresh_.size(); ++v) {
-    if (fresh_[v] && leases_.live(v)) ++cohort;
+  for (uint32_t v = 0; v < late_.size(); ++v) {
+    if (leases_.live(v) && !late_[v] && CurrentVersion(v) >= step_) ++cohort;
   }
   if (arrivals_.size() * 2 < cohort) return;
   std::vector<absl::Duration> sorted = arrivals_;
@@ -166,10 +177,25 @@ std::vector<Shard::Ready> Shard::ClearRound() {
 }
 
 void Shard::OpenRound() {
-  round_open_ = clock_->Now();
+  const absl::Time now = clock_->Now();
+  // The round that just completed (none at the first call after a start or
+  // a fast-forward: the average keeps its value).
+  if (round_open_ != absl::Time() && now > round_open_ &&
+      step_ > 0) {
+    const absl::Duration d = now - round_open_;
+    round_average_ = round_average_ == absl::ZeroDuration()
+                         ? d
+                         : round_average_ * 0.9 + d * 0.1;
+  }
+  round_open_ = now;
   arrivals_.clear();
   deadline_ = absl::InfiniteFuture();
   patience_over_ = false;
+  released_ = false;
+  release_at_ = policy_.has_patience()
+                    ? now + std::max(kMinLaggardWait,
+                                     round_average_ * kLaggardWaitRounds)
+                    : absl::InfiniteFuture();
   ++deadline_seq_;
   for (uint32_t w = 0; w < deferred_.size(); ++w) {
     if (deferred_[w].empty()) continue;
@@ -181,15 +207,30 @@ void Shard::OpenRound() {
   }
 }
 
+absl::Time Shard::NextTimerEvent() const {
+  absl::Time next = absl::InfiniteFuture();
+  if (!patience_over_) next = deadline_;
+  if (!released_) next = std::min(next, release_at_);
+  return next;
+}
+
 void Shard::CheckPatience() {
   std::vector<Ready> ready;
   {
     absl::MutexLock lock(&mu_);
-    if (!registered_ || shutting_down_ || patience_over_ ||
-        clock_->Now() < deadline_) {
-      return;
+    if (!registered_ || shutting_down_) return;
+    const absl::Time now = clock_->Now();
+    bool changed = false;
+    if (!patience_over_ && now >= deadline_) {
+      patience_over_ = true;
+      changed = true;
     }
-    patience_over_ = true;
+    if (!released_ && now >= release_at_) {
+      released_ = true;
+      changed = true;
+    }
+    if (!changed) return;
+    ++deadline_seq_;
     ready = Drain();
   }
   for (Ready& r : ready) r();
@@ -203,10 +244,11 @@ void Shard::TimerLoop() {
       auto changed = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return timer_stop_ || deadline_seq_ != seq;
       };
-      if (deadline_ == absl::InfiniteFuture() || patience_over_) {
+      const absl::Time next = NextTimerEvent();
+      if (next == absl::InfiniteFuture()) {
         mu_.Await(absl::Condition(&changed));
       } else {
-        const absl::Duration left = deadline_ - clock_->Now();
+        const absl::Duration left = next - clock_->Now();
         if (left > absl::ZeroDuration()) {
           mu_.AwaitWithTimeout(absl::Condition(&changed), left);
         }

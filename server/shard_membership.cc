@@ -217,7 +217,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     worker_registered_[w] = true;
     // It takes the current weights: its next push is computed on them.
     version_[w] = step_;
-    fresh_[w] = true;
+    late_[w] = false;
     leases_.Touch(w);
     if (!leases_.live(w)) {
       const bool now = leases_.Rejoin(w, round_.started());
@@ -342,7 +342,7 @@ void Shard::FastForward(uint64_t step) {
   // Every worker resumes from the current weights.
   std::fill(version_.begin(), version_.end(), step_);
   std::fill(landed_.begin(), landed_.end(), -1);
-  std::fill(fresh_.begin(), fresh_.end(), true);
+  std::fill(late_.begin(), late_.end(), false);
   OpenRound();
   optimizer_->FastForward(step);
   // Workers' replicas of this shard are not x_hat any more: snapshots only.

@@ -79,7 +79,7 @@ uint64_t Shard::StateChecksumLocked() {
     h.Update(landed_.data(), landed_.size() * sizeof(int64_t));
     h.Update(version_.data(), version_.size() * sizeof(uint64_t));
     for (uint32_t w = 0; w < config_.num_workers; ++w) {
-      const bool f = fresh_[w];
+      const bool f = late_[w];
       h.Update(&f, 1);
       const uint64_t d = deferred_[w].size();
       h.Update(&d, sizeof(d));
@@ -160,7 +160,7 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   last_pushed_ = std::move(st.last_pushed);
   std::fill(version_.begin(), version_.end(), step_);
   std::fill(landed_.begin(), landed_.end(), -1);
-  std::fill(fresh_.begin(), fresh_.end(), true);
+  std::fill(late_.begin(), late_.end(), false);
   round_open_ = clock_->Now();
   local_steps_ = st.local_steps;
   schedule_ = *std::move(schedule);

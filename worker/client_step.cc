@@ -347,8 +347,11 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
                 "): answered chunk ", resp.chunk(), " for chunk ", c));
             return fatal[s];
           }
-          metrics_.CountPull(resp.weights().payload().size(),
-                             Fp32Bytes(plan.size(c)));
+          uint64_t pulled_bytes = resp.weights().payload().size();
+          for (const v1::EncodedTensor& d : resp.later_deltas()) {
+            pulled_bytes += d.payload().size();
+          }
+          metrics_.CountPull(pulled_bytes, Fp32Bytes(plan.size(c)));
           if (c == 0 && resp.kind() == v1::PULL_KIND_SNAPSHOT) {
             metrics_.CountSnapshot();
           }

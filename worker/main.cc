@@ -205,6 +205,15 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
                                                kv.second);
                        })
       << "}, ";
+  // Per evaluation: [epoch, seconds since training began, accuracy]
+  // (tests/bench/straggler.sh reads the time to an accuracy from these).
+  out << "\"evaluations\": ["
+      << absl::StrJoin(r.evaluations, ", ",
+                       [](std::string* o, const Evaluation& e) {
+                         absl::StrAppendFormat(o, "[%d, %.3f, %.6f]", e.epoch,
+                                               e.seconds, e.accuracy);
+                       })
+      << "], ";
   // Per step, in order (tests/bench/network.sh takes medians of these).
   out << "\"step_seconds\": ["
       << absl::StrJoin(r.step_log, ", ",

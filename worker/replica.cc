@@ -57,9 +57,23 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
   if (resp.kind() == v1::PULL_KIND_SNAPSHOT) {
     valid->DecodeInto(out);
   } else {
+    // Validated first: a bad later delta leaves nothing half applied in
+    // the caller's view (the staging buffer is scratch until FinishStage).
+    std::vector<ValidatedTensor> later;
+    later.reserve(resp.later_deltas_size());
+    for (int i = 0; i < resp.later_deltas_size(); ++i) {
+      absl::StatusOr<ValidatedTensor> v =
+          ValidateTensor(resp.later_deltas(i), size);
+      if (!v.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("later_deltas[", i, "]: ", v.status().message()));
+      }
+      later.push_back(*std::move(v));
+    }
     absl::Span<const float> now = slice(s).subspan(offset, size);
     std::copy(now.begin(), now.end(), out.begin());
     valid->AccumulateInto(1.0f, out);
+    for (const ValidatedTensor& v : later) v.AccumulateInto(1.0f, out);
   }
   return absl::OkStatus();
 }

@@ -207,6 +207,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     if (!e.has_value()) return;
     result.test_accuracy = e->accuracy;
     result.test_loss = e->mean_loss;
+    result.evaluations.push_back(
+        {epoch, absl::ToDoubleSeconds(absl::Now() - start), e->accuracy});
     metrics->SetTestAccuracy(e->accuracy, e->mean_loss);
     if (log) {
       std::fprintf(log, "%sworker %u epoch %ld test accuracy %.4f loss %.4f\n",

@@ -78,6 +78,14 @@ struct StepRecord {
   uint64_t pull_bytes = 0;
 };
 
+// One evaluation on the test set: after which epoch, when (seconds since
+// training started) and the accuracy.
+struct Evaluation {
+  int64_t epoch = 0;
+  double seconds = 0;
+  double accuracy = 0;
+};
+
 struct TrainResult {
   int64_t steps = 0;
   double wall_seconds = 0;
@@ -89,6 +97,9 @@ struct TrainResult {
   // Conditions worker/diagnostics.h reported, by kind name.
   std::map<std::string, int64_t> diagnostics;
   double communication_share = 0;  // its moving average at the end
+  // Each evaluation, in order (per epoch with evaluate_each_epoch, and the
+  // final one).
+  std::vector<Evaluation> evaluations;
 };
 
 // Registers with the shards (the model's initial weights from options.seed)

@@ -18,11 +18,12 @@ RoundPolicy Policy(Consistency mode, uint32_t s = 0, bool scaled = false) {
 }
 
 WorkerView View(bool live, bool in_round, uint64_t version, bool fresh) {
+  // fresh: not late.
   WorkerView v;
   v.live = live;
   v.in_round = in_round;
   v.version = version;
-  v.fresh = fresh;
+  v.late = !fresh;
   return v;
 }
 
@@ -66,13 +67,18 @@ TEST(RoundPolicy, SspWaitsWhileAPushWouldExceedTheBound) {
   // push would otherwise land in round 11, 3 stale.
   EXPECT_TRUE(p.WaitsFor(View(true, false, 8, false), 10, true));
   EXPECT_TRUE(p.WaitsFor(View(true, false, 3, false), 10, true));
-  // Version 9: its push may land in round 11 (2 stale): not waited for
-  // once it is behind (not fresh) or the patience is over.
+  // Version 9: its push may land in round 11 (2 stale), and it is not of
+  // round 10's cohort (computing on an older version): not waited for.
   EXPECT_FALSE(p.WaitsFor(View(true, false, 9, false), 10, false));
-  EXPECT_FALSE(p.WaitsFor(View(true, false, 9, true), 10, true));
-  // A fresh worker is waited for while the patience lasts.
+  EXPECT_FALSE(p.WaitsFor(View(true, false, 9, true), 10, false));
+  // The cohort (on version 10) is waited for while the patience lasts,
+  // unless late.
   EXPECT_TRUE(p.WaitsFor(View(true, false, 10, true), 10, false));
   EXPECT_FALSE(p.WaitsFor(View(true, false, 10, true), 10, true));
+  EXPECT_FALSE(p.WaitsFor(View(true, false, 10, false), 10, false));
+  // Released (the round waited long enough): not even at the bound.
+  EXPECT_FALSE(p.WaitsFor(View(true, false, 8, true), 10, false, true));
+  EXPECT_FALSE(p.WaitsFor(View(true, false, 10, true), 10, false, true));
   // Dead workers never; a push already in the round always (all chunks).
   EXPECT_FALSE(p.WaitsFor(View(false, false, 3, true), 10, false));
   EXPECT_TRUE(p.WaitsFor(View(true, true, 10, false), 10, true));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/checksum.h"
 #include "common/clock.h"
 #include "common/rejection.h"
 #include "gtest/gtest.h"
@@ -245,6 +246,33 @@ TEST(ShardConsistency, SspWaitsForAStragglerAtTheBound) {
   ASSERT_TRUE(p.has_value() && p->ok());
 }
 
+TEST(ShardConsistency, ARoundWaitsAtTheBoundOnlyForAWhile) {
+  // A worker at the bound may itself be waiting on another shard; so the
+  // round waits for it kLaggardWaitRounds round durations, then goes on,
+  // and the push that comes too stale after that is dropped.
+  ShardConfig c = ExactSgdConfig(2);
+  c.consistency = Ssp(1);
+  Fixture f(c);
+  f.clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(f.Push(0, 0, 0).ok());
+  f.clock.Advance(absl::Seconds(1));
+  f.shard->CheckPatience();
+  ASSERT_EQ(f.Step(), 1u);  // round 0 took 2 s: the wait is 20 s
+  ASSERT_TRUE(f.Push(0, 1, 1).ok());
+  f.clock.Advance(absl::Seconds(19));
+  f.shard->CheckPatience();
+  EXPECT_EQ(f.Step(), 1u);
+  f.clock.Advance(absl::Seconds(2));
+  f.shard->CheckPatience();
+  EXPECT_EQ(f.Step(), 2u);
+  const std::vector<float> before = f.Weights();
+  auto late = f.Push(1, 0, 0);  // 2 stale > 1
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->round_lost());
+  EXPECT_EQ(f.Weights(), before);
+  EXPECT_EQ(f.Step(), 2u);
+}
+
 TEST(ShardConsistency, AsyncAppliesEachPushAsItComes) {
   ShardConfig c = ExactSgdConfig(3);
   c.consistency = Async();
@@ -266,6 +294,42 @@ TEST(ShardConsistency, AsyncAppliesEachPushAsItComes) {
     for (size_t i = 0; i < x.size(); ++i) x[i] -= g[i];
   }
   EXPECT_EQ(f.Weights(), x);
+}
+
+TEST(ShardConsistency, AWorkerStepsBehindGetsTheDeltasInARowNotASnapshot) {
+  ShardConfig c = ExactSgdConfig(3, v1::CODEC_ONEBIT);
+  c.optimizer.lr = 0.01f;
+  c.consistency = Async();
+  Fixture f(c);
+  auto s0 = f.shard->PullBlocking(PullRequestFor(2, 0, -1, 0, true), kWait);
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  std::vector<float> x = testing_util::DecodeAll(s0->weights());
+  ASSERT_TRUE(f.Push(0, 0, 0).ok());
+  ASSERT_TRUE(f.Push(1, 0, 0).ok());
+  ASSERT_TRUE(f.Push(0, 1, 1).ok());
+  ASSERT_EQ(f.Step(), 3u);
+  // Worker 2 holds x_hat(0): three steps of deltas.
+  auto r = f.shard->PullBlocking(
+      PullRequestFor(2, 1, 0, s0->replica_checksum()), kWait);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 3u);
+  ASSERT_EQ(r->kind(), v1::PULL_KIND_DELTA);
+  ASSERT_EQ(r->later_deltas_size(), 2);
+  EXPECT_EQ(r->weights().codec(), v1::CODEC_ONEBIT);
+  auto add = [&x](const v1::EncodedTensor& t) {
+    const std::vector<float> d = testing_util::DecodeAll(t);
+    ASSERT_EQ(d.size(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
+  };
+  add(r->weights());
+  for (const v1::EncodedTensor& t : r->later_deltas()) add(t);
+  EXPECT_EQ(ChecksumOf(x), r->replica_checksum());
+  // The wrong checksum for step 0: a snapshot.
+  auto wrong = f.shard->PullBlocking(
+      PullRequestFor(2, 1, 0, s0->replica_checksum() ^ 1), kWait);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ(wrong->kind(), v1::PULL_KIND_SNAPSHOT);
+  EXPECT_EQ(wrong->later_deltas_size(), 0);
 }
 
 TEST(ShardConsistency, InverseScalingWeighsAStalePushByOneOverItsStaleness) {
