@@ -156,7 +156,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
     // Workers skip steps under ssp and async: recent deltas answer them.
     const uint64_t keep = std::min<uint64_t>(
         64, std::max<uint64_t>(uint64_t{config.consistency.max_staleness} + 2,
-                               uint64_t{2} * config.num_workers));
+                               uint64_t{4} * config.num_workers));
     absl::MutexLock lock(&shard->mu_);
     shard->replica_->KeepHistory(static_cast<uint32_t>(keep));
   }

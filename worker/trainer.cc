@@ -337,9 +337,14 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     }
   }
   // The client's step leads: a worker that joins late starts at the shards'
-  // step, and one that was dropped from a round skips ahead with it.
-  while (o.local_steps == 1 && static_cast<int64_t>(client->step()) < total) {
-    const int64_t step = static_cast<int64_t>(client->step());
+  // step, and one that was dropped from a round skips ahead with it. Under
+  // --consistency=async every push is a shard step of its own, so the run
+  // is this worker's own `total` steps instead (the same data as bsp).
+  const bool own_count = client->consistency() == v1::CONSISTENCY_ASYNC;
+  int64_t own = 0;
+  while (o.local_steps == 1 &&
+         (own_count ? own : static_cast<int64_t>(client->step())) < total) {
+    const int64_t step = own_count ? own : static_cast<int64_t>(client->step());
     const absl::Time t0 = absl::Now();
     // Overlapped: each layer's gradient is pushed as backward finishes it
     // (last layer first) while the earlier layers are computed.
@@ -360,7 +365,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     if (absl::Status s = client->FinishStep(); !s.ok()) return s;
     if (!captured.ok()) return captured;
     result.last_loss = *loss;
-    after_step(t0, step, static_cast<int64_t>(client->step()), compute,
+    if (own_count) ++own;
+    after_step(t0, step,
+               own_count ? own : static_cast<int64_t>(client->step()), compute,
                gradient_norm(step));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);

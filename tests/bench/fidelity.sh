@@ -20,7 +20,8 @@
 #       again from DIR/runs, running nothing
 #
 # diloco_h<H>_<codec> (H in 4, 16, 64; codec fp32, q8 or onebit): local
-# steps, see below. They are not in the default RUNS.
+# steps, see below; onebit_ssp<s>, onebit_async, fp32_ssp<s>, fp32_async
+# (s in 0, 1, 4): the consistency modes. They are not in the default RUNS.
 #
 # tests/bench/torch_reference.py is the single-process PyTorch run of the
 # same recipe that adam_fp32 is compared with.
@@ -97,6 +98,25 @@ declare -A EXTRA_WORKER=(
   [topk_warmup]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
   [block_topk]="--bits=8 --block_size=16 ${TOPK_WORKER_FLAGS:-}"
 )
+
+# Consistency modes (issue 14, docs/consistency.md): the onebit_adam and
+# adam_fp32 recipes with the shards' rounds under ssp (s = 0, 1, 4) and
+# async: <recipe>_ssp<s>, <recipe>_async (recipe onebit or fp32). Under
+# async every push is a shard step of its own, so 1-bit Adam's freeze is at
+# 4 x 600 shard steps (the same data as 600 rounds of 4 workers).
+for r in onebit fp32; do
+  base=$([[ $r == onebit ]] && echo onebit_adam || echo adam_fp32)
+  for m in ssp0 ssp1 ssp4 async; do
+    OPTS[${r}_$m]="${OPTS[$base]}"
+    EXTRA_WORKER[${r}_$m]="${EXTRA_WORKER[$base]}"
+    case $m in
+      ssp*) flags="--consistency=ssp --max_staleness=${m#ssp}" ;;
+      async) flags="--consistency=async"
+             [[ $r == onebit ]] && OPTS[${r}_$m]="${OPTS[$base]/--freeze-step ${FREEZE_STEP:-600}/--freeze-step 2400}" ;;
+    esac
+    EXTRA_SERVER[${r}_$m]="${EXTRA_SERVER[$base]} $flags"
+  done
+done
 
 # Local steps (DiLoCo): diloco_h<H>_<codec> runs H steps of Adam (lr 1e-3)
 # on each worker between pushes of its weight change, in <codec> both ways
