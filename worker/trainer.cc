@@ -202,13 +202,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   absl::Time start = absl::Now();
   uint64_t pushed = client->stats().push_payload_bytes;
   uint64_t pulled = client->stats().pull_payload_bytes;
-  auto evaluate = [&](int64_t epoch) {
+  auto evaluate = [&](int64_t epoch, int64_t step) {
     std::optional<EvalResult> e = model.Evaluate(client->weights());
     if (!e.has_value()) return;
     result.test_accuracy = e->accuracy;
     result.test_loss = e->mean_loss;
     result.evaluations.push_back(
-        {epoch, absl::ToDoubleSeconds(absl::Now() - start), e->accuracy});
+        {step, absl::ToDoubleSeconds(absl::Now() - start), e->accuracy});
     metrics->SetTestAccuracy(e->accuracy, e->mean_loss);
     if (log) {
       std::fprintf(log, "%sworker %u epoch %ld test accuracy %.4f loss %.4f\n",
@@ -298,7 +298,10 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     SaveWorkerState(o, *client, log, done >= total);
     if (o.evaluate_each_epoch && per_epoch > 0 && done < total &&
         first / per_epoch != done / per_epoch) {
-      evaluate(done / per_epoch);
+      evaluate(done / per_epoch, done);
+    } else if (o.eval_every_steps > 0 && done < total &&
+               first / o.eval_every_steps != done / o.eval_every_steps) {
+      evaluate(per_epoch > 0 ? done / per_epoch : 0, done);
     }
   };
   if (o.local_steps > 1) {
@@ -375,7 +378,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
       !s.ok()) {
     return s;
   }
-  evaluate(per_epoch > 0 ? (total + per_epoch - 1) / per_epoch : 0);
+  evaluate(per_epoch > 0 ? (total + per_epoch - 1) / per_epoch : 0, total);
   result.steps = total;
   result.stats = client->stats();
   return result;

@@ -42,6 +42,8 @@ struct TrainerOptions {
   double log_interval_seconds = 5;
   bool progress_bar = false;  // redraw one line instead of printing lines
   bool evaluate_each_epoch = true;
+  // > 0: also evaluate every this many steps.
+  int64_t eval_every_steps = 0;
   // Error-feedback residuals on disk (empty: none): loaded after Register if
   // present, saved every state_every steps and at the end.
   std::string state_file;
@@ -78,10 +80,10 @@ struct StepRecord {
   uint64_t pull_bytes = 0;
 };
 
-// One evaluation on the test set: after which epoch, when (seconds since
+// One evaluation on the test set: after which step, when (seconds since
 // training started) and the accuracy.
 struct Evaluation {
-  int64_t epoch = 0;
+  int64_t step = 0;
   double seconds = 0;
   double accuracy = 0;
 };

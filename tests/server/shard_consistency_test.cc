@@ -523,6 +523,35 @@ TEST(ShardConsistency, SspShardRestartsFromItsCheckpoint) {
   EXPECT_EQ(s.Status().current_step(), 3u);
 }
 
+TEST(ShardConsistency, AWarmupPushArrivingAfterTheFreezeIsDropped) {
+  // 1-bit Adam (robust: compression-stage pushes are preconditioned)
+  // freezing at step 2; worker 1 is cut off in round 1 and its warmup push
+  // of step 1 arrives once the shard is in the compression stage.
+  ShardConfig c = OneBitAdamConfig(2, /*freeze_step=*/2, v1::CODEC_FP32);
+  c.consistency = Ssp(2);
+  Fixture f(c);
+  f.clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(f.Push(0, 0, 0).ok());
+  ASSERT_TRUE(f.Push(1, 0, 0).ok());
+  ASSERT_EQ(f.Step(), 1u);
+  f.clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(f.Push(0, 1, 1).ok());
+  f.clock.Advance(absl::Seconds(1));
+  f.shard->CheckPatience();
+  ASSERT_EQ(f.Step(), 2u);
+  ASSERT_EQ(f.shard->Status().stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  const uint64_t before = f.shard->StateChecksum();
+  auto late = f.Push(1, 1, 1);  // RAW, computed in the warmup
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->round_lost());
+  EXPECT_EQ(f.shard->StateChecksum(), before);
+  // A RAW push computed after the freeze is refused, naming the space.
+  auto wrong = f.Push(1, 2, 2);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(ReasonOf(wrong.status()), v1::REJECT_REASON_WRONG_SPACE);
+  EXPECT_EQ(f.shard->StateChecksum(), before);
+}
+
 TEST(ShardConsistency, RegisterAnnouncesTheMode) {
   ShardConfig c = ExactSgdConfig(1);
   c.consistency = Ssp(4);
