@@ -51,6 +51,7 @@ enum ShardOp : uint8_t {
   // a deterministic gradient, so rounds (and the freeze) are cheap to reach.
   kOpPushValid = 4,
   kOpReset = 5,       // a fresh, unregistered shard replaces the current one
+                      // (body[0] % 3: bsp, ssp with s = 0, async)
   kOpFrozenVariance = 6,  // body: [worker]
   // body: [worker][step delta i8][replica delta i8][want_snapshot]
   kOpPullRaw = 7,

@@ -235,6 +235,15 @@ void ShardCorpus(const std::string& dir) {
   raw += Encode(v1::CODEC_FP32, none, Values(kShardElements, 7)).payload();
   AppendRecord(&s, kOpPushRaw, raw);
   Write(dir, "fresh-register-raw-push", s);
+  // The same on shards under ssp with s = 0 and async (the Reset's byte).
+  for (const auto& [mode, name] :
+       {std::pair<char, const char*>{1, "ssp0-register-raw-push"},
+        std::pair<char, const char*>{2, "async-register-raw-push"}}) {
+    std::string m;
+    AppendRecord(&m, kOpReset, std::string(1, mode));
+    m += s.substr(3);  // after the empty Reset record
+    Write(dir, name, m);
+  }
 }
 
 ShardState SmallState(uint32_t kind, bool with_delta) {

@@ -64,8 +64,27 @@ v1::EncodedTensor Encoded(v1::Codec codec, absl::Span<const float> v,
   return t;
 }
 
-std::unique_ptr<Shard> NewShard() {
+// The consistency mode of a Reset's first byte: bsp, ssp with s = 0, or
+// async (ssp with s > 0 starts a timer thread that could change the state
+// between an operation and the fuzzer's check; tests/server covers it).
+ConsistencyConfig ModeFrom(uint8_t b) {
+  ConsistencyConfig c;
+  switch (b % 3) {
+    case 1:
+      c.mode = Consistency::kSsp;
+      break;
+    case 2:
+      c.mode = Consistency::kAsync;
+      break;
+    default:
+      break;
+  }
+  return c;
+}
+
+std::unique_ptr<Shard> NewShard(uint8_t mode = 0) {
   ShardConfig c;
+  c.consistency = ModeFrom(mode);
   c.num_workers = kShardWorkers;
   c.optimizer.kind = OptimizerKind::kOneBitAdam;
   c.optimizer.lr = 1e-2f;
@@ -134,8 +153,10 @@ class Harness {
       case kOpPull: {
         v1::PullRequest r;
         if (!r.ParseFromArray(body.p, static_cast<int>(body.n))) return;
-        Pull(r);
-        may_change = false;
+        // Under ssp and async an answered pull records the version the
+        // worker now computes on; a refused one changes nothing.
+        rejected = !Pull(r).ok();
+        may_change = relaxed_;
         break;
       }
       case kOpPushRaw: {
@@ -165,7 +186,8 @@ class Harness {
         break;
       }
       case kOpReset:
-        shard_ = NewShard();
+        shard_ = NewShard(body.at(0));
+        relaxed_ = ModeFrom(body.at(0)).mode != Consistency::kBsp;
         return;
       case kOpFrozenVariance: {
         v1::GetFrozenVarianceRequest r;
@@ -182,8 +204,8 @@ class Harness {
             StepFrom(before.current_step(), body.at(2))));
         r.set_replica_checksum(before.replica_checksum());
         r.set_want_snapshot(body.at(3) & 1);
-        Pull(r);
-        may_change = false;
+        rejected = !Pull(r).ok();
+        may_change = relaxed_;
         break;
       }
     }
@@ -195,19 +217,24 @@ class Harness {
  private:
   // A pull with a no-op callback; one left waiting is cancelled at once so
   // waiters do not pile up.
-  void Pull(const v1::PullRequest& r) {
+  absl::Status Pull(const v1::PullRequest& r) {
     bool answered = false;
-    uint64_t id = shard_->Pull(r, [&answered](absl::Status, PullAnswer) {
-      answered = true;
-    });
+    absl::Status status;
+    uint64_t id =
+        shard_->Pull(r, [&answered, &status](absl::Status s, PullAnswer) {
+          answered = true;
+          status = std::move(s);
+        });
     if (id != 0) {
       Check(!answered);
       shard_->CancelPull(id, absl::CancelledError("fuzz"));
     }
     Check(answered);
+    return status;
   }
 
   std::unique_ptr<Shard> shard_;
+  bool relaxed_ = false;
 };
 
 }  // namespace
