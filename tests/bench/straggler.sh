@@ -19,6 +19,8 @@
 #   tests/bench/straggler.sh                   # seeds 1 2 3, 2 epochs
 #   SEEDS=1 MODES="bsp ssp4" tests/bench/straggler.sh
 #   REPORT_ONLY=1 tests/bench/straggler.sh     # the report from RESULTS/runs
+#   SERVER_EXTRA="--ssp_patience=0.2" MODES=ssp4 RESULTS=DIR ...  # tuning
+#       (DIR/runs must hold bsp runs for the report)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RESULTS="${RESULTS:-$ROOT/results/straggler}"
@@ -54,7 +56,7 @@ for mode in $MODES; do
     echo "straggler.sh: $mode seed $seed ($epochs epochs) ..." >&2
     # shellcheck disable=SC2086
     METRICS_PORT=9400 WORKER_METRICS_PORT=9500 \
-    SERVER_FLAGS="${SERVER[$mode]} --onebit_momentum=worker" \
+    SERVER_FLAGS="${SERVER[$mode]} --onebit_momentum=worker ${SERVER_EXTRA:-}" \
     WORKER_FLAGS="--bits=8 --compute_delay_ms=$COMPUTE_MS --eval_every_steps=$EVAL_EVERY" \
     WORKER0_FLAGS="--compute_delay_ms=$STRAGGLER_MS" \
       "$ROOT/deploy/local.sh" $RECIPE --epochs "$epochs" --seed "$seed" \
