@@ -180,12 +180,11 @@ int Run() {
       LoadScheduleFlag(absl::GetFlag(FLAGS_schedule));
   if (!schedule.ok()) return Fail(schedule.status().message());
   config.schedule = *std::move(schedule);
-  absl::StatusOr<Consistency> consistency = ParseEnumFlag<Consistency>(
-      "consistency", absl::GetFlag(FLAGS_consistency),
-      {{"bsp", Consistency::kBsp},
-       {"ssp", Consistency::kSsp},
-       {"async", Consistency::kAsync}});
-  if (!consistency.ok()) return Fail(consistency.status().message());
+  absl::StatusOr<Consistency> consistency =
+      ParseConsistency(absl::GetFlag(FLAGS_consistency));
+  if (!consistency.ok()) {
+    return Fail(absl::StrCat("--", consistency.status().message()));
+  }
   config.consistency.mode = *consistency;
   config.consistency.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   absl::StatusOr<bool> scaled = ParseEnumFlag<bool>(

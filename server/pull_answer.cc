@@ -33,6 +33,9 @@ PullAnswer MakePullAnswer(const v1::PullResponse& header,
   auto answer = std::make_shared<PullChunk>();
   answer->codec = weights_head.codec();
   answer->payload_bytes = payload.size();
+  for (const v1::EncodedTensor& d : header.later_deltas()) {
+    answer->payload_bytes += d.payload().size();
+  }
   answer->num_elements = weights_head.num_elements();
   // Fields in number order, as protobuf writes them: those before weights
   // (3), weights, those after.

@@ -32,7 +32,8 @@ using PullAnswer = std::shared_ptr<const PullChunk>;
 // Serializes `header` (a PullResponse whose weights are unset) with weights
 // = `weights_head` (an EncodedTensor whose payload is unset) carrying
 // `payload`: the payload is copied once, into the result, instead of into a
-// message and then into its serialization.
+// message and then into its serialization. payload_bytes counts the
+// header's later_deltas too.
 PullAnswer MakePullAnswer(const v1::PullResponse& header,
                           const v1::EncodedTensor& weights_head,
                           absl::string_view payload);

@@ -215,19 +215,9 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
   PullAnswer cached =
       delta_ok ? delta_answers_[c] : snapshot_answers_[c].lock();
   if (cached == nullptr) {
-    v1::PullResponse header;
-    header.set_step(step);
-    header.set_stage(stage);
-    header.set_schedule_phase(phase);
-    header.set_replica_checksum(checksum_);
-    header.set_chunk(c);
+    v1::PullResponse header = AnswerHeader(step, stage, phase, c);
     if (delta_ok) {
-      header.set_kind(v1::PULL_KIND_DELTA);
-      v1::EncodedTensor head;
-      head.set_codec(delta_[c].codec());
-      head.set_num_elements(delta_[c].num_elements());
-      *head.mutable_params() = delta_[c].params();
-      cached = MakePullAnswer(header, head, delta_[c].payload());
+      cached = DeltaAnswer(std::move(header), delta_[c]);
     } else {
       header.set_kind(v1::PULL_KIND_SNAPSHOT);
       v1::EncodedTensor head;
@@ -247,7 +237,6 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
   }
   return cached;
 }
-
 
 PullAnswer ReplicaTracker::AnswerFromHistory(const v1::PullRequest& req,
                                              uint64_t step,
@@ -269,27 +258,34 @@ PullAnswer ReplicaTracker::AnswerFromHistory(const v1::PullRequest& req,
     return nullptr;
   }
   const uint32_t c = req.chunk();
+  v1::PullResponse header = AnswerHeader(step, stage, phase, c);
+  for (size_t i = first + 1; i < history_.size(); ++i) {
+    *header.add_later_deltas() = history_[i].delta[c];
+  }
+  return DeltaAnswer(std::move(header), history_[first].delta[c]);
+}
+
+v1::PullResponse ReplicaTracker::AnswerHeader(uint64_t step,
+                                              v1::OptimizerStage stage,
+                                              uint32_t phase,
+                                              uint32_t chunk) const {
   v1::PullResponse header;
   header.set_step(step);
   header.set_stage(stage);
   header.set_schedule_phase(phase);
   header.set_replica_checksum(checksum_);
-  header.set_chunk(c);
+  header.set_chunk(chunk);
+  return header;
+}
+
+PullAnswer ReplicaTracker::DeltaAnswer(v1::PullResponse header,
+                                       const v1::EncodedTensor& delta) {
   header.set_kind(v1::PULL_KIND_DELTA);
-  uint64_t later_bytes = 0;
-  for (size_t i = first + 1; i < history_.size(); ++i) {
-    *header.add_later_deltas() = history_[i].delta[c];
-    later_bytes += history_[i].delta[c].payload().size();
-  }
-  const v1::EncodedTensor& d = history_[first].delta[c];
   v1::EncodedTensor head;
-  head.set_codec(d.codec());
-  head.set_num_elements(d.num_elements());
-  *head.mutable_params() = d.params();
-  auto answer =
-      std::const_pointer_cast<PullChunk>(MakePullAnswer(header, head, d.payload()));
-  answer->payload_bytes += later_bytes;
-  return answer;
+  head.set_codec(delta.codec());
+  head.set_num_elements(delta.num_elements());
+  *head.mutable_params() = delta.params();
+  return MakePullAnswer(header, head, delta.payload());
 }
 
 }  // namespace pserver

@@ -99,6 +99,12 @@ class ReplicaTracker {
                  std::unique_ptr<Codec> codec, ThreadPool* pool);
   void DropAnswers();
   void TrimHistory();
+  // A pull answer's fields but its kind and weights (the current checksum).
+  v1::PullResponse AnswerHeader(uint64_t step, v1::OptimizerStage stage,
+                                uint32_t phase, uint32_t chunk) const;
+  // `header` as a DELTA answer whose weights are `delta`.
+  static PullAnswer DeltaAnswer(v1::PullResponse header,
+                                const v1::EncodedTensor& delta);
   // The answer to chunk c of a worker holding x_hat(from) (history), or
   // null when the history does not reach back to it.
   PullAnswer AnswerFromHistory(const v1::PullRequest& req, uint64_t step,

@@ -278,6 +278,40 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
   return resp;
 }
 
+absl::Status Shard::DroppedWorker(uint32_t w) const {
+  return Reject(
+      v1::REJECT_REASON_DROPPED_WORKER,
+      absl::AbortedError(absl::StrCat(
+          "worker_id ", w, " was dropped from the rounds (no call within "
+          "the lease timeout); step ", step_, " goes on without it; ",
+          leases_.rejoining(w)
+              ? absl::StrCat("it is counted again from step ", step_ + 1)
+              : "call Register to rejoin")));
+}
+
+absl::Status Shard::CheckForm(const v1::PushRequest& req) const {
+  const v1::GradientSpace space = req.space() == v1::GRADIENT_SPACE_UNSPECIFIED
+                                      ? v1::GRADIENT_SPACE_RAW
+                                      : req.space();
+  if (space != optimizer_->expected_space()) {
+    return Reject(v1::REJECT_REASON_WRONG_SPACE,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "space is ", SpaceName(space), "; expected ",
+                      SpaceName(optimizer_->expected_space()), " at step ",
+                      step_)));
+  }
+  if (const bool want = ExpectsMomentum(); req.momentum() != want) {
+    return Reject(v1::REJECT_REASON_WRONG_SPACE,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "momentum is ", req.momentum() ? "true" : "false",
+                      "; expected ", want ? "true" : "false", " at step ",
+                      step_, " (the shard's --onebit_momentum=",
+                      config_.optimizer.worker_momentum ? "worker" : "server",
+                      ")")));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Shard::PushSynchronous(
     std::shared_ptr<const v1::PushRequest>& request,
     const ValidatedTensor& valid, std::function<void()>& on_summed,
@@ -285,18 +319,8 @@ absl::Status Shard::PushSynchronous(
   const v1::PushRequest& req = *request;
   const uint32_t w = req.worker_id();
   const uint32_t c = req.chunk();
-  const v1::GradientSpace space = req.space() == v1::GRADIENT_SPACE_UNSPECIFIED
-                                      ? v1::GRADIENT_SPACE_RAW
-                                      : req.space();
   if (req.step() == step_ && !leases_.live(w) && !round_.queued(w, c)) {
-    return Reject(
-        v1::REJECT_REASON_DROPPED_WORKER,
-        absl::AbortedError(absl::StrCat(
-            "worker_id ", w, " was dropped from the rounds (no call within "
-            "the lease timeout); step ", step_, " goes on without it; ",
-            leases_.rejoining(w)
-                ? absl::StrCat("it is counted again from step ", step_ + 1)
-                : "call Register to rejoin")));
+    return DroppedWorker(w);
   }
   if (req.step() < step_ && req.step() >= lost_from_ &&
       req.step() < lost_to_ &&
@@ -319,20 +343,8 @@ absl::Status Shard::PushSynchronous(
                       " (pull step ", step_, " first)")));
   } else if (round_.pushed(w, c)) {
     resp->set_duplicate(true);
-  } else if (space != optimizer_->expected_space()) {
-    return Reject(v1::REJECT_REASON_WRONG_SPACE,
-                  absl::FailedPreconditionError(absl::StrCat(
-                      "space is ", SpaceName(space), "; expected ",
-                      SpaceName(optimizer_->expected_space()), " at step ",
-                      step_)));
-  } else if (const bool want = ExpectsMomentum(); req.momentum() != want) {
-    return Reject(v1::REJECT_REASON_WRONG_SPACE,
-                  absl::FailedPreconditionError(absl::StrCat(
-                      "momentum is ", req.momentum() ? "true" : "false",
-                      "; expected ", want ? "true" : "false", " at step ",
-                      step_, " (the shard's --onebit_momentum=",
-                      config_.optimizer.worker_momentum ? "worker" : "server",
-                      ")")));
+  } else if (absl::Status form = CheckForm(req); !form.ok()) {
+    return form;
   } else {
     if (round_.received() == 0) round_start_ = clock_->Now();
     metrics_->AddReceived(req.gradient().codec(),
@@ -407,6 +419,10 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   if (policy_.has_patience()) {
     deadlines_.emplace_back(step_, deadline_);
     if (deadlines_.size() > kDeadlinesKept) deadlines_.pop_front();
+    const absl::Duration d = clock_->Now() - round_open_;
+    round_average_ = round_average_ == absl::ZeroDuration()
+                         ? d
+                         : round_average_ * 0.9 + d * 0.1;
   }
   if (policy_.has_patience() && (patience_over_ || released_)) {
     // The cohort workers this round stopped waiting for are late now.

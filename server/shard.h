@@ -250,6 +250,13 @@ class Shard {
     return std::max<uint64_t>(version_[w],
                               static_cast<uint64_t>(landed_[w] + 1));
   }
+  // The refusal of a push from worker w, dropped from the rounds.
+  absl::Status DroppedWorker(uint32_t w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WRONG_SPACE unless the push's gradient space and momentum flag are what
+  // the optimizer's stage expects now.
+  absl::Status CheckForm(const v1::PushRequest& req) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Push's checks and bookkeeping under bsp: on success the chunk was
   // queued (*queued) or the response says why not (duplicate, round_lost).
   absl::Status PushSynchronous(std::shared_ptr<const v1::PushRequest>& request,

@@ -61,16 +61,7 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
     return absl::OkStatus();
   }
   // A new push.
-  if (!leases_.live(w)) {
-    return Reject(
-        v1::REJECT_REASON_DROPPED_WORKER,
-        absl::AbortedError(absl::StrCat(
-            "worker_id ", w, " was dropped from the rounds (no call within "
-            "the lease timeout); step ", step_, " goes on without it; ",
-            leases_.rejoining(w)
-                ? absl::StrCat("it is counted again from step ", step_ + 1)
-                : "call Register to rejoin")));
-  }
+  if (!leases_.live(w)) return DroppedWorker(w);
   const uint64_t staleness = step_ - tag;
   if (staleness > policy_.max_staleness()) {
     // Computed on weights older than the bound allows (the rounds stopped
@@ -80,12 +71,7 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
     resp->set_round_lost(true);
     return absl::OkStatus();
   }
-  const v1::GradientSpace space = req.space() == v1::GRADIENT_SPACE_UNSPECIFIED
-                                      ? v1::GRADIENT_SPACE_RAW
-                                      : req.space();
-  const bool want_momentum = ExpectsMomentum();
-  if (space != optimizer_->expected_space() ||
-      req.momentum() != want_momentum) {
+  if (absl::Status form = CheckForm(req); !form.ok()) {
     const uint64_t freeze = optimizer_->freeze_at();
     if (freeze > 0 && tag < freeze && step_ >= freeze) {
       // Computed before 1-bit Adam froze, in the warmup's form: it cannot
@@ -93,29 +79,7 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
       resp->set_round_lost(true);
       return absl::OkStatus();
     }
-    const bool wrong_space = space != optimizer_->expected_space();
-    return Reject(
-        v1::REJECT_REASON_WRONG_SPACE,
-        absl::FailedPreconditionError(
-            wrong_space
-                ? absl::StrCat("space is ",
-                               space == v1::GRADIENT_SPACE_PRECONDITIONED
-                                   ? "PRECONDITIONED"
-                                   : "RAW",
-                               "; expected ",
-                               optimizer_->expected_space() ==
-                                       v1::GRADIENT_SPACE_PRECONDITIONED
-                                   ? "PRECONDITIONED"
-                                   : "RAW",
-                               " at step ", step_)
-                : absl::StrCat("momentum is ",
-                               req.momentum() ? "true" : "false",
-                               "; expected ", want_momentum ? "true" : "false",
-                               " at step ", step_, " (the shard's "
-                               "--onebit_momentum=",
-                               config_.optimizer.worker_momentum ? "worker"
-                                                                 : "server",
-                               ")")));
+    return form;
   }
   last_pushed_[w] = static_cast<int64_t>(tag);
   // A round that passed this worker over in some chunk is closed to it: the
@@ -178,15 +142,6 @@ std::vector<Shard::Ready> Shard::ClearRound() {
 
 void Shard::OpenRound() {
   const absl::Time now = clock_->Now();
-  // The round that just completed (none at the first call after a start or
-  // a fast-forward: the average keeps its value).
-  if (round_open_ != absl::Time() && now > round_open_ &&
-      step_ > 0) {
-    const absl::Duration d = now - round_open_;
-    round_average_ = round_average_ == absl::ZeroDuration()
-                         ? d
-                         : round_average_ * 0.9 + d * 0.1;
-  }
   round_open_ = now;
   arrivals_.clear();
   deadline_ = absl::InfiniteFuture();
