@@ -88,6 +88,7 @@ class DecoderRegistry {
       // Default params always pass CheckParams.
       if (codec.ok()) decoders_[c.codec] = std::move(*codec);
     }
+    decoders_[v1::CODEC_SEGMENTS] = impl::NewSegmentsDecoder();
   }
 
   const Codec* Get(v1::Codec codec) const {
@@ -246,6 +247,7 @@ std::string CodecName(v1::Codec codec) {
   for (const NamedCodec& c : kCodecs) {
     if (c.codec == codec) return c.name;
   }
+  if (codec == v1::CODEC_SEGMENTS) return "segments";
   return absl::StrCat("codec(", static_cast<int>(codec), ")");
 }
 

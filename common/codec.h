@@ -25,6 +25,9 @@
 namespace pserver {
 
 class FusedFeedbackEncoder;  // common/fused_feedback.h
+namespace impl {
+class SegmentsCodec;  // common/impl/segments.cc
+}
 class ValidatedTensor;       // common/validated_tensor.h
 
 // Encodes, validates and decodes one codec. Decoding reads the layout
@@ -80,6 +83,8 @@ class Codec {
   // Runs AccumulateValid on tensors it has validated (or that the encoder
   // itself produced), so that validation happens once.
   friend class ValidatedTensor;
+  // Decodes its segments, which it validated, with their own decoders.
+  friend class impl::SegmentsCodec;
 };
 
 // Builds the codec `codec` with `params`; unset fields get their defaults
@@ -89,7 +94,8 @@ class Codec {
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(v1::Codec codec,
                                                  const v1::CodecParams& params);
 
-// The decoder of codec id `codec`: one immutable instance per id, built on
+// The decoder of codec id `codec` (CODEC_SEGMENTS included, which only
+// decodes): one immutable instance per id, built on
 // first use and alive until the process exits (never destroyed), so it can be
 // kept as a plain pointer and shared by threads. nullptr for an id that is not
 // a known codec (CODEC_UNSPECIFIED included). The instance carries default
@@ -112,6 +118,14 @@ absl::StatusOr<v1::Codec> ParseCodecName(absl::string_view name);
 std::string CodecName(v1::Codec codec);
 // Every codec ParseCodecName accepts, in the order above.
 std::vector<v1::Codec> NamedCodecs();
+
+// The payload bytes t puts on the wire: its payload, or for CODEC_SEGMENTS
+// its segments' payloads.
+inline uint64_t PayloadBytes(const v1::EncodedTensor& t) {
+  uint64_t bytes = t.payload().size();
+  for (const v1::EncodedTensor& s : t.segments()) bytes += s.payload().size();
+  return bytes;
+}
 
 // Payload bytes an fp32 encoding of n elements would take (the baseline for
 // compression ratios).

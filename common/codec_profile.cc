@@ -160,7 +160,7 @@ absl::StatusOr<CodecProfile> ProfileCodec(
         !s.ok()) {
       return s;
     }
-    p.bytes.push_back(encoded[t].payload().size());
+    p.bytes.push_back(PayloadBytes(encoded[t]));
     double g_sq = 0;
     for (size_t i = 0; i < n; ++i) {
       const double g = steps[t][i];
@@ -183,7 +183,7 @@ absl::StatusOr<CodecProfile> ProfileCodec(
     if (absl::Status s = codec.Decode(out, absl::MakeSpan(decoded)); !s.ok()) {
       return s;
     }
-    p.ef_bytes.push_back(out.payload().size());
+    p.ef_bytes.push_back(PayloadBytes(out));
     p.ef_err_sq.push_back(SquaredDistance(steps[t], decoded));
     for (size_t i = 0; i < n; ++i) sum_ef[i] += decoded[i];
   }

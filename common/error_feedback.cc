@@ -78,22 +78,29 @@ absl::Status ErrorFeedback::Encode(absl::Span<const float> g, uint64_t seed,
 
 absl::Status ErrorFeedback::EncodeAt(uint64_t offset, absl::Span<const float> g,
                                      uint64_t seed, v1::EncodedTensor* out) {
+  return EncodeAtWith(*codec_, offset, g, seed, out);
+}
+
+absl::Status ErrorFeedback::EncodeAtWith(const Codec& codec, uint64_t offset,
+                                         absl::Span<const float> g,
+                                         uint64_t seed,
+                                         v1::EncodedTensor* out) {
   if (offset > size_ || g.size() > size_ - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
         "piece [", offset, ", ", offset + g.size(), ") is outside the ",
         size_, " elements of the residual"));
   }
-  if (residual_.empty() && codec_->id() == v1::CODEC_FP32) {
+  if (residual_.empty() && codec.id() == v1::CODEC_FP32) {
     // Lossless: u = g and u - decode(encode(u)) = 0, so the residual stays
     // all zeros and is never allocated. Encode refuses non-finite input.
-    return codec_->Encode(g, seed, out);
+    return codec.Encode(g, seed, out);
   }
   if (residual_.empty()) residual_.assign(size_, 0.0f);
   if (scratch_.size() < g.size()) scratch_.resize(g.size());
   absl::Span<float> e = absl::MakeSpan(residual_).subspan(offset, g.size());
   absl::Span<float> next = absl::MakeSpan(scratch_).subspan(0, g.size());
   absl::Status s =
-      EncodeWithFeedback(*codec_, g, e, decay_, seed, out, next);
+      EncodeWithFeedback(codec, g, e, decay_, seed, out, next);
   if (!s.ok()) return s;
   std::copy(next.begin(), next.end(), e.begin());
   // Record the piece's squared norm; pieces cut differently before (another

@@ -66,6 +66,11 @@ class ErrorFeedback {
   // through a scratch buffer of the piece's size (reused across calls).
   absl::Status EncodeAt(uint64_t offset, absl::Span<const float> g,
                         uint64_t seed, v1::EncodedTensor* out);
+  // EncodeAt with `codec` instead of codec() (one piece of a chunk whose
+  // tensors have codecs of their own: common/tensor_codecs.h).
+  absl::Status EncodeAtWith(const Codec& codec, uint64_t offset,
+                            absl::Span<const float> g, uint64_t seed,
+                            v1::EncodedTensor* out);
 
   // The residual; empty while it is all zeros and was never needed (a
   // lossless codec such as fp32 never needs one, so it costs no memory).

@@ -10,6 +10,8 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -269,6 +271,50 @@ CompressionSchedule::Parse(absl::string_view text, absl::string_view source) {
       }
       *out = *std::move(c);
     }
+    if (p.tensors_size() > kMaxTensorCodecs) {
+      return fail(absl::StrCat(PhaseLabel(proto, i), ": has ",
+                               p.tensors_size(),
+                               " tensors entries; expected at most ",
+                               kMaxTensorCodecs));
+    }
+    absl::flat_hash_set<std::string> names;
+    for (int t = 0; t < p.tensors_size(); ++t) {
+      const v1::TensorCodec& tc = p.tensors(t);
+      const std::string where =
+          absl::StrCat(PhaseLabel(proto, i), " tensors[", t, "]");
+      if (tc.tensor().empty()) {
+        return fail(absl::StrCat(
+            where, ": tensor is missing; expected a tensor name of the "
+                   "model's layout"));
+      }
+      if (!names.insert(tc.tensor()).second) {
+        return fail(absl::StrCat(where, ": tensor \"", tc.tensor(),
+                                 "\" appears twice; expected each tensor "
+                                 "once per phase"));
+      }
+      TensorChoice choice;
+      choice.name = tc.tensor();
+      for (auto [has, c, out, what] :
+           {std::tuple{tc.has_push(), &tc.push(), &choice.push, "push"},
+            std::tuple{tc.has_pull(), &tc.pull(), &choice.pull, "pull"}}) {
+        if (!has) continue;
+        absl::StatusOr<std::unique_ptr<CodecChoiceSpec>> built =
+            BuildChoice(*c);
+        if (!built.ok()) {
+          return fail(absl::StrCat(where, " ", what, ": ",
+                                   built.status().message()));
+        }
+        *out = *std::move(built);
+      }
+      if (choice.push == nullptr && choice.pull == nullptr) {
+        return fail(absl::StrCat(where, " (\"", tc.tensor(),
+                                 "\"): neither push nor pull is set; "
+                                 "expected at least one codec"));
+      }
+      s->has_tensor_codecs_ = true;
+      s->has_tensor_pulls_ |= choice.pull != nullptr;
+      phase.tensors.push_back(std::move(choice));
+    }
     s->phases_.push_back(std::move(phase));
   }
   for (const Bound& b : bounds->begins) s->uses_fractions_ |= b.fraction;
@@ -324,6 +370,58 @@ const CodecChoiceSpec* CompressionSchedule::push(size_t phase) const {
 
 const CodecChoiceSpec* CompressionSchedule::pull(size_t phase) const {
   return phases_[phase].pull.get();
+}
+
+absl::Status CompressionSchedule::CheckTensors(
+    const std::vector<TensorSlot>& slots) const {
+  absl::flat_hash_set<absl::string_view> known;
+  for (const TensorSlot& slot : slots) known.insert(slot.name);
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    const std::vector<TensorChoice>& tensors = phases_[i].tensors;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (known.contains(tensors[t].name)) continue;
+      std::vector<absl::string_view> names;
+      for (const TensorSlot& slot : slots) {
+        if (names.size() == 8) {
+          names.push_back("...");
+          break;
+        }
+        names.push_back(slot.name);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          PhaseLabel(proto_, i), " tensors[", t, "]: tensor \"",
+          tensors[t].name, "\" is not in the model's layout; expected one of ",
+          absl::StrJoin(names, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<const Codec*> CompressionSchedule::TensorCodecs(
+    size_t phase, const std::vector<TensorSlot>& slots, bool pull) const {
+  std::vector<const Codec*> out(slots.size(), nullptr);
+  const std::vector<TensorChoice>& tensors = phases_[phase].tensors;
+  if (tensors.empty()) return out;
+  absl::flat_hash_map<absl::string_view, const CodecChoiceSpec*> by_name;
+  for (const TensorChoice& t : tensors) {
+    const CodecChoiceSpec* c = pull ? t.pull.get() : t.push.get();
+    if (c != nullptr) by_name[t.name] = c;
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    auto it = by_name.find(slots[i].name);
+    if (it != by_name.end()) out[i] = it->second->encoder.get();
+  }
+  return out;
+}
+
+std::vector<const Codec*> CompressionSchedule::TensorPushCodecs(
+    size_t phase, const std::vector<TensorSlot>& slots) const {
+  return TensorCodecs(phase, slots, /*pull=*/false);
+}
+
+std::vector<const Codec*> CompressionSchedule::TensorPullCodecs(
+    size_t phase, const std::vector<TensorSlot>& slots) const {
+  return TensorCodecs(phase, slots, /*pull=*/true);
 }
 
 std::string CompressionSchedule::PhaseName(size_t phase) const {

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/codec.h"
+#include "common/layout.h"
 #include "pserver/v1/schedule.pb.h"
 
 namespace pserver {
@@ -32,6 +33,8 @@ namespace pserver {
 inline constexpr int kMaxSchedulePhases = 64;
 // The largest schedule file read (a schedule is a few hundred bytes).
 inline constexpr uint64_t kMaxScheduleFileBytes = 1 << 20;
+// The most per-tensor entries a phase may have.
+inline constexpr int kMaxTensorCodecs = 4096;
 
 // One phase's codec, built and checked.
 struct CodecChoiceSpec {
@@ -71,16 +74,43 @@ class CompressionSchedule {
   // The phase's name, or "phase N" when it has none.
   std::string PhaseName(size_t phase) const;
 
+  // Per-tensor codecs (SchedulePhase.tensors). Whether any phase names a
+  // tensor, or gives one its own pull codec.
+  bool has_tensor_codecs() const { return has_tensor_codecs_; }
+  bool has_tensor_pulls() const { return has_tensor_pulls_; }
+  // Checks that every tensor a phase names is in the model's layout:
+  // INVALID_ARGUMENT "phase 0 (\"tuned\") tensors[2]: tensor \"fc9.w\" is
+  // not in the model's layout; expected one of fc1.weight, ..." otherwise.
+  absl::Status CheckTensors(const std::vector<TensorSlot>& slots) const;
+  // The phase's codec for each slot of `slots` (the layout's tensors in
+  // order): the tensor's own push (pull) codec, or nullptr where it has
+  // none (the phase's or the daemon's codec applies). Names not in the
+  // layout are ignored (CheckTensors reports them).
+  std::vector<const Codec*> TensorPushCodecs(
+      size_t phase, const std::vector<TensorSlot>& slots) const;
+  std::vector<const Codec*> TensorPullCodecs(
+      size_t phase, const std::vector<TensorSlot>& slots) const;
+
  private:
-  struct Phase {
+  struct TensorChoice {
+    std::string name;
     std::unique_ptr<CodecChoiceSpec> push, pull;
   };
+  struct Phase {
+    std::unique_ptr<CodecChoiceSpec> push, pull;
+    std::vector<TensorChoice> tensors;
+  };
+  std::vector<const Codec*> TensorCodecs(size_t phase,
+                                         const std::vector<TensorSlot>& slots,
+                                         bool pull) const;
   CompressionSchedule() = default;
 
   v1::CompressionSchedule proto_;
   std::vector<Phase> phases_;
   uint64_t fingerprint_ = 0;
   bool uses_fractions_ = false;
+  bool has_tensor_codecs_ = false;
+  bool has_tensor_pulls_ = false;
 };
 
 // A schedule resolved for a run of total_steps rounds: the first round of

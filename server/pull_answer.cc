@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/codec.h"
+
 namespace pserver {
 namespace {
 
@@ -32,9 +34,10 @@ PullAnswer MakePullAnswer(const v1::PullResponse& header,
                           absl::string_view payload) {
   auto answer = std::make_shared<PullChunk>();
   answer->codec = weights_head.codec();
-  answer->payload_bytes = payload.size();
+  // A segmented delta's payloads are inside its head.
+  answer->payload_bytes = payload.size() + PayloadBytes(weights_head);
   for (const v1::EncodedTensor& d : header.later_deltas()) {
-    answer->payload_bytes += d.payload().size();
+    answer->payload_bytes += PayloadBytes(d);
   }
   answer->num_elements = weights_head.num_elements();
   // Fields in number order, as protobuf writes them: those before weights

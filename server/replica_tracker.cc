@@ -141,8 +141,9 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
         const uint64_t seed =
             c == 0 ? PullSeed(shard_index_, step)
                    : Mix64(PullSeed(shard_index_, step) ^ (c << 20));
-        status[c] = active_->Encode(scratch.subspan(plan_.begin(ci), plan_.size(ci)),
-                                   seed, &d[c]);
+        status[c] = EncodeWithPlan(
+            tensor_plan_, *active_, /*ef=*/nullptr, plan_.begin(ci),
+            scratch.subspan(plan_.begin(ci), plan_.size(ci)), seed, &d[c]);
       }
     });
     absl::Status s;
@@ -158,7 +159,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
         for (uint64_t c = b; c < e; ++c) {
           const uint32_t ci = static_cast<uint32_t>(c);
           // The codec's own output: accumulating it cannot fail.
-          status[c] = active_->DecodeAccumulate(
+          status[c] = DecoderFor(d[c].codec())->DecodeAccumulate(
               d[c], 1.0f, hat_out.subspan(plan_.begin(ci), plan_.size(ci)));
         }
       });
@@ -169,7 +170,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
         past.prev_checksum = prev_checksum_;
         past.delta = delta_;
         for (const v1::EncodedTensor& t : past.delta) {
-          past.bytes += t.payload().size();
+          past.bytes += PayloadBytes(t);
         }
         history_bytes_ += past.bytes;
         history_.push_back(std::move(past));
@@ -285,6 +286,7 @@ PullAnswer ReplicaTracker::DeltaAnswer(v1::PullResponse header,
   head.set_codec(delta.codec());
   head.set_num_elements(delta.num_elements());
   *head.mutable_params() = delta.params();
+  *head.mutable_segments() = delta.segments();
   return MakePullAnswer(header, head, delta.payload());
 }
 

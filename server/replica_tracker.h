@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "common/chunking.h"
 #include "common/codec.h"
+#include "common/tensor_codecs.h"
 #include "common/thread_pool.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/pull_waiters.h"
@@ -77,6 +78,10 @@ class ReplicaTracker {
   void UseCodec(const Codec* codec) {
     active_ = codec != nullptr ? codec : codec_.get();
   }
+  // A schedule phase's per-tensor pull codecs over the slice (tensors
+  // without one keep the active codec); CodecPlan() for none. A chunk
+  // holding tensors of different codecs is served as CODEC_SEGMENTS.
+  void UseTensorCodecs(CodecPlan plan) { tensor_plan_ = std::move(plan); }
 
   // The answer to a pull of chunk req.chunk() of the current step `step` in
   // stage `stage`: the delta when the request proves the worker holds
@@ -116,6 +121,7 @@ class ReplicaTracker {
   const v1::Codec pull_codec_id_;
   const std::unique_ptr<Codec> codec_;  // the configured pull codec
   const Codec* active_;                 // codec_, or a schedule's
+  CodecPlan tensor_plan_;               // per-tensor codecs (uniform: none)
   ThreadPool* const pool_;
   ChunkPlan plan_;
   std::vector<float> x_hat_;    // unused with the fp32 pull codec

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/tensor_codecs.h"
 #include "common/validated_tensor.h"
 #include "common/rejection.h"
 #include "server/internal/shard_common.h"
@@ -75,6 +76,13 @@ absl::Status ValidateShardConfig(const ShardConfig& c) {
             "; expected fp32 pulls in every phase or in none (use bf16 for "
             "near-exact compressed pulls)"));
       }
+    }
+    if (fp32 && c.schedule->has_tensor_pulls()) {
+      return absl::InvalidArgumentError(
+          "the schedule gives tensors pull codecs of their own but "
+          "--pull_codec is fp32; expected a compressed --pull_codec (with "
+          "fp32 pulls the shard keeps no replica to encode against; use bf16 "
+          "for near-exact pulls)");
     }
   }
   if (absl::Status s = ValidateConsistencyConfig(c.consistency); !s.ok()) {
@@ -348,7 +356,7 @@ absl::Status Shard::PushSynchronous(
   } else {
     if (round_.received() == 0) round_start_ = clock_->Now();
     metrics_->AddReceived(req.gradient().codec(),
-                          req.gradient().payload().size(),
+                          PayloadBytes(req.gradient()),
                           Fp32Bytes(req.gradient().num_elements()));
     if (!round_.pushed_any(w)) metrics_->ObserveStaleness(0);
     round_.Queue(w, Round::Push::Own(std::move(request), valid,
@@ -443,9 +451,16 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     // for x - x_hat.
     pull_start = clock_->Now();
     if (schedule_.has_value()) {
-      const CodecChoiceSpec* pull =
-          schedule_->schedule().pull(schedule_->PhaseAt(step_ - 1));
+      const size_t phase = schedule_->PhaseAt(step_ - 1);
+      const CompressionSchedule& schedule = schedule_->schedule();
+      const CodecChoiceSpec* pull = schedule.pull(phase);
       replica_->UseCodec(pull != nullptr ? pull->encoder.get() : nullptr);
+      if (schedule.has_tensor_pulls() &&
+          pull_plan_phase_ != static_cast<int64_t>(phase)) {
+        replica_->UseTensorCodecs(CodecPlan::ForSlice(
+            slots_, range_, schedule.TensorPullCodecs(phase, slots_)));
+        pull_plan_phase_ = static_cast<int64_t>(phase);
+      }
     }
     if (norms) {
       residual_norm = replica_->Advance(x_, step_, mean);

@@ -308,6 +308,10 @@ class Shard {
   // be behind its workers (restart), so a Register may fast-forward it.
   bool catching_up_ ABSL_GUARDED_BY(mu_) = true;
   v1::ModelLayout layout_ ABSL_GUARDED_BY(mu_);
+  std::vector<TensorSlot> slots_ ABSL_GUARDED_BY(mu_);  // layout_'s tensors
+  // The schedule phase whose per-tensor pull codecs the replica has (-1:
+  // none yet).
+  int64_t pull_plan_phase_ ABSL_GUARDED_BY(mu_) = -1;
   // A chunked installation in progress (before registered_).
   std::unique_ptr<ModelInstall> install_ ABSL_GUARDED_BY(mu_);
   ShardRange range_ ABSL_GUARDED_BY(mu_);

@@ -31,7 +31,7 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
   }
   auto accept = [&](bool defer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     metrics_->AddReceived(req.gradient().codec(),
-                          req.gradient().payload().size(),
+                          PayloadBytes(req.gradient()),
                           Fp32Bytes(req.gradient().num_elements()));
     Round::Push push =
         Round::Push::Own(std::move(request), valid, std::move(on_summed));

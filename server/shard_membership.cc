@@ -63,6 +63,13 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
   if (absl::Status s = ResolveSchedule(req.total_steps()).status(); !s.ok()) {
     return s;
   }
+  if (config_.schedule != nullptr) {
+    if (absl::Status s = config_.schedule->CheckTensors(*slots); !s.ok()) {
+      return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                    absl::FailedPreconditionError(
+                        absl::StrCat("--schedule: ", s.message())));
+    }
+  }
   if (req.resume_step() >= kMaxResumeStep) {
     return Reject(v1::REJECT_REASON_BAD_RESUME_STEP,
                   absl::InvalidArgumentError(absl::StrCat(
@@ -310,6 +317,8 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
     if (b < e) segments.push_back({b - range.begin, e - range.begin});
   }
   layout_ = layout;
+  slots_ = slots;
+  pull_plan_phase_ = -1;
   range_ = range;
   x_ = std::move(x);
   replica_->Reset(x_, config_.chunk_elements);

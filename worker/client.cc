@@ -10,6 +10,7 @@
 #include "common/codec.h"
 #include "common/fp32_tensor.h"
 #include "common/mix.h"
+#include "common/tensor_codecs.h"
 #include "common/rejection.h"
 #include "common/validated_tensor.h"
 
@@ -128,6 +129,11 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
                               absl::Span<const float> initial_weights) {
   absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(layout);
   if (!slots.ok()) return slots.status();
+  if (options_.schedule != nullptr) {
+    if (absl::Status st = options_.schedule->CheckTensors(*slots); !st.ok()) {
+      return st;
+    }
+  }
   const uint64_t total = TotalElements(layout);
   if (initial_weights.size() != total) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -136,6 +142,7 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   }
   registered_ = false;
   layout_ = layout;
+  slots_ = *slots;
   const size_t n = calls_->size();
   std::vector<ShardRange> ranges(n);
   std::vector<v1::RegisterResponse> resps(n);
@@ -248,9 +255,11 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   codecs.warmup_params = options_.warmup_params;
   codecs.ef_decay = options_.ef_decay;
   encoders_.clear();
+  tensor_plan_phase_.assign(n, -1);
+  replica_.Reset(total, std::move(ranges), min_step);
   for (size_t s = 0; s < n; ++s) {
     absl::StatusOr<std::unique_ptr<PushEncoder>> e =
-        PushEncoder::Create(codecs, ranges[s].size(), freezes, space,
+        PushEncoder::Create(codecs, replica_.range(s).size(), freezes, space,
                             momentum);
     if (!e.ok()) return e.status();
     encoders_.push_back(*std::move(e));
@@ -258,7 +267,6 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
       return st;
     }
   }
-  replica_.Reset(total, std::move(ranges), min_step);
   if (absl::Status st =
           PullAll(min_step, std::vector<bool>(n, true), /*push=*/nullptr);
       !st.ok()) {
@@ -336,6 +344,12 @@ absl::Status Client::SetPhase(size_t s, uint32_t phase) {
   if (schedule == nullptr) return absl::OkStatus();
   const CodecChoiceSpec* push = schedule->push(phase);
   encoders_[s]->UseCodec(push != nullptr ? push->encoder.get() : nullptr);
+  if (schedule->has_tensor_codecs() && tensor_plan_phase_[s] != phase) {
+    // The phase's per-tensor codecs over this shard's slice.
+    encoders_[s]->UseTensorCodecs(CodecPlan::ForSlice(
+        slots_, replica_.range(s), schedule->TensorPushCodecs(phase, slots_)));
+    tensor_plan_phase_[s] = phase;
+  }
   if (s == 0) phase_ = phase;
   return absl::OkStatus();
 }

@@ -291,6 +291,10 @@ class Client {
   Replica replica_;
   bool registered_ = false;
   v1::ModelLayout layout_;
+  std::vector<TensorSlot> slots_;  // layout_'s tensors in the flat space
+  // Per shard, the schedule phase whose per-tensor codecs its encoder has
+  // (-1: none yet).
+  std::vector<int64_t> tensor_plan_phase_;
   uint64_t run_length_ = 0;
   uint32_t phase_ = 0;  // the schedule phase shard 0 announced last
   v1::Consistency consistency_ = v1::CONSISTENCY_BSP;

@@ -112,7 +112,7 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
           absl::Status st = EncodeChunk(s, c, step_gradient_, req);
           encoding_ += absl::Now() - t;
           if (st.ok()) {
-            metrics_.CountPush(req->gradient().payload().size(),
+            metrics_.CountPush(PayloadBytes(req->gradient()),
                                Fp32Bytes(plans_[s].size(c)));
           }
           return st;
@@ -347,9 +347,9 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
                 "): answered chunk ", resp.chunk(), " for chunk ", c));
             return fatal[s];
           }
-          uint64_t pulled_bytes = resp.weights().payload().size();
+          uint64_t pulled_bytes = PayloadBytes(resp.weights());
           for (const v1::EncodedTensor& d : resp.later_deltas()) {
-            pulled_bytes += d.payload().size();
+            pulled_bytes += PayloadBytes(d);
           }
           metrics_.CountPull(pulled_bytes, Fp32Bytes(plan.size(c)));
           if (c == 0 && resp.kind() == v1::PULL_KIND_SNAPSHOT) {

@@ -57,7 +57,8 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
   }
   ErrorFeedback& ef = !freezes_ || compressing ? *push_ef_ : *warmup_ef_;
   if (!(compressing && freezes_ && beta_ > 0.0f)) {
-    return ef.EncodeAt(offset, g, seed, req->mutable_gradient());
+    return EncodeWithPlan(plan_, ef.codec(), &ef, offset, g, seed,
+                          req->mutable_gradient());
   }
   // The momentum of this chunk, kept only once its push is encoded (a
   // refused gradient changes nothing).
@@ -73,8 +74,8 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
     next_u_[i] = beta_ * u[i] + (1.0f - beta_) * g[i];
   }
   req->set_momentum(true);
-  if (absl::Status s = ef.EncodeAt(offset, next_u_, seed,
-                                   req->mutable_gradient());
+  if (absl::Status s = EncodeWithPlan(plan_, ef.codec(), &ef, offset,
+                                      next_u_, seed, req->mutable_gradient());
       !s.ok()) {
     return s;
   }

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/error_feedback.h"
+#include "common/tensor_codecs.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "worker/preconditioner.h"
 
@@ -65,6 +66,9 @@ class PushEncoder {
     warmup_ef_->UseCodec(codec);
     push_ef_->UseCodec(codec);
   }
+  // A schedule phase's per-tensor codecs over this slice, in every stage
+  // (tensors without one keep the stage's codec); CodecPlan() for none.
+  void UseTensorCodecs(CodecPlan plan) { plan_ = std::move(plan); }
   // Whether entering the compression stage needs the shard's frozen
   // variance (1-bit Adam, non-empty slice).
   bool needs_preconditioner() const { return freezes_ && n_ > 0; }
@@ -100,6 +104,7 @@ class PushEncoder {
   std::vector<float> next_u_;     // one chunk's new momentum, until encoded
   std::unique_ptr<ErrorFeedback> warmup_ef_;
   std::unique_ptr<ErrorFeedback> push_ef_;
+  CodecPlan plan_;                // per-tensor codecs (uniform: none)
   std::optional<Preconditioner> d_;  // once frozen (1-bit Adam)
   v1::OptimizerStage stage_ = v1::OPTIMIZER_STAGE_WARMUP;
 };

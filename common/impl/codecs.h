@@ -23,6 +23,11 @@
 namespace pserver {
 namespace impl {
 
+// The most segments a CODEC_SEGMENTS tensor may hold (codec.proto).
+inline constexpr int kMaxSegments = 4096;
+// CODEC_SEGMENTS' decoder (segments.cc).
+std::unique_ptr<Codec> NewSegmentsDecoder();
+
 // Shared plumbing: header checks and DecodeAccumulate = Validate + kernel.
 class CodecBase : public Codec {
  public:

@@ -147,6 +147,73 @@ TEST(ScheduleTest, RefusesBadSchedulesNamingTheField) {
               HasSubstr("expected at most"));
 }
 
+TEST(ScheduleTest, PerTensorCodecs) {
+  auto s = MustParse(R"({"phases": [
+    {"name": "tuned", "push": {"codec": "onebit"},
+     "tensors": [
+       {"tensor": "b", "push": {"codec": "fp32"}},
+       {"tensor": "c", "push": {"codec": "quantize", "params": {"bits": 4}},
+        "pull": {"codec": "bf16"}}]},
+    {"begin_step": 10}]})");
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->has_tensor_codecs());
+  EXPECT_TRUE(s->has_tensor_pulls());
+  const std::vector<TensorSlot> slots = {
+      {"a", 0, 300}, {"b", 300, 517}, {"c", 817, 77}};
+  EXPECT_TRUE(s->CheckTensors(slots).ok());
+  std::vector<const Codec*> push = s->TensorPushCodecs(0, slots);
+  ASSERT_EQ(push.size(), 3u);
+  EXPECT_EQ(push[0], nullptr);
+  ASSERT_NE(push[1], nullptr);
+  EXPECT_EQ(push[1]->id(), v1::CODEC_FP32);
+  ASSERT_NE(push[2], nullptr);
+  EXPECT_EQ(push[2]->params().bits(), 4u);
+  std::vector<const Codec*> pull = s->TensorPullCodecs(0, slots);
+  EXPECT_EQ(pull[1], nullptr);
+  ASSERT_NE(pull[2], nullptr);
+  EXPECT_EQ(pull[2]->id(), v1::CODEC_BF16);
+  // Phase 1 has no per-tensor codecs.
+  EXPECT_EQ(s->TensorPushCodecs(1, slots),
+            std::vector<const Codec*>(3, nullptr));
+  // A name that is not in the layout.
+  const std::vector<TensorSlot> other = {{"a", 0, 300}, {"b", 300, 517}};
+  absl::Status missing = s->CheckTensors(other);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.message(),
+              HasSubstr("phase 0 (\"tuned\") tensors[1]: tensor \"c\" is "
+                        "not in the model's layout; expected one of a, b"));
+  // Without tensors entries.
+  auto plain = MustParse(kStaged);
+  EXPECT_FALSE(plain->has_tensor_codecs());
+  EXPECT_TRUE(plain->CheckTensors({}).ok());
+}
+
+TEST(ScheduleTest, RefusesBadTensorEntries) {
+  EXPECT_THAT(ParseError(R"({"phases": [{"tensors": [
+                  {"push": {"codec": "fp32"}}]}]})"),
+              HasSubstr("phase 0 tensors[0]: tensor is missing"));
+  EXPECT_THAT(ParseError(R"({"phases": [{"tensors": [
+                  {"tensor": "a", "push": {"codec": "fp32"}},
+                  {"tensor": "a", "pull": {"codec": "bf16"}}]}]})"),
+              HasSubstr("phase 0 tensors[1]: tensor \"a\" appears twice"));
+  EXPECT_THAT(ParseError(R"({"phases": [{"tensors": [{"tensor": "a"}]}]})"),
+              HasSubstr("neither push nor pull is set"));
+  EXPECT_THAT(ParseError(R"({"phases": [{"tensors": [{"tensor": "a",
+                  "push": {"codec": "quantize", "params": {"bits": 1}}}]}]})"),
+              HasSubstr("phase 0 tensors[0] push: params.bits is 1"));
+  EXPECT_THAT(ParseError(R"({"phases": [{"tensors": [{"tensor": "a",
+                  "pull": {"codec": "gzip"}}]}]})"),
+              HasSubstr("phase 0 tensors[0] pull: codec name is \"gzip\""));
+  std::string many = R"({"phases": [{"tensors": [)";
+  for (int i = 0; i <= kMaxTensorCodecs; ++i) {
+    if (i > 0) many += ",";
+    many += "{\"tensor\": \"t" + std::to_string(i) +
+            "\", \"push\": {\"codec\": \"fp32\"}}";
+  }
+  many += "]}]}";
+  EXPECT_THAT(ParseError(many), HasSubstr("tensors entries; expected at most"));
+}
+
 TEST(ScheduleTest, ResolutionRefusesEmptyPhases) {
   // 0.1 and 0.15 of 10 rounds are both round 1: the middle phase is empty.
   auto s = MustParse(R"({"phases": [{}, {"begin_fraction": 0.1},

@@ -2,6 +2,8 @@
 // real gRPC channels on loopback: the push codec follows the phase the
 // shards announce, the pull codec the shard's phase, and a worker that
 // registers mid-run pushes with the current phase's codec at once.
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -154,6 +156,182 @@ TEST(ClientSchedule, FractionsNeedTheRunLength) {
     bytes.push_back((*c)->stats().push_payload_bytes - before);
   }
   EXPECT_EQ(bytes, (std::vector<uint64_t>{4 * n, 4 * n, 2 * n, 2 * n}));
+}
+
+// Per-tensor codecs: b is pushed exactly and pulled in bf16, c pushed in
+// 4-bit; the rest take the phase's onebit pushes and the shards' onebit
+// pulls. With one chunk per shard, every push and pull chunk holds pieces of
+// several tensors (CODEC_SEGMENTS).
+constexpr char kPerTensor[] = R"pb(
+  phases {
+    name: "tuned"
+    push { codec: "onebit" }
+    tensors { tensor: "b" push { codec: "fp32" } pull { codec: "bf16" } }
+    tensors { tensor: "c" push { codec: "quantize" params { bits: 4 } } }
+  }
+)pb";
+
+// Payload bytes of slice r of TestLayout encoded per tensor: `codecs` by
+// tensor name, `fallback` for the others; neighbouring tensors of the same
+// codec are encoded as one piece.
+uint64_t PieceBytes(const std::vector<TensorSlot>& slots, ShardRange r,
+                    const std::map<std::string, const Codec*>& codecs,
+                    const Codec& fallback) {
+  std::vector<std::pair<uint64_t, const Codec*>> pieces;  // length, codec
+  for (const TensorSlot& t : slots) {
+    const uint64_t b = std::max(t.offset, r.begin);
+    const uint64_t e = std::min(t.offset + t.size, r.end);
+    if (b >= e) continue;
+    auto it = codecs.find(t.name);
+    const Codec* c = it != codecs.end() ? it->second : &fallback;
+    if (!pieces.empty() && pieces.back().second == c) {
+      pieces.back().first += e - b;
+    } else {
+      pieces.emplace_back(e - b, c);
+    }
+  }
+  uint64_t bytes = 0;
+  for (const auto& [length, c] : pieces) {
+    std::vector<float> v = Values(length, length);
+    v1::EncodedTensor out;
+    EXPECT_TRUE(c->Encode(v, 1, &out).ok());
+    bytes += out.payload().size();
+  }
+  return bytes;
+}
+
+TEST(ClientSchedule, PerTensorCodecsPushAndPullEachTensorWithItsOwn) {
+  constexpr uint32_t kShards = 2, kWorkers = 2;
+  constexpr int kSteps = 4;
+  auto schedule = CompressionSchedule::Parse(kPerTensor, "tuned.txtpb");
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  auto cluster = StartScheduled(kShards, kWorkers, *schedule);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  const std::vector<float> init = Values(n, 8);
+  std::vector<std::vector<uint64_t>> push_bytes(kWorkers), pull_bytes(kWorkers);
+  std::vector<std::vector<float>> final_weights(kWorkers);
+  std::vector<absl::Status> status(kWorkers);
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      ClientOptions o = Options(*cluster, w, v1::CODEC_TOPK);
+      o.schedule = *schedule;
+      auto c = Client::Connect(o);
+      if (!c.ok()) {
+        status[w] = c.status();
+        return;
+      }
+      status[w] = (*c)->Register(layout, init);
+      for (int t = 0; t < kSteps && status[w].ok(); ++t) {
+        const ClientStats before = (*c)->stats();
+        status[w] = (*c)->Step(Gradient(n, w, t));
+        push_bytes[w].push_back((*c)->stats().push_payload_bytes -
+                                before.push_payload_bytes);
+        pull_bytes[w].push_back((*c)->stats().pull_payload_bytes -
+                                before.pull_payload_bytes);
+      }
+      final_weights[w].assign((*c)->weights().begin(), (*c)->weights().end());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+
+  absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(layout);
+  ASSERT_TRUE(slots.ok());
+  auto onebit = MakeCodec(v1::CODEC_ONEBIT, {});
+  auto fp32 = MakeCodec(v1::CODEC_FP32, {});
+  auto bf16 = MakeCodec(v1::CODEC_BF16, {});
+  v1::CodecParams q4_params;
+  q4_params.set_bits(4);
+  auto q4 = MakeCodec(v1::CODEC_QUANTIZE, q4_params);
+  uint64_t want_push = 0, want_pull = 0;
+  for (uint32_t s = 0; s < kShards; ++s) {
+    const ShardRange r = ShardRangeFor(n, kShards, s);
+    want_push += PieceBytes(*slots, r, {{"b", fp32->get()}, {"c", q4->get()}},
+                            **onebit);
+    want_pull += PieceBytes(*slots, r, {{"b", bf16->get()}}, **onebit);
+  }
+  // Not what a single codec would send.
+  ASSERT_NE(want_push, OneBitBytes(ShardRangeFor(n, kShards, 0).size()) +
+                           OneBitBytes(ShardRangeFor(n, kShards, 1).size()));
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
+    for (int t = 0; t < kSteps; ++t) {
+      SCOPED_TRACE(absl::StrCat("worker ", w, " step ", t));
+      EXPECT_EQ(push_bytes[w][t], want_push);
+      // Every step's pull is a delta of the per-tensor pull codecs (the
+      // replica checksums after each pull prove the worker decoded the
+      // segments to the shard's x_hat bit for bit).
+      EXPECT_EQ(pull_bytes[w][t], want_pull);
+    }
+    EXPECT_TRUE(BitEqual(final_weights[w], final_weights[0]));
+  }
+  for (uint32_t s = 0; s < kShards; ++s) {
+    ShardRange r = ShardRangeFor(n, kShards, s);
+    EXPECT_EQ(ChecksumOf(absl::MakeConstSpan(final_weights[0])
+                             .subspan(r.begin, r.size())),
+              cluster->shard(s)->Status().replica_checksum());
+  }
+}
+
+TEST(ClientSchedule, PerTensorCodecsNeedTheTensorsAndCompressedPulls) {
+  auto schedule = CompressionSchedule::Parse(
+      R"({"phases": [{"tensors": [{"tensor": "zz",
+                                   "push": {"codec": "fp32"}}]}]})",
+      "typo.json");
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  auto cluster = StartScheduled(1, 1, *schedule);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  // The worker refuses before it registers anywhere.
+  ClientOptions o = Options(*cluster, 0, v1::CODEC_ONEBIT);
+  o.schedule = *schedule;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  absl::Status s = (*c)->Register(layout, Values(n, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensor \"zz\" is not in the model's "
+                                     "layout; expected one of a, b, c, d"));
+  // The shard too (a client of another build): FAILED_PRECONDITION, and
+  // nothing installed.
+  v1::RegisterRequest req;
+  req.set_worker_id(0);
+  req.set_num_workers(1);
+  req.set_shard_index(0);
+  req.set_num_shards(1);
+  *req.mutable_layout() = layout;
+  req.set_schedule_fingerprint((*schedule)->fingerprint());
+  std::vector<float> init = Values(n, 1);
+  v1::EncodedTensor* w = req.mutable_initial_weights();
+  w->set_codec(v1::CODEC_FP32);
+  w->set_num_elements(n);
+  w->set_payload(std::string(reinterpret_cast<const char*>(init.data()),
+                             4 * n));
+  absl::StatusOr<v1::RegisterResponse> r = cluster->shard(0)->Register(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("--schedule: phase 0 tensors[0]: tensor \"zz\""));
+  EXPECT_FALSE(cluster->shard(0)->Status().model_registered());
+
+  // A shard with fp32 pulls cannot serve per-tensor pull codecs.
+  auto pulls = CompressionSchedule::Parse(
+      R"({"phases": [{"tensors": [{"tensor": "a",
+                                   "pull": {"codec": "bf16"}}]}]})",
+      "pulls.json");
+  ASSERT_TRUE(pulls.ok());
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer = ExactSgd();
+  config.pull_codec = v1::CODEC_FP32;
+  config.schedule = *pulls;
+  prometheus::Registry registry;
+  auto server = StartShard(config, 0, 0, &registry);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(),
+              HasSubstr("--pull_codec is fp32; expected a compressed"));
 }
 
 }  // namespace

@@ -1,0 +1,77 @@
+// Per-tensor codecs over one shard's slice: a schedule phase may give the
+// model's tensors codecs of their own (SchedulePhase.tensors, written by
+// pserver_tune). A CodecPlan says which codec each range of the slice takes;
+// EncodeWithPlan encodes one chunk of the slice by it: a chunk inside one
+// tensor range is a plain tensor of that codec, a chunk holding pieces of
+// tensors with different codecs becomes CODEC_SEGMENTS (codec.proto), one
+// segment per piece. Every decoder (ValidateTensor, DecoderFor) decodes
+// both, so the shard's sums and the workers' replicas need nothing else.
+//
+//   CodecPlan plan = CodecPlan::ForSlice(slots, range,
+//                                        schedule.TensorPushCodecs(phase, slots));
+//   EncodeWithPlan(plan, ef.codec(), &ef, chunk_begin, chunk, seed, &out);
+#ifndef PSERVER_COMMON_TENSOR_CODECS_H_
+#define PSERVER_COMMON_TENSOR_CODECS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/codec.h"
+#include "common/error_feedback.h"
+#include "common/layout.h"
+#include "pserver/v1/codec.pb.h"
+
+namespace pserver {
+
+// Slice elements [begin, end) encoded with `codec`; nullptr: the stream's
+// own codec (the phase's or the daemon's).
+struct CodecPiece {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  const Codec* codec = nullptr;
+};
+
+// Immutable after construction; copyable. The codecs are borrowed (the
+// schedule owns them) and must outlive the plan's use.
+class CodecPlan {
+ public:
+  // One codec over the whole slice.
+  CodecPlan() = default;
+  // The plan of the slice `range` of a model whose tensors lie at `slots`,
+  // tensor i taking codecs[i] (nullptr: the stream's codec). Neighbouring
+  // tensors with the same codec form one piece.
+  // REQUIRES: codecs.size() == slots.size().
+  static CodecPlan ForSlice(const std::vector<TensorSlot>& slots,
+                            ShardRange range,
+                            const std::vector<const Codec*>& codecs);
+
+  // No tensor of the slice has a codec of its own.
+  bool uniform() const { return pieces_.empty(); }
+  // The pieces of slice elements [offset, offset + n), clipped to it, in
+  // order; one piece when uniform() (codec nullptr) or the span lies in one.
+  void Cut(uint64_t offset, uint64_t n, std::vector<CodecPiece>* out) const;
+  // Whether some piece uses a codec other than fp32 (counting nullptr as
+  // `stream`).
+  bool AnyLossy(const Codec& stream) const;
+
+ private:
+  std::vector<CodecPiece> pieces_;  // cover the slice; empty when uniform
+};
+
+// Encodes slice elements [offset, offset + u.size()) by `plan` into *out:
+// nullptr pieces take `stream`. One piece: a plain tensor of its codec, with
+// `seed`. Several: CODEC_SEGMENTS, piece i encoded with MixPair(seed, i).
+// With `ef`, each piece goes through ef->EncodeAtWith (error feedback on
+// that piece of the residual); without, through the codec's Encode.
+// INVALID_ARGUMENT for a non-finite input (checked before any piece is
+// encoded, so the residual is unchanged) or a piece the codec refuses.
+absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
+                            ErrorFeedback* ef, uint64_t offset,
+                            absl::Span<const float> u, uint64_t seed,
+                            v1::EncodedTensor* out);
+
+}  // namespace pserver
+
+#endif  // PSERVER_COMMON_TENSOR_CODECS_H_
