@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <set>
 #include <utility>
@@ -111,6 +112,113 @@ std::vector<size_t> LowerHull(const std::vector<size_t>& eligible,
     hull.push_back(c);
   }
   return hull;
+}
+
+
+double TotalErrSq(const std::vector<TensorChoice>& tensors,
+                  const std::vector<size_t>& pick) {
+  double e = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    e += tensors[t].candidates[pick[t]].ef_err_sq;
+  }
+  return e;
+}
+
+// Greedy on the lower convex hulls: every tensor at its cheapest point, then
+// the upgrade with the largest error reduction per extra byte that still
+// fits, until none does. On convex hulls this is optimal up to the first
+// upgrade that does not fit; past it, a large tensor that cannot take its
+// next step is left behind while small ones take theirs.
+std::vector<size_t> GreedyAllocation(
+    const std::vector<TensorChoice>& tensors,
+    const std::vector<std::vector<size_t>>& options, double budget) {
+  std::vector<std::vector<size_t>> hulls;
+  std::vector<size_t> at(tensors.size(), 0);
+  double used = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    hulls.push_back(LowerHull(options[t], tensors[t].candidates));
+    used += tensors[t].candidates[hulls[t].front()].bytes;
+  }
+  std::vector<bool> stuck(tensors.size(), false);
+  for (;;) {
+    size_t best = tensors.size();
+    double best_gain = 0;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (stuck[t] || at[t] + 1 >= hulls[t].size()) continue;
+      const CandidateSummary& a = tensors[t].candidates[hulls[t][at[t]]];
+      const CandidateSummary& b = tensors[t].candidates[hulls[t][at[t] + 1]];
+      if (used - a.bytes + b.bytes > budget) {
+        stuck[t] = true;  // later points cost more still
+        continue;
+      }
+      const double gain = (a.ef_err_sq - b.ef_err_sq) / (b.bytes - a.bytes);
+      if (best == tensors.size() || gain > best_gain) {
+        best = t;
+        best_gain = gain;
+      }
+    }
+    if (best == tensors.size()) break;
+    const size_t from = hulls[best][at[best]];
+    const size_t to = hulls[best][++at[best]];
+    used += tensors[best].candidates[to].bytes -
+            tensors[best].candidates[from].bytes;
+  }
+  std::vector<size_t> pick(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) pick[t] = hulls[t][at[t]];
+  return pick;
+}
+
+// The multiple-choice knapsack solved exactly by dynamic programming over
+// the budget cut into kUnits units, every candidate's bytes rounded up to
+// whole units (so the answer always fits; rounding may only cost it a
+// better choice). Finds what the greedy leaves behind. Empty when the
+// rounding leaves nothing feasible.
+std::vector<size_t> KnapsackAllocation(
+    const std::vector<TensorChoice>& tensors,
+    const std::vector<std::vector<size_t>>& options, double budget) {
+  // At most 2^24 cells of the choice table (32 MiB) beyond 4096 units per
+  // tensor (GradientFileLimits allows 4096 tensors).
+  constexpr size_t kMaxCells = size_t{1} << 24;
+  const size_t n = tensors.size();
+  const size_t units = std::min<size_t>(size_t{1} << 16,
+                                        std::max<size_t>(4096, kMaxCells / n));
+  const double unit = budget / static_cast<double>(units);
+  // best[k]: least error of the tensors so far within k units.
+  std::vector<double> best(units + 1, 0.0), next(units + 1);
+  // choice[t * (units + 1) + k]: the candidate tensor t takes within k.
+  std::vector<uint16_t> choice(n * (units + 1), UINT16_MAX);
+  for (size_t t = 0; t < n; ++t) {
+    std::fill(next.begin(), next.end(), INFINITY);
+    for (size_t c : options[t]) {
+      const CandidateSummary& s = tensors[t].candidates[c];
+      const double cost_units = std::ceil(s.bytes / unit);
+      if (!(cost_units <= static_cast<double>(units)) || c >= UINT16_MAX) {
+        continue;
+      }
+      const size_t cost = static_cast<size_t>(std::max(0.0, cost_units));
+      for (size_t k = cost; k <= units; ++k) {
+        const double e = best[k - cost] + s.ef_err_sq;
+        if (e < next[k]) {
+          next[k] = e;
+          choice[t * (units + 1) + k] = static_cast<uint16_t>(c);
+        }
+      }
+    }
+    best.swap(next);
+  }
+  if (!std::isfinite(best[units])) return {};
+  std::vector<size_t> pick(n);
+  size_t k = units;
+  for (size_t t = n; t-- > 0;) {
+    const uint16_t c = choice[t * (units + 1) + k];
+    pick[t] = c;
+    const double cost_units = std::ceil(tensors[t].candidates[c].bytes / unit);
+    k -= static_cast<size_t>(std::max(0.0, cost_units));
+  }
+  double bytes = 0;
+  for (size_t t = 0; t < n; ++t) bytes += tensors[t].candidates[pick[t]].bytes;
+  if (bytes > budget) return {};  // rounding in the units' arithmetic
+  return pick;
 }
 
 }  // namespace
@@ -336,53 +444,34 @@ absl::StatusOr<TuneResult> TuneCodecs(
       ChooseWithinTarget(e, o.target_error, &t);
     }
   } else {
-    // Greedy on the lower convex hulls: every tensor at its cheapest point,
-    // then the upgrade with the largest error reduction per extra byte that
-    // still fits, until none does. On convex hulls this is the optimum of
-    // the continuous relaxation up to the last upgrade.
-    std::vector<std::vector<size_t>> hulls;
-    std::vector<size_t> at(r.tensors.size(), 0);
-    double used = 0;
+    std::vector<std::vector<size_t>> options;
+    double cheapest = 0;
     for (TensorChoice& t : r.tensors) {
-      const std::vector<size_t> e = Eligible(t, fp32, o);
-      hulls.push_back(LowerHull(e, t.candidates));
-      t.chosen = hulls.back().front();
-      t.reason = e.size() == 1 ? "dense" : "budget";
-      used += t.choice().bytes;
+      options.push_back(Eligible(t, fp32, o));
+      t.reason = options.back().size() == 1 ? "dense" : "budget";
+      double least = INFINITY;
+      for (size_t c : options.back()) {
+        least = std::min(least, t.candidates[c].bytes);
+      }
+      cheapest += least;
     }
-    if (used > o.budget_bytes) {
+    if (cheapest > o.budget_bytes) {
       return absl::OutOfRangeError(absl::StrCat(
           "budget of ", static_cast<uint64_t>(o.budget_bytes),
           " bytes per step is below the smallest encoding of the model's "
           "tensors among the candidates, ",
-          static_cast<uint64_t>(std::ceil(used)), " bytes per step"));
+          static_cast<uint64_t>(std::ceil(cheapest)), " bytes per step"));
     }
-    std::vector<bool> stuck(r.tensors.size(), false);
-    for (;;) {
-      size_t best = r.tensors.size();
-      double best_gain = 0;
-      for (size_t t = 0; t < r.tensors.size(); ++t) {
-        if (stuck[t] || at[t] + 1 >= hulls[t].size()) continue;
-        const CandidateSummary& a = r.tensors[t].candidates[hulls[t][at[t]]];
-        const CandidateSummary& b =
-            r.tensors[t].candidates[hulls[t][at[t] + 1]];
-        if (used - a.bytes + b.bytes > o.budget_bytes) {
-          // Later points cost more still.
-          stuck[t] = true;
-          continue;
-        }
-        const double gain = (a.ef_err_sq - b.ef_err_sq) / (b.bytes - a.bytes);
-        if (best == r.tensors.size() || gain > best_gain) {
-          best = t;
-          best_gain = gain;
-        }
-      }
-      if (best == r.tensors.size()) break;
-      TensorChoice& t = r.tensors[best];
-      used -= t.choice().bytes;
-      t.chosen = hulls[best][++at[best]];
-      used += t.choice().bytes;
-    }
+    const std::vector<size_t> greedy =
+        GreedyAllocation(r.tensors, options, o.budget_bytes);
+    const std::vector<size_t> knapsack =
+        KnapsackAllocation(r.tensors, options, o.budget_bytes);
+    // The greedy, unless the knapsack's answer errs less.
+    const bool exact_better =
+        !knapsack.empty() &&
+        TotalErrSq(r.tensors, knapsack) < TotalErrSq(r.tensors, greedy);
+    const std::vector<size_t>& pick = exact_better ? knapsack : greedy;
+    for (size_t t = 0; t < r.tensors.size(); ++t) r.tensors[t].chosen = pick[t];
   }
 
   for (const TensorChoice& t : r.tensors) r.bytes += t.choice().bytes;

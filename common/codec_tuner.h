@@ -78,7 +78,13 @@ struct TunerOptions {
   // bytes whose EF window error is <= target_error.
   double target_error = 0;
   // Budget mode when > 0: payload bytes per step for the whole model (see
-  // BudgetBytesPerStep).
+  // BudgetBytesPerStep). The choice minimises the sum over tensors of the
+  // absolute squared EF window error (CandidateSummary::ef_err_sq) within
+  // the budget: the greedy on each tensor's lower convex hull of (bytes,
+  // error), or, when it errs less, the exact multiple-choice knapsack
+  // solved by dynamic programming on bytes rounded up to units of
+  // budget / 4096 or finer (the greedy can strand a large tensor below an
+  // upgrade that no longer fits once small tensors took theirs).
   double budget_bytes = 0;
   // Tensors of at most this many fp32 bytes stay fp32.
   uint64_t dense_below_bytes = 4096;

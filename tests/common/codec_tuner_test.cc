@@ -228,6 +228,23 @@ TEST(CodecTuner, UpgradesAlongTheHull) {
   EXPECT_NEAR(TotalErrSq(*r), 0.0001 + 0.04, 1e-12);
 }
 
+// The greedy alone strands a large tensor: the small loud one takes its
+// cheap upgrades first, after which the large one's next step (+25000
+// bytes) no longer fits, and the rest goes to the small one (error 2.5002).
+// The knapsack's answer gives the large tensor its step (error 0.6).
+TEST(CodecTuner, BudgetDoesNotStrandALargeTensor) {
+  const auto c = Candidates(3);
+  const std::vector<TensorMeasurement> m = {
+      Tensor("large", 100000, {100000, 50000, 25000}, {0.01, 0.1, 0.5}, 10),
+      Tensor("small", 10000, {10000, 5000, 2500}, {0.01, 0.1, 0.5}, 2)};
+  absl::StatusOr<TuneResult> r = TuneCodecs(c, m, Budget(53000));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tensors[0].chosen, 2u);
+  EXPECT_EQ(r->tensors[1].chosen, 3u);
+  EXPECT_NEAR(TotalErrSq(*r), 0.6, 1e-9);
+  EXPECT_LE(r->bytes, 53000.0);
+}
+
 TEST(CodecTuner, ImpossibleBudgetNamesBudgetAndMinimum) {
   const auto c = Candidates(3);
   const std::vector<TensorMeasurement> m = MixedModel();
