@@ -180,8 +180,11 @@ std::string TuneSvg(absl::Span<const CodecCandidate> candidates,
   size_t omitted = 0;
   for (const TunedDirection* d : {&push, pull}) {
     if (d == nullptr) continue;
-    std::vector<size_t> order(d->result.tensors.size());
-    for (size_t t = 0; t < order.size(); ++t) order[t] = t;
+    // Tensors kept dense had no choice to show.
+    std::vector<size_t> order;
+    for (size_t t = 0; t < d->result.tensors.size(); ++t) {
+      if (d->result.tensors[t].reason != "dense") order.push_back(t);
+    }
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return d->result.tensors[a].elements > d->result.tensors[b].elements;
     });
@@ -298,8 +301,8 @@ std::string TuneSvg(absl::Span<const CodecCandidate> candidates,
   absl::StrAppendFormat(
       &s,
       "<text x=\"%d\" y=\"%d\" fill=\"#555\">Error 0 (fp32) is drawn on the "
-      "bottom edge; faded points save less than the tuner's minimum; hover a "
-      "point for its codec.%s</text>\n",
+      "bottom edge; faded points save less than the tuner's minimum; tensors "
+      "kept dense are not drawn; hover a point for its codec.%s</text>\n",
       left, ly,
       omitted == 0
           ? ""

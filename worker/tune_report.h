@@ -36,7 +36,8 @@ std::string TuneJson(absl::Span<const CodecCandidate> candidates,
 
 // Error (EF window error, log) against bytes per step (log), one panel per
 // tensor and direction (the largest kMaxPlotPanels tensors when there are
-// more), one colour per codec family, the chosen codec ringed.
+// more; none for tensors kept dense), one colour per codec family, the
+// chosen codec ringed.
 inline constexpr size_t kMaxPlotPanels = 24;
 std::string TuneSvg(absl::Span<const CodecCandidate> candidates,
                     const TunedDirection& push, const TunedDirection* pull);

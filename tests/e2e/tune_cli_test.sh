@@ -79,7 +79,11 @@ import sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 ns = "{http://www.w3.org/2000/svg}"
 chosen = [c for c in root.iter(ns + "circle") if c.get("stroke") == "black"]
-assert len(chosen) == 6, len(chosen)  # 3 tensors x push and pull
+# fc1.weight and fc2.weight, push and pull; the dense bias has no panel.
+assert len(chosen) == 4, len(chosen)
+titles = [t.text for t in root.iter(ns + "text")]
+assert any("fc2.weight" in (t or "") for t in titles), titles
+assert not any("fc1.bias" in (t or "") for t in titles), titles
 EOF
 fi
 
