@@ -3,8 +3,9 @@
 // (common/codec_profile.h), either the most compressing one within a target
 // error or the most accurate allocation within a byte budget; and the
 // compression schedule (common/schedule.h) that names those codecs per
-// tensor. pserver_tune (worker/tune_main.cc) reads the capture, profiles and
-// writes the files; this file does no I/O.
+// tensor. The profiles come from common/tuner_measure.h; pserver_tune
+// (worker/tune_main.cc) reads the capture and writes the files; this file
+// does no I/O.
 //
 // Windows. A capture holds one or more windows of consecutive steps (e.g.
 // early, middle and late in training); every candidate is profiled on each
@@ -14,9 +15,12 @@
 // model, is summed over the windows.
 //
 //   std::vector<CodecCandidate> cands = DefaultTunerCandidates();
-//   auto m = MeasureCandidates(capture, SplitStepWindows(capture, 0), cands, {});
-//   TunerOptions o;  o.target_error = 0.05;
+//   auto m = MeasureCandidates(capture, *SplitStepWindows(capture, 0), cands,
+//                              ProfileOptions{});
+//   TunerOptions o;
+//   o.target_error = 0.05;
 //   absl::StatusOr<TuneResult> r = TuneCodecs(cands, *m, o);
+//   std::string json = *ScheduleToJson(TunedSchedule(cands, *r, nullptr));
 #ifndef PSERVER_COMMON_CODEC_TUNER_H_
 #define PSERVER_COMMON_CODEC_TUNER_H_
 
@@ -29,49 +33,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/codec_profile.h"
-#include "common/gradient_file.h"
+#include "common/tuner_measure.h"
 #include "pserver/v1/schedule.pb.h"
 
 namespace pserver {
-
-// Steps [begin, end) of a capture (indices into GradientCapture::steps).
-struct StepWindow {
-  size_t begin = 0;
-  size_t end = 0;
-};
-
-// The capture's windows: every maximal run of consecutive step numbers, cut
-// into windows of `length` steps when length > 0 (a run's remainder shorter
-// than `length` is dropped). INVALID_ARGUMENT when the capture has no steps
-// or, with length > 0, when no run holds `length` steps.
-absl::StatusOr<std::vector<StepWindow>> SplitStepWindows(
-    const GradientCapture& capture, size_t length);
-
-// The default candidates: fp32, bf16, quantize 2/4/6/8-bit adaptive nearest,
-// onebit (block 256, mean |u|), topk and topk_quantize (8-bit) at 1%, 5% and
-// 10%, block_topk (block 16) at 1%, 5% and 10%; all taken from CodecSweep().
-std::vector<CodecCandidate> DefaultTunerCandidates();
-
-// The candidates a comma list names: each item a CodecSweep() label ("topk
-// 1%") or family ("quantize": all its configurations), ASCII
-// case-insensitive, in sweep order without repeats; fp32 is added when the
-// list leaves it out. INVALID_ARGUMENT naming the first unknown item.
-absl::StatusOr<std::vector<CodecCandidate>> SelectCandidates(
-    absl::string_view list);
-
-// One tensor's profiles: profiles[c][w] is candidate c on window w.
-struct TensorMeasurement {
-  std::string name;
-  uint64_t elements = 0;
-  std::vector<std::vector<CodecProfile>> profiles;
-};
-
-// Profiles every candidate on every tensor of `capture` over every window.
-// Errors are ProfileCodec's and MakeCodec's, prefixed with the tensor and
-// the candidate's label.
-absl::StatusOr<std::vector<TensorMeasurement>> MeasureCandidates(
-    const GradientCapture& capture, absl::Span<const StepWindow> windows,
-    absl::Span<const CodecCandidate> candidates, const ProfileOptions& options);
 
 struct TunerOptions {
   // Target-error mode when > 0: per tensor, the candidate with the fewest
@@ -134,13 +99,13 @@ struct TuneResult {
   double budget_bytes = 0;  // the options', 0 in target-error mode
 };
 
-// Chooses a codec per tensor. REQUIRES nothing of the inputs: INVALID_ARGUMENT
-// when exactly one of target_error (finite, > 0) and budget_bytes (finite,
-// > 0) is not given, when `candidates` holds no fp32, or when a measurement
-// does not hold one list of profiles per candidate with the same windows;
-// OUT_OF_RANGE "budget of B bytes per step is below the smallest encoding,
-// M bytes per step" when even the cheapest choices do not fit. Deterministic:
-// ties go to the earlier candidate.
+// Chooses a codec per tensor. INVALID_ARGUMENT unless exactly one of
+// target_error and budget_bytes is given (finite, > 0), when `candidates`
+// holds no fp32, or when a measurement does not hold one list of profiles
+// per candidate over the same windows; OUT_OF_RANGE "budget of B bytes per
+// step is below the smallest encoding ..., M bytes per step" when even the
+// cheapest choices do not fit. Deterministic: ties go to the earlier
+// candidate.
 absl::StatusOr<TuneResult> TuneCodecs(
     absl::Span<const CodecCandidate> candidates,
     absl::Span<const TensorMeasurement> tensors, const TunerOptions& options);

@@ -77,19 +77,21 @@ bool Positive(const std::optional<double>& v) {
   return v.has_value() && std::isfinite(*v) && *v > 0;
 }
 
-// Reads, windows and profiles one capture file.
+// One capture file: read, cut into windows, then profiled.
 struct Measured {
+  std::string flag;  // "gradients" or "deltas"
+  std::string path;
   GradientCapture capture;
   std::vector<StepWindow> windows;
   std::vector<TensorMeasurement> tensors;
   size_t steps = 0;
 };
 
-absl::StatusOr<Measured> Measure(const std::string& flag,
-                                 const std::string& path, size_t window,
-                                 absl::Span<const CodecCandidate> candidates,
-                                 const ProfileOptions& po) {
+absl::StatusOr<Measured> Read(const std::string& flag, const std::string& path,
+                              size_t window) {
   Measured m;
+  m.flag = flag;
+  m.path = path;
   absl::StatusOr<GradientCapture> c = ReadGradientFile(path);
   if (!c.ok()) {
     return absl::Status(c.status().code(),
@@ -105,15 +107,20 @@ absl::StatusOr<Measured> Measure(const std::string& flag,
   }
   m.windows = *std::move(w);
   for (const StepWindow& sw : m.windows) m.steps += sw.end - sw.begin;
+  return m;
+}
+
+absl::Status Profile(absl::Span<const CodecCandidate> candidates,
+                     const ProfileOptions& po, Measured* m) {
   absl::StatusOr<std::vector<TensorMeasurement>> t =
-      MeasureCandidates(m.capture, m.windows, candidates, po);
+      MeasureCandidates(m->capture, m->windows, candidates, po);
   if (!t.ok()) {
     return absl::Status(t.status().code(),
-                        absl::StrCat("--", flag, " ", path, ": ",
+                        absl::StrCat("--", m->flag, " ", m->path, ": ",
                                      t.status().message()));
   }
-  m.tensors = *std::move(t);
-  return m;
+  m->tensors = *std::move(t);
+  return absl::OkStatus();
 }
 
 int Run() {
@@ -199,26 +206,28 @@ int Run() {
                                 "; expected a finite value"));
   }
 
-  absl::StatusOr<Measured> g =
-      Measure("gradients", gradients, window, *candidates, po);
+  // Both files are read and checked before the (longer) profiling.
+  absl::StatusOr<Measured> g = Read("gradients", gradients, window);
   if (!g.ok()) return Fail(1, g.status().message());
   std::optional<Measured> d;
   if (!deltas.empty()) {
-    // Refuse a mismatched layout before profiling it.
-    absl::StatusOr<GradientCapture> head = ReadGradientFile(deltas);
-    if (!head.ok()) {
-      return Fail(1, absl::StrCat("--deltas: ", head.status().message()));
-    }
+    absl::StatusOr<Measured> m = Read("deltas", deltas, window);
+    if (!m.ok()) return Fail(1, m.status().message());
     const std::string diff =
-        FirstLayoutDifference(head->layout, g->capture.layout);
+        FirstLayoutDifference(m->capture.layout, g->capture.layout);
     if (!diff.empty()) {
       return Fail(1, absl::StrCat("--deltas ", deltas,
                                   ": layout differs from --gradients': ", diff));
     }
-    absl::StatusOr<Measured> m =
-        Measure("deltas", deltas, window, *candidates, po);
-    if (!m.ok()) return Fail(1, m.status().message());
     d = *std::move(m);
+  }
+  if (absl::Status s = Profile(*candidates, po, &*g); !s.ok()) {
+    return Fail(1, s.message());
+  }
+  if (d.has_value()) {
+    if (absl::Status s = Profile(*candidates, po, &*d); !s.ok()) {
+      return Fail(1, s.message());
+    }
   }
 
   absl::StatusOr<TuneResult> push =
