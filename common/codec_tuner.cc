@@ -31,8 +31,8 @@ CandidateSummary Summarize(uint64_t elements,
         first ? dec : std::min(s.decode_elements_per_second, dec);
     first = false;
   }
-  s.ratio = s.bytes > 0 ? static_cast<double>(Fp32Bytes(elements)) / s.bytes
-                        : 0.0;
+  s.ratio =
+      s.bytes > 0 ? static_cast<double>(Fp32Bytes(elements)) / s.bytes : 0.0;
   return s;
 }
 
@@ -92,14 +92,15 @@ std::vector<size_t> LowerHull(const std::vector<size_t>& eligible,
   });
   std::vector<size_t> hull;
   for (size_t c : sorted) {
-    // Dominated: no cheaper point errs as little.
+    // Dominated: a cheaper point errs as little.
     if (!hull.empty() && s[c].ef_err_sq >= s[hull.back()].ef_err_sq) continue;
     // Pop points above the segment from the one before to c.
     while (hull.size() >= 2) {
       const CandidateSummary& a = s[hull[hull.size() - 2]];
       const CandidateSummary& b = s[hull.back()];
-      const double cross = (b.bytes - a.bytes) * (s[c].ef_err_sq - a.ef_err_sq) -
-                           (b.ef_err_sq - a.ef_err_sq) * (s[c].bytes - a.bytes);
+      const double cross =
+          (b.bytes - a.bytes) * (s[c].ef_err_sq - a.ef_err_sq) -
+          (b.ef_err_sq - a.ef_err_sq) * (s[c].bytes - a.bytes);
       if (cross > 0) break;  // b lies below the segment a-c: keep it
       hull.pop_back();
     }
@@ -107,7 +108,6 @@ std::vector<size_t> LowerHull(const std::vector<size_t>& eligible,
   }
   return hull;
 }
-
 
 double TotalErrSq(const std::vector<TensorChoice>& tensors,
                   const std::vector<size_t>& pick) {
@@ -163,8 +163,8 @@ std::vector<size_t> GreedyAllocation(
 }
 
 // The multiple-choice knapsack solved exactly by dynamic programming over
-// the budget cut into kUnits units, every candidate's bytes rounded up to
-// whole units (so the answer always fits; rounding may only cost it a
+// the budget cut into 4096 to 65536 units, every candidate's bytes rounded
+// up to whole units (so the answer always fits; rounding may only cost it a
 // better choice). Finds what the greedy leaves behind. Empty when the
 // rounding leaves nothing feasible.
 std::vector<size_t> KnapsackAllocation(
@@ -174,8 +174,8 @@ std::vector<size_t> KnapsackAllocation(
   // tensor (GradientFileLimits allows 4096 tensors).
   constexpr size_t kMaxCells = size_t{1} << 24;
   const size_t n = tensors.size();
-  const size_t units = std::min<size_t>(size_t{1} << 16,
-                                        std::max<size_t>(4096, kMaxCells / n));
+  const size_t units =
+      std::min<size_t>(size_t{1} << 16, std::max<size_t>(4096, kMaxCells / n));
   const double unit = budget / static_cast<double>(units);
   // best[k]: least error of the tensors so far within k units.
   std::vector<double> best(units + 1, 0.0), next(units + 1);
@@ -217,8 +217,7 @@ std::vector<size_t> KnapsackAllocation(
 
 }  // namespace
 
-double BudgetBytesPerStep(double link_gbps, double step_seconds,
-                          double share) {
+double BudgetBytesPerStep(double link_gbps, double step_seconds, double share) {
   return link_gbps * 1e9 / 8 * step_seconds * share;
 }
 
@@ -257,9 +256,8 @@ absl::StatusOr<TuneResult> TuneCodecs(
   if (tensors.empty()) {
     return absl::InvalidArgumentError("tensors is empty; expected >= 1");
   }
-  const size_t windows = tensors[0].profiles.empty()
-                             ? 0
-                             : tensors[0].profiles[0].size();
+  const size_t windows =
+      tensors[0].profiles.empty() ? 0 : tensors[0].profiles[0].size();
   if (windows == 0) {
     return absl::InvalidArgumentError(
         "tensors[0] has no profiles; expected one per candidate and window");
@@ -279,9 +277,9 @@ absl::StatusOr<TuneResult> TuneCodecs(
     choice.elements = m.elements;
     for (size_t c = 0; c < candidates.size(); ++c) {
       if (m.profiles[c].size() != windows) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor ", m.name, ", ", candidates[c].label, " has ",
-            m.profiles[c].size(), " windows; expected ", windows));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", m.name, ", ", candidates[c].label, " has ",
+                         m.profiles[c].size(), " windows; expected ", windows));
       }
       CandidateSummary s = Summarize(m.elements, m.profiles[c]);
       s.eligible = c == fp32 ||

@@ -21,7 +21,8 @@ absl::StatusOr<std::vector<StepWindow>> SplitStepWindows(
   }
   std::vector<StepWindow> runs;
   for (size_t i = 0; i < capture.steps.size(); ++i) {
-    if (runs.empty() || capture.steps[i].step != capture.steps[i - 1].step + 1) {
+    if (runs.empty() ||
+        capture.steps[i].step != capture.steps[i - 1].step + 1) {
       runs.push_back({i, i});
     }
     runs.back().end = i + 1;
@@ -36,9 +37,9 @@ absl::StatusOr<std::vector<StepWindow>> SplitStepWindows(
     }
   }
   if (out.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "window is ", length, " steps; expected at most ", longest,
-        " (the longest run of consecutive captured steps)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("window is ", length, " steps; expected at most ", longest,
+                     " (the longest run of consecutive captured steps)"));
   }
   return out;
 }
@@ -132,12 +133,12 @@ absl::StatusOr<std::vector<TensorMeasurement>> MeasureCandidates(
         steps.push_back(TensorValues(capture, capture.steps[s], t));
       }
       for (size_t c = 0; c < candidates.size(); ++c) {
-        absl::StatusOr<CodecProfile> p = ProfileCodec(*codecs[c], steps, options);
+        absl::StatusOr<CodecProfile> p =
+            ProfileCodec(*codecs[c], steps, options);
         if (!p.ok()) {
-          return absl::Status(
-              p.status().code(),
-              absl::StrCat(m.name, ", ", candidates[c].label, ": ",
-                           p.status().message()));
+          return absl::Status(p.status().code(),
+                              absl::StrCat(m.name, ", ", candidates[c].label,
+                                           ": ", p.status().message()));
         }
         m.profiles[c].push_back(*std::move(p));
       }

@@ -101,9 +101,9 @@ absl::StatusOr<Measured> Read(const std::string& flag, const std::string& path,
   absl::StatusOr<std::vector<StepWindow>> w =
       SplitStepWindows(m.capture, window);
   if (!w.ok()) {
-    return absl::Status(w.status().code(),
-                        absl::StrCat("--", flag, " ", path, ": ",
-                                     w.status().message()));
+    return absl::Status(
+        w.status().code(),
+        absl::StrCat("--", flag, " ", path, ": ", w.status().message()));
   }
   m.windows = *std::move(w);
   for (const StepWindow& sw : m.windows) m.steps += sw.end - sw.begin;
@@ -115,9 +115,9 @@ absl::Status Profile(absl::Span<const CodecCandidate> candidates,
   absl::StatusOr<std::vector<TensorMeasurement>> t =
       MeasureCandidates(m->capture, m->windows, candidates, po);
   if (!t.ok()) {
-    return absl::Status(t.status().code(),
-                        absl::StrCat("--", m->flag, " ", m->path, ": ",
-                                     t.status().message()));
+    return absl::Status(
+        t.status().code(),
+        absl::StrCat("--", m->flag, " ", m->path, ": ", t.status().message()));
   }
   m->tensors = *std::move(t);
   return absl::OkStatus();
@@ -141,8 +141,8 @@ int Run() {
           ? DefaultTunerCandidates()
           : SelectCandidates(absl::GetFlag(FLAGS_candidates));
   if (!candidates.ok()) {
-    return BadFlag(absl::StrCat("--candidates: ",
-                                candidates.status().message()));
+    return BadFlag(
+        absl::StrCat("--candidates: ", candidates.status().message()));
   }
 
   const std::optional<double> target = absl::GetFlag(FLAGS_target_error);
@@ -174,14 +174,14 @@ int Run() {
           "; expected a finite value > 0"));
     }
     if (!Positive(step_s)) {
-      return BadFlag(absl::StrCat(
-          "--step_seconds is ",
-          step_s.has_value() ? absl::StrCat(*step_s) : "unset",
-          "; expected a finite value > 0"));
+      return BadFlag(
+          absl::StrCat("--step_seconds is ",
+                       step_s.has_value() ? absl::StrCat(*step_s) : "unset",
+                       "; expected a finite value > 0"));
     }
     if (!(share > 0 && share < 1)) {
-      return BadFlag(absl::StrCat("--push_share is ", share,
-                                  "; expected 0 < share < 1"));
+      return BadFlag(
+          absl::StrCat("--push_share is ", share, "; expected 0 < share < 1"));
     }
     push_opts.budget_bytes = BudgetBytesPerStep(*gbps, *step_s, share);
     pull_opts.budget_bytes = BudgetBytesPerStep(*gbps, *step_s, 1 - share);
@@ -216,8 +216,9 @@ int Run() {
     const std::string diff =
         FirstLayoutDifference(m->capture.layout, g->capture.layout);
     if (!diff.empty()) {
-      return Fail(1, absl::StrCat("--deltas ", deltas,
-                                  ": layout differs from --gradients': ", diff));
+      return Fail(1,
+                  absl::StrCat("--deltas ", deltas,
+                               ": layout differs from --gradients': ", diff));
     }
     d = *std::move(m);
   }
@@ -238,8 +239,9 @@ int Run() {
     return Fail(1, absl::StrCat(target ? "" : budget_flags, "push ",
                                 push.status().message()));
   }
-  TunedDirection push_dir{"push", gradients, push_mode, g->windows.size(),
-                          g->steps, *std::move(push)};
+  TunedDirection push_dir{"push",    gradients,
+                          push_mode, g->windows.size(),
+                          g->steps,  *std::move(push)};
   std::optional<TunedDirection> pull_dir;
   if (d.has_value()) {
     absl::StatusOr<TuneResult> pull =
@@ -248,8 +250,9 @@ int Run() {
       return Fail(1, absl::StrCat(target ? "" : budget_flags, "pull ",
                                   pull.status().message()));
     }
-    pull_dir = TunedDirection{"pull", deltas, pull_mode, d->windows.size(),
-                              d->steps, *std::move(pull)};
+    pull_dir =
+        TunedDirection{"pull",   deltas,          pull_mode, d->windows.size(),
+                       d->steps, *std::move(pull)};
   }
   const TunedDirection* pull = pull_dir.has_value() ? &*pull_dir : nullptr;
 

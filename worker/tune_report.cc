@@ -33,11 +33,20 @@ std::string Xml(absl::string_view s) {
   std::string out;
   for (char ch : s) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
@@ -73,21 +82,21 @@ std::string DirectionJson(absl::Span<const CodecCandidate> candidates,
   for (size_t t = 0; t < r.tensors.size(); ++t) {
     const TensorChoice& tc = r.tensors[t];
     absl::StrAppend(&out, t == 0 ? "" : ", ", "{\"name\": ", Quote(tc.name),
-                    ", \"elements\": ", tc.elements, ", \"chosen\": ",
-                    Quote(candidates[tc.chosen].label), ", \"reason\": ",
-                    Quote(tc.reason), ", \"candidates\": [");
+                    ", \"elements\": ", tc.elements,
+                    ", \"chosen\": ", Quote(candidates[tc.chosen].label),
+                    ", \"reason\": ", Quote(tc.reason), ", \"candidates\": [");
     for (size_t c = 0; c < tc.candidates.size(); ++c) {
       const CandidateSummary& s = tc.candidates[c];
       const CodecCandidate& cand = candidates[c];
       absl::StrAppend(
           &out, c == 0 ? "" : ", ", "{\"label\": ", Quote(cand.label),
-          ", \"family\": ", Quote(cand.family), ", \"codec\": ",
-          Quote(CodecName(cand.codec)), ", \"params\": ",
-          ParamsJson(cand.params), ", \"bytes_per_step\": ", Num(s.bytes),
-          ", \"ratio\": ", Num(s.ratio), ", \"ef_window_error\": ",
-          Num(s.ef_window_error), ", \"error\": ", Num(s.error),
-          ", \"ef_err_sq\": ", Num(s.ef_err_sq), ", \"eligible\": ",
-          s.eligible ? "true" : "false",
+          ", \"family\": ", Quote(cand.family),
+          ", \"codec\": ", Quote(CodecName(cand.codec)),
+          ", \"params\": ", ParamsJson(cand.params),
+          ", \"bytes_per_step\": ", Num(s.bytes), ", \"ratio\": ", Num(s.ratio),
+          ", \"ef_window_error\": ", Num(s.ef_window_error),
+          ", \"error\": ", Num(s.error), ", \"ef_err_sq\": ", Num(s.ef_err_sq),
+          ", \"eligible\": ", s.eligible ? "true" : "false",
           ", \"ef_encode_elements_per_second\": ",
           Num(s.encode_elements_per_second),
           ", \"decode_elements_per_second\": ",
@@ -101,8 +110,8 @@ std::string DirectionJson(absl::Span<const CodecCandidate> candidates,
 // Colours of the codec families (as codec_profile_report.py's).
 std::string FamilyColor(const std::string& family) {
   static const std::map<std::string, std::string> kColors = {
-      {"float", "#7f7f7f"},    {"onebit", "#1f77b4"},
-      {"quantize", "#2ca02c"}, {"topk", "#d62728"},
+      {"float", "#7f7f7f"},         {"onebit", "#1f77b4"},
+      {"quantize", "#2ca02c"},      {"topk", "#d62728"},
       {"topk_quantize", "#ff7f0e"}, {"randomk", "#9467bd"},
       {"block_topk", "#8c564b"}};
   auto it = kColors.find(family);
@@ -146,9 +155,9 @@ std::string TuneTable(absl::Span<const CodecCandidate> candidates,
       "%s codecs, %s; measured on %s (%zu windows, %zu steps)\n", d.name,
       d.mode, d.source, d.windows, d.steps);
   absl::StrAppendFormat(&out, "%-*s %10s  %-30s %12s %8s %11s %11s  %s\n",
-                        static_cast<int>(name_w), "tensor", "elements",
-                        "codec", "bytes/step", "ratio", "EF win err",
-                        "err no EF", "why");
+                        static_cast<int>(name_w), "tensor", "elements", "codec",
+                        "bytes/step", "ratio", "EF win err", "err no EF",
+                        "why");
   for (const TensorChoice& t : r.tensors) {
     const CandidateSummary& s = t.choice();
     absl::StrAppendFormat(&out, "%-*s %10d  %-30s %12.0f %8.2f %11s %11s  %s\n",
@@ -196,8 +205,7 @@ std::string TuneSvg(absl::Span<const CodecCandidate> candidates,
     std::sort(order.begin(), order.end());
     for (size_t t : order) panels.push_back({d, t});
   }
-  const int cols = 3, pw = 260, ph = 190, left = 70, top = 50, gx = 80,
-            gy = 70;
+  const int cols = 3, pw = 260, ph = 190, left = 70, top = 50, gx = 80, gy = 70;
   const int rows = static_cast<int>((panels.size() + cols - 1) / cols);
   const int width = left + cols * (pw + gx);
   const int height = top + rows * (ph + gy) + 70;
@@ -265,8 +273,8 @@ std::string TuneSvg(absl::Span<const CodecCandidate> candidates,
         families.push_back(fam);
       }
       // Zero error (lossless) sits on the bottom edge.
-      const double yv = cs.ef_window_error > 0 ? y(cs.ef_window_error)
-                                               : y0 + ph;
+      const double yv =
+          cs.ef_window_error > 0 ? y(cs.ef_window_error) : y0 + ph;
       const std::string title = absl::StrFormat(
           "%s: %.0f bytes/step, %.3gx, EF window error %s%s",
           candidates[c].label, cs.bytes, cs.ratio, Err(cs.ef_window_error),
@@ -290,11 +298,10 @@ std::string TuneSvg(absl::Span<const CodecCandidate> candidates,
   int ly = top + rows * (ph + gy) + 10;
   int lx = left;
   for (const std::string& f : families) {
-    absl::StrAppendFormat(
-        &s,
-        "<circle cx=\"%d\" cy=\"%d\" r=\"4\" fill=\"%s\"/>"
-        "<text x=\"%d\" y=\"%d\">%s</text>\n",
-        lx + 4, ly - 4, FamilyColor(f), lx + 12, ly, Xml(f));
+    absl::StrAppendFormat(&s,
+                          "<circle cx=\"%d\" cy=\"%d\" r=\"4\" fill=\"%s\"/>"
+                          "<text x=\"%d\" y=\"%d\">%s</text>\n",
+                          lx + 4, ly - 4, FamilyColor(f), lx + 12, ly, Xml(f));
     lx += 30 + 7 * static_cast<int>(f.size());
   }
   ly += 20;

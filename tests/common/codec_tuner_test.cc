@@ -24,8 +24,8 @@ std::vector<CodecCandidate> Candidates(int lossy) {
     v1::CodecParams p;
     p.set_bits(8 - 2 * i);
     p.set_range(v1::QUANTIZE_RANGE_ADAPTIVE);
-    c.push_back({"q" + std::to_string(8 - 2 * i), "quantize",
-                 v1::CODEC_QUANTIZE, p});
+    c.push_back(
+        {"q" + std::to_string(8 - 2 * i), "quantize", v1::CODEC_QUANTIZE, p});
   }
   return c;
 }
@@ -160,8 +160,8 @@ std::vector<TensorMeasurement> MixedModel() {
   const char* names[] = {"a", "b", "c"};
   for (int t = 0; t < 3; ++t) {
     const double e = static_cast<double>(n[t]);
-    m.push_back(Tensor(names[t], n[t], {e, e / 2, e / 4}, {0.01, 0.1, 0.4},
-                       g_sq[t]));
+    m.push_back(
+        Tensor(names[t], n[t], {e, e / 2, e / 4}, {0.01, 0.1, 0.4}, g_sq[t]));
   }
   return m;
 }
@@ -391,8 +391,8 @@ TEST(CodecTuner, MeasuredEndToEndWritesAParsableSchedule) {
   ProfileOptions po;
   po.repetitions = 1;
   po.min_timed_seconds = 0;
-  absl::StatusOr<std::vector<TensorMeasurement>> m = MeasureCandidates(
-      capture, *SplitStepWindows(capture, 0), cands, po);
+  absl::StatusOr<std::vector<TensorMeasurement>> m =
+      MeasureCandidates(capture, *SplitStepWindows(capture, 0), cands, po);
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->size(), 2u);
   EXPECT_EQ((*m)[0].profiles[0].size(), 2u);  // two windows

@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
   };
   add("fc1.weight", {128, 64});
   add("fc1.bias", {64});
-  add("fc2.weight", other ? std::vector<uint64_t>{32, 64}
-                          : std::vector<uint64_t>{64, 32});
+  add("fc2.weight",
+      other ? std::vector<uint64_t>{32, 64} : std::vector<uint64_t>{64, 32});
   auto w = pserver::GradientFileWriter::Create(argv[1], layout, 0);
   if (!w.ok()) {
     std::fprintf(stderr, "tune_fixture: %s\n", w.status().ToString().c_str());
