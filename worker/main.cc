@@ -111,9 +111,15 @@ ABSL_FLAG(std::string, capture_gradients, "",
           "if set, write the raw gradients (before momentum, error feedback "
           "and compression) of the --capture_steps to this file "
           "(common/gradient_file.h; tests/bench/codec_profile reads it)");
+ABSL_FLAG(std::string, capture_deltas, "",
+          "if set, write the change of this worker's weights over each of "
+          "the --capture_steps (the pulled update) to this file, in the "
+          "format of --capture_gradients (pserver_tune --deltas reads it; "
+          "needs --local_steps=1)");
 ABSL_FLAG(std::string, capture_steps, "",
-          "steps whose gradients --capture_gradients keeps: increasing "
-          "steps or inclusive ranges, e.g. 0-19,1000-1019,2200-2219");
+          "steps whose gradients --capture_gradients (and weight deltas "
+          "--capture_deltas) keeps: increasing steps or inclusive ranges, "
+          "e.g. 0-19,1000-1019,2200-2219");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle the shards' certificates must chain to; turns on TLS "
           "(empty: plaintext)");
@@ -331,13 +337,23 @@ int Run() {
   t.inner.lr = absl::GetFlag(FLAGS_inner_lr);
   t.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
   t.capture_file = absl::GetFlag(FLAGS_capture_gradients);
+  t.capture_deltas_file = absl::GetFlag(FLAGS_capture_deltas);
   const std::string capture_steps = absl::GetFlag(FLAGS_capture_steps);
-  if (t.capture_file.empty() != capture_steps.empty()) {
-    return Fail(t.capture_file.empty()
-                    ? "--capture_steps is set without --capture_gradients; "
-                      "expected both or neither"
-                    : "--capture_gradients is set without --capture_steps; "
-                      "expected both or neither");
+  const bool capturing =
+      !t.capture_file.empty() || !t.capture_deltas_file.empty();
+  if (capturing != !capture_steps.empty()) {
+    return Fail(capturing
+                    ? absl::StrCat("--", t.capture_file.empty()
+                                             ? "capture_deltas"
+                                             : "capture_gradients",
+                                   " is set without --capture_steps; "
+                                   "expected both or neither")
+                    : "--capture_steps is set without --capture_gradients "
+                      "or --capture_deltas; expected both or neither");
+  }
+  if (!t.capture_deltas_file.empty() && t.local_steps != 1) {
+    return Fail(absl::StrCat("--capture_deltas is set with --local_steps=",
+                             t.local_steps, "; expected --local_steps=1"));
   }
   if (!capture_steps.empty()) {
     absl::StatusOr<StepRanges> steps = StepRanges::Parse(capture_steps);

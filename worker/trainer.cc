@@ -102,40 +102,47 @@ void SaveWorkerState(const TrainerOptions& o, const Client& client, FILE* log,
   }
 }
 
-// Appends the steps of o.capture_steps to o.capture_file.
+// Appends the steps of o.capture_steps to `file` (o.capture_file: the
+// gradients; o.capture_deltas_file: the replica's changes).
 class Capture {
  public:
   static absl::StatusOr<Capture> Open(const TrainerOptions& o,
+                                      const std::string& file,
                                       const v1::ModelLayout& layout,
                                       uint32_t worker_id) {
     Capture c;
-    if (o.capture_file.empty()) return c;
+    if (file.empty()) return c;
     if (!o.capture_steps.has_value()) {
       return absl::InvalidArgumentError(
           "capture_steps is unset; expected the steps to capture");
     }
     absl::StatusOr<std::unique_ptr<GradientFileWriter>> w =
-        GradientFileWriter::Create(o.capture_file, layout, worker_id);
+        GradientFileWriter::Create(file, layout, worker_id);
     if (!w.ok()) return w.status();
     c.writer_ = *std::move(w);
     c.steps_ = &*o.capture_steps;
     return c;
   }
 
+  bool Wants(int64_t step) const {
+    return writer_ != nullptr && step >= 0 &&
+           steps_->Contains(static_cast<uint64_t>(step));
+  }
+
   absl::Status Step(int64_t step, absl::Span<const float> grad) {
-    if (writer_ == nullptr || step < 0 ||
-        !steps_->Contains(static_cast<uint64_t>(step))) {
-      return absl::OkStatus();
-    }
+    if (!Wants(step)) return absl::OkStatus();
     return writer_->Append(static_cast<uint64_t>(step), grad);
   }
 
-  absl::Status Finish(const std::string& path, FILE* log, uint32_t worker) {
+  // `what`: "gradients" or "weight deltas", for the log line.
+  absl::Status Finish(const std::string& path, const char* what, FILE* log,
+                      uint32_t worker) {
     if (writer_ == nullptr) return absl::OkStatus();
     absl::Status s = writer_->Close();
     if (s.ok() && log != nullptr) {
-      std::fprintf(log, "worker %u: captured the gradients of %lu steps to %s\n",
-                   worker, static_cast<unsigned long>(writer_->steps_written()),
+      std::fprintf(log, "worker %u: captured the %s of %lu steps to %s\n",
+                   worker, what,
+                   static_cast<unsigned long>(writer_->steps_written()),
                    path.c_str());
     }
     return s;
@@ -176,8 +183,18 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   }
   if (!made.ok()) return made.status();
   Workload& model = **made;
-  absl::StatusOr<Capture> capture = Capture::Open(o, model.layout(), worker_id);
+  if (!o.capture_deltas_file.empty() && o.local_steps != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capture_deltas_file is set with local_steps ", o.local_steps,
+        "; expected local_steps 1"));
+  }
+  absl::StatusOr<Capture> capture =
+      Capture::Open(o, o.capture_file, model.layout(), worker_id);
   if (!capture.ok()) return capture.status();
+  absl::StatusOr<Capture> deltas =
+      Capture::Open(o, o.capture_deltas_file, model.layout(), worker_id);
+  if (!deltas.ok()) return deltas.status();
+  std::vector<float> before;  // the replica at the start of a captured step
   // The residual norm is a pass over every residual: only when exported.
   const bool exported = metrics != nullptr;
   std::unique_ptr<WorkerMetrics> unexported;
@@ -349,6 +366,10 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
          (own_count ? own : static_cast<int64_t>(client->step())) < total) {
     const int64_t step = own_count ? own : static_cast<int64_t>(client->step());
     const absl::Time t0 = absl::Now();
+    const bool delta_step = deltas->Wants(step);
+    if (delta_step) {
+      before.assign(client->weights().begin(), client->weights().end());
+    }
     // Overlapped: each layer's gradient is pushed as backward finishes it
     // (last layer first) while the earlier layers are computed.
     if (absl::Status s = client->StartStep(grad); !s.ok()) return s;
@@ -367,6 +388,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     absl::Status captured = capture->Step(step, grad);
     if (absl::Status s = client->FinishStep(); !s.ok()) return s;
     if (!captured.ok()) return captured;
+    if (delta_step) {
+      absl::Span<const float> after = client->weights();
+      for (size_t i = 0; i < before.size(); ++i) {
+        before[i] = after[i] - before[i];
+      }
+      if (absl::Status s = deltas->Step(step, before); !s.ok()) return s;
+    }
     result.last_loss = *loss;
     if (own_count) ++own;
     after_step(t0, step,
@@ -374,7 +402,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
                gradient_norm(step));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  if (absl::Status s = capture->Finish(o.capture_file, log, worker_id);
+  if (absl::Status s =
+          capture->Finish(o.capture_file, "gradients", log, worker_id);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = deltas->Finish(o.capture_deltas_file, "weight deltas",
+                                      log, worker_id);
       !s.ok()) {
     return s;
   }

@@ -67,6 +67,11 @@ struct TrainerOptions {
   // is set when capture_file is.
   std::string capture_file;
   std::optional<StepRanges> capture_steps;
+  // Weight-delta capture, same format and steps: the change of this
+  // worker's replica over each step in capture_steps (the pulled update, as
+  // the pull codec decoded it), for pserver_tune --deltas. Empty: none.
+  // REQUIRES: capture_steps is set when it is; local_steps == 1.
+  std::string capture_deltas_file;
 };
 
 inline constexpr int kMaxLocalSteps = 100000;

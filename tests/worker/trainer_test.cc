@@ -331,5 +331,67 @@ TEST(Trainer, CaptureWithLocalStepsKeepsEachInnerGradient) {
   (*server)->Shutdown(absl::Seconds(1));
 }
 
+// Weight deltas for pserver_tune --deltas: the change of the replica over
+// each captured step, so that those of every step add up to the run's.
+TEST(Trainer, CapturesTheWeightDeltasOfTheRequestedSteps) {
+  ShardConfig config;
+  config.num_shards = 1;
+  config.num_workers = 1;
+  config.optimizer.kind = OptimizerKind::kAdam;
+  config.pull_codec = v1::CODEC_FP32;
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  auto server = ShardServer::Start(config, so, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string dir = testing_util::MakeTempDir("trainer_test");
+  TrainerOptions t;
+  t.model = "synthetic";
+  t.synthetic_params = 500;
+  t.synthetic_tensors = 2;
+  t.steps = 5;
+  t.capture_deltas_file = dir + "/deltas.bin";
+  absl::StatusOr<StepRanges> ranges = StepRanges::Parse("0-4");
+  ASSERT_TRUE(ranges.ok());
+  t.capture_steps = *ranges;
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
+  c.push_codec = v1::CODEC_FP32;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  auto client = Client::Connect(c);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(RunTraining(t, client->get(), nullptr, nullptr, 0, 1).ok());
+
+  absl::StatusOr<GradientCapture> got = ReadGradientFile(t.capture_deltas_file);
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto model = MakeSyntheticWorkload(t, 0);
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(FirstLayoutDifference(got->layout, (*model)->layout()), "");
+  ASSERT_EQ(got->steps.size(), 5u);
+  const std::vector<float> initial = (*model)->InitialWeights();
+  absl::Span<const float> final_weights = (*client)->weights();
+  std::vector<double> sum(500, 0.0);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(got->steps[i].step, i);
+    double norm = 0;
+    for (size_t k = 0; k < 500; ++k) {
+      sum[k] += got->steps[i].values[k];
+      norm += std::abs(got->steps[i].values[k]);
+    }
+    EXPECT_GT(norm, 0.0) << "step " << i;
+  }
+  for (size_t k = 0; k < 500; ++k) {
+    ASSERT_NEAR(initial[k] + sum[k], final_weights[k], 1e-5) << "element " << k;
+  }
+
+  // Not with local steps: their rounds are not steps.
+  t.local_steps = 2;
+  auto other = Client::Connect(c);
+  ASSERT_TRUE(other.ok());
+  absl::StatusOr<TrainResult> r =
+      RunTraining(t, other->get(), nullptr, nullptr, 0, 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace pserver

@@ -55,6 +55,10 @@ bad --capture_steps "has 'x'; expected increasing steps" \
 bad --capture_steps "expected both or neither" --capture_steps=0-3
 bad --capture_gradients "expected both or neither" \
   --capture_gradients=/tmp/unused.grad
+check_help "$BIN" capture_deltas
+bad --capture_deltas "expected both or neither" --capture_deltas=/tmp/unused.grad
+bad --capture_deltas "expected --local_steps=1" \
+  --capture_deltas=/tmp/unused.grad --capture_steps=0-3 --local_steps=2
 # absl's own errors: one line, exit 1.
 check_invalid_exit 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_flag=1
 check_invalid_exit 1 "$BIN" num_workers "Illegal value" --num_workers=abc
