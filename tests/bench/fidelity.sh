@@ -61,6 +61,18 @@ declare -A OPTS=(
   # (blocks of 16, 1% of them) after the freeze and for the pulls; the 8-bit
   # warmup keeps its 256-element scale blocks through the schedule.
   [block_topk]="--optimizer onebit_adam --push-codec block_topk --pull-codec block_topk --warmup-codec quantize --freeze-step 600 --k-fraction 0.01 --schedule $ROOT/deploy/schedules/block_topk.json"
+  # The auto-tuner's choices (issue 13 part 2; deploy/schedules/README.md
+  # has the commands that made them): per-tensor codecs both ways for Adam,
+  # within a byte budget of 125000 bytes per step each way (tuned_budget) and
+  # within an error-feedback window error of 0.05 (tuned_e05), against the
+  # best single codec within that budget, 4-bit adaptive quantize on every
+  # tensor (adam_q4a).
+  [adam_q4a]="--optimizer adam --push-codec quantize --pull-codec quantize --schedule $ROOT/deploy/schedules/quantize4_adaptive.json"
+  [tuned_budget]="--optimizer adam --push-codec quantize --pull-codec quantize --schedule $ROOT/deploy/schedules/tuned_mlp_budget.json"
+  [tuned_e05]="--optimizer adam --push-codec quantize --pull-codec quantize --schedule $ROOT/deploy/schedules/tuned_mlp_e05.json"
+  # onebit_adam with the small tensors (biases, the last layer: 0.7% of the
+  # elements) sent exactly both ways (per-tensor codecs).
+  [onebit_small]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600} --schedule $ROOT/deploy/schedules/onebit_small_exact.json"
 )
 
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
@@ -83,6 +95,10 @@ declare -A EXTRA_SERVER=(
   [onebit_soft]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
   [topk_warmup]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [block_topk]="--onebit_momentum=worker --pull_block_size=16 ${TOPK_SERVER_FLAGS:-}"
+  [adam_q4a]="${ADAM_SERVER_FLAGS:-}"
+  [onebit_small]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
+  [tuned_budget]="${ADAM_SERVER_FLAGS:-}"
+  [tuned_e05]="${ADAM_SERVER_FLAGS:-}"
 )
 declare -A EXTRA_WORKER=(
   [adam_fp32]="${ADAM_WORKER_FLAGS:-}"
@@ -97,6 +113,10 @@ declare -A EXTRA_WORKER=(
   [onebit_soft]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
   [topk_warmup]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
   [block_topk]="--bits=8 --block_size=16 ${TOPK_WORKER_FLAGS:-}"
+  [adam_q4a]="${ADAM_WORKER_FLAGS:-}"
+  [onebit_small]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
+  [tuned_budget]="${ADAM_WORKER_FLAGS:-}"
+  [tuned_e05]="${ADAM_WORKER_FLAGS:-}"
 )
 
 # Consistency modes (issue 14, docs/consistency.md): the onebit_adam and

@@ -137,6 +137,21 @@ void CodecCorpus(const std::string& dir) {
     raw += t.payload();
     Write(dir, name + ".raw", raw);
   }
+  // A segmented tensor (per-tensor codecs): fp32, onebit and topk pieces.
+  v1::EncodedTensor seg;
+  seg.set_codec(v1::CODEC_SEGMENTS);
+  seg.set_num_elements(100);
+  v1::CodecParams k5;
+  k5.set_k(5);
+  const std::vector<float> a(v.begin(), v.begin() + 30);
+  const std::vector<float> b(v.begin() + 30, v.begin() + 70);
+  const std::vector<float> c(v.begin() + 70, v.end());
+  *seg.add_segments() = Encode(v1::CODEC_FP32, k5, a);
+  *seg.add_segments() = Encode(v1::CODEC_ONEBIT, k5, b);
+  *seg.add_segments() = Encode(v1::CODEC_TOPK, k5, c);
+  Write(dir, "segments.proto",
+        std::string(1, static_cast<char>(kCodecProto)) +
+            seg.SerializeAsString());
 }
 
 std::string PushValid(uint8_t worker, int8_t step_delta, v1::Codec codec,
