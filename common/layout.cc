@@ -54,7 +54,9 @@ absl::StatusOr<std::vector<TensorSlot>> ValidateLayout(
       return absl::InvalidArgumentError(absl::StrCat(
           "layout has more than ", kMaxModelElements, " elements in total"));
     }
-    slots.push_back(TensorSlot{t.name(), offset, size});
+    const uint64_t rows =
+        t.shape_size() >= 2 ? t.shape(t.shape_size() - 1) : 0;
+    slots.push_back(TensorSlot{t.name(), offset, size, rows});
     offset += size;
   }
   return slots;

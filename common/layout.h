@@ -32,6 +32,9 @@ struct TensorSlot {
   std::string name;
   uint64_t offset = 0;
   uint64_t size = 0;
+  // The last dimension of a tensor of two or more dimensions (its rows, for
+  // block_topk's row_length); 0 for vectors and scalars.
+  uint64_t row_length = 0;
 };
 
 // Checks that every tensor has a non-empty unique name and a shape of

@@ -1,8 +1,13 @@
 #include "common/tensor_codecs.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/mix.h"
 
 namespace pserver {
@@ -16,6 +21,11 @@ CodecPlan CodecPlan::ForSlice(const std::vector<TensorSlot>& slots,
     const uint64_t b = std::max(slots[i].offset, range.begin);
     const uint64_t e = std::min(slots[i].offset + slots[i].size, range.end);
     if (b >= e) continue;
+    plan.tensors_.push_back(
+        Span{b - range.begin, e - range.begin,
+             static_cast<int64_t>(slots[i].offset) -
+                 static_cast<int64_t>(range.begin),
+             slots[i].row_length});
     any |= codecs[i] != nullptr;
     const CodecPiece piece{b - range.begin, e - range.begin, codecs[i]};
     if (!plan.pieces_.empty() && plan.pieces_.back().codec == piece.codec) {
@@ -47,13 +57,53 @@ void CodecPlan::Cut(uint64_t offset, uint64_t n,
   if (out->empty()) out->push_back(CodecPiece{offset, end, nullptr});
 }
 
-bool CodecPlan::AnyLossy(const Codec& stream) const {
-  if (pieces_.empty()) return stream.id() != v1::CODEC_FP32;
-  for (const CodecPiece& p : pieces_) {
-    const Codec& c = p.codec != nullptr ? *p.codec : stream;
-    if (c.id() != v1::CODEC_FP32) return true;
+const Codec* BlockTopKWithRows(const Codec& base, uint64_t rows) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* const cache =
+      new absl::flat_hash_map<std::string, std::unique_ptr<Codec>>();
+  v1::CodecParams p = base.params();
+  p.set_row_length(rows);
+  const std::string key = p.SerializeAsString();
+  absl::MutexLock lock(&mu);
+  auto it = cache->find(key);
+  if (it == cache->end()) {
+    absl::StatusOr<std::unique_ptr<Codec>> c =
+        MakeCodec(v1::CODEC_BLOCK_TOPK, p);
+    if (!c.ok()) return &base;
+    it = cache->emplace(key, *std::move(c)).first;
   }
-  return false;
+  return it->second.get();
+}
+
+void CodecPlan::CutForBlocks(
+    uint64_t b, uint64_t e, const Codec& c,
+    std::vector<std::pair<CodecPiece, const Codec*>>* out) const {
+  auto add = [&](uint64_t from, uint64_t to, const Codec* codec) {
+    if (!out->empty() && out->back().second == codec &&
+        out->back().first.end == from) {
+      out->back().first.end = to;  // same codec, next to each other
+    } else {
+      out->push_back({CodecPiece{from, to, codec}, codec});
+    }
+  };
+  uint64_t at = b;
+  for (const Span& t : tensors_) {
+    if (t.end <= at) continue;
+    if (t.begin >= e) break;
+    const uint64_t from = std::max(t.begin, at);
+    const uint64_t to = std::min(t.end, e);
+    const Codec* codec = &c;
+    const uint64_t r = t.row_length;
+    if (r > 1) {
+      const int64_t into = static_cast<int64_t>(from) - t.first;  // >= 0
+      if (into % static_cast<int64_t>(r) == 0 && (to - from) % r == 0) {
+        codec = BlockTopKWithRows(c, r);
+      }
+    }
+    add(from, to, codec);
+    at = to;
+  }
+  if (at < e) add(at, e, &c);  // beyond the tensors: refused by the caller
 }
 
 namespace {
@@ -71,14 +121,26 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
                             ErrorFeedback* ef, uint64_t offset,
                             absl::Span<const float> u, uint64_t seed,
                             v1::EncodedTensor* out) {
-  thread_local std::vector<CodecPiece> pieces;
-  plan.Cut(offset, u.size(), &pieces);
+  thread_local std::vector<CodecPiece> cut;
+  thread_local std::vector<std::pair<CodecPiece, const Codec*>> pieces;
+  plan.Cut(offset, u.size(), &cut);
+  pieces.clear();
+  for (const CodecPiece& p : cut) {
+    const Codec& c = p.codec != nullptr ? *p.codec : stream;
+    if (c.id() == v1::CODEC_BLOCK_TOPK && c.params().row_length() == 0 &&
+        !plan.tensors_.empty()) {
+      plan.CutForBlocks(p.begin, p.end, c, &pieces);
+    } else {
+      pieces.push_back({p, &c});
+    }
+  }
   if (pieces.size() == 1) {
-    const Codec& c = pieces[0].codec != nullptr ? *pieces[0].codec : stream;
-    return EncodePiece(c, ef, offset, u, seed, out);
+    return EncodePiece(*pieces[0].second, ef, offset, u, seed, out);
   }
   uint64_t covered = 0;
-  for (const CodecPiece& p : pieces) covered += p.end - p.begin;
+  for (const auto& piece : pieces) {
+    covered += piece.first.end - piece.first.begin;
+  }
   if (covered != u.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "span [", offset, ", ", offset + u.size(),
@@ -91,11 +153,11 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
   out->set_codec(v1::CODEC_SEGMENTS);
   out->set_num_elements(u.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const CodecPiece& p = pieces[i];
-    const Codec& c = p.codec != nullptr ? *p.codec : stream;
-    absl::Status s =
-        EncodePiece(c, ef, p.begin, u.subspan(p.begin - offset, p.end - p.begin),
-                    MixPair(seed, i), out->add_segments());
+    const CodecPiece& p = pieces[i].first;
+    absl::Status s = EncodePiece(
+        *pieces[i].second, ef, p.begin,
+        u.subspan(p.begin - offset, p.end - p.begin), MixPair(seed, i),
+        out->add_segments());
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

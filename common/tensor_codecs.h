@@ -7,6 +7,14 @@
 // segment per piece. Every decoder (ValidateTensor, DecoderFor) decodes
 // both, so the shard's sums and the workers' replicas need nothing else.
 //
+// block_topk keeps its blocks inside the rows of a tensor's last dimension
+// where the shape allows (codec.proto, row_length): a chunk encoded with
+// block_topk is cut at tensor boundaries, and a piece that starts at a row
+// of its tensor and holds whole rows is encoded with that row length; other
+// pieces (vectors, pieces cut mid-row by a shard or chunk boundary) run
+// their blocks over the flat span. Other codecs are never cut at tensors
+// unless the plan gives tensors codecs of their own.
+//
 //   CodecPlan plan = CodecPlan::ForSlice(slots, range,
 //                                        schedule.TensorPushCodecs(phase, slots));
 //   EncodeWithPlan(plan, ef.codec(), &ef, chunk_begin, chunk, seed, &out);
@@ -14,6 +22,7 @@
 #define PSERVER_COMMON_TENSOR_CODECS_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,11 +46,13 @@ struct CodecPiece {
 // schedule owns them) and must outlive the plan's use.
 class CodecPlan {
  public:
-  // One codec over the whole slice.
+  // One codec over the whole slice, no tensor boundaries known (block_topk
+  // runs over the flat span).
   CodecPlan() = default;
   // The plan of the slice `range` of a model whose tensors lie at `slots`,
   // tensor i taking codecs[i] (nullptr: the stream's codec). Neighbouring
-  // tensors with the same codec form one piece.
+  // tensors with the same codec form one piece. The tensors' places and
+  // rows are kept for block_topk whatever the codecs.
   // REQUIRES: codecs.size() == slots.size().
   static CodecPlan ForSlice(const std::vector<TensorSlot>& slots,
                             ShardRange range,
@@ -52,13 +63,34 @@ class CodecPlan {
   // The pieces of slice elements [offset, offset + n), clipped to it, in
   // order; one piece when uniform() (codec nullptr) or the span lies in one.
   void Cut(uint64_t offset, uint64_t n, std::vector<CodecPiece>* out) const;
-  // Whether some piece uses a codec other than fp32 (counting nullptr as
-  // `stream`).
-  bool AnyLossy(const Codec& stream) const;
 
  private:
+  friend absl::Status EncodeWithPlan(const CodecPlan&, const Codec&,
+                                     ErrorFeedback*, uint64_t,
+                                     absl::Span<const float>, uint64_t,
+                                     v1::EncodedTensor*);
+  // A tensor's part of the slice, in slice coordinates; `first` is the
+  // slice coordinate of the tensor's first element (negative when the
+  // tensor begins in an earlier shard).
+  struct Span {
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    int64_t first = 0;
+    uint64_t row_length = 0;
+  };
+  // Appends the pieces of [b, e) (one codec `c`, block_topk) cut at tensor
+  // boundaries, each with its row-aware codec where its rows allow.
+  void CutForBlocks(uint64_t b, uint64_t e, const Codec& c,
+                    std::vector<std::pair<CodecPiece, const Codec*>>* out) const;
+
   std::vector<CodecPiece> pieces_;  // cover the slice; empty when uniform
+  std::vector<Span> tensors_;       // the slice's tensors, in order
 };
+
+// `base` (a block_topk codec without a row length) with row_length `rows`:
+// one shared instance per parameters and row length, alive until the
+// process exits. `base` itself when that codec cannot be built.
+const Codec* BlockTopKWithRows(const Codec& base, uint64_t rows);
 
 // Encodes slice elements [offset, offset + u.size()) by `plan` into *out:
 // nullptr pieces take `stream`. One piece: a plain tensor of its codec, with

@@ -322,6 +322,10 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   range_ = range;
   x_ = std::move(x);
   replica_->Reset(x_, config_.chunk_elements);
+  // The slice's tensors (block_topk keeps its blocks in their rows); a
+  // schedule's per-tensor pull codecs replace this when a round completes.
+  replica_->UseTensorCodecs(CodecPlan::ForSlice(
+      slots_, range_, std::vector<const Codec*>(slots_.size(), nullptr)));
   // No push can be queued before a model is installed: nothing to answer.
   round_.Resize(range.size(), config_.chunk_elements);
   optimizer_ = MakeOptimizer(config_.optimizer, range.size(),

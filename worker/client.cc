@@ -263,6 +263,11 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
                             momentum);
     if (!e.ok()) return e.status();
     encoders_.push_back(*std::move(e));
+    // The slice's tensors (block_topk keeps its blocks in their rows); a
+    // schedule's per-tensor codecs replace this in SetPhase.
+    encoders_.back()->UseTensorCodecs(CodecPlan::ForSlice(
+        slots_, replica_.range(s),
+        std::vector<const Codec*>(slots_.size(), nullptr)));
     if (absl::Status st = SetPhase(s, resps[s].schedule_phase()); !st.ok()) {
       return st;
     }

@@ -185,6 +185,80 @@ TEST_F(TensorCodecsTest, NonFiniteInputLeavesEveryPieceResidualUnchanged) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
 }
 
+// a is 3 x 100, c 7 x 11: rows of 100 and 11.
+std::vector<TensorSlot> RowSlots() {
+  return {{"a", 0, 300, 100}, {"b", 300, 517, 0}, {"c", 817, 77, 11},
+          {"d", 894, 1, 0}};
+}
+
+std::unique_ptr<Codec> BlockTopK() {
+  v1::CodecParams p;
+  p.set_block_size(4);
+  p.set_k_fraction(0.1);
+  auto c = MakeCodec(v1::CODEC_BLOCK_TOPK, p);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(c).value();
+}
+
+TEST_F(TensorCodecsTest, BlockTopKKeepsItsBlocksInTheRowsOfEachTensor) {
+  const std::vector<const Codec*> none(4, nullptr);
+  std::unique_ptr<Codec> blocks = BlockTopK();
+  const std::vector<float> g = Ramp(895);
+  CodecPlan plan = CodecPlan::ForSlice(RowSlots(), {0, 895}, none);
+  EXPECT_TRUE(plan.uniform());  // no tensor has a codec of its own
+  v1::EncodedTensor t;
+  ASSERT_TRUE(EncodeWithPlan(plan, *blocks, nullptr, 0, g, 5, &t).ok());
+  ASSERT_EQ(t.codec(), v1::CODEC_SEGMENTS);
+  ASSERT_EQ(t.segments_size(), 4);
+  EXPECT_EQ(t.segments(0).num_elements(), 300u);
+  EXPECT_EQ(t.segments(0).params().row_length(), 100u);
+  EXPECT_EQ(t.segments(1).params().row_length(), 0u);  // a vector
+  EXPECT_EQ(t.segments(2).params().row_length(), 11u);
+  EXPECT_EQ(t.segments(3).params().row_length(), 0u);
+  // Each segment is what block_topk with those rows makes of its piece.
+  v1::CodecParams rows = blocks->params();
+  rows.set_row_length(100);
+  auto a_codec = MakeCodec(v1::CODEC_BLOCK_TOPK, rows);
+  ASSERT_TRUE(a_codec.ok());
+  v1::EncodedTensor a;
+  ASSERT_TRUE(
+      (*a_codec)->Encode(absl::MakeConstSpan(g).subspan(0, 300), MixPair(5, 0), &a)
+          .ok());
+  EXPECT_EQ(t.segments(0).SerializeAsString(), a.SerializeAsString());
+  absl::StatusOr<ValidatedTensor> v = ValidateTensor(t, 895);
+  ASSERT_TRUE(v.ok()) << v.status();
+
+  // A piece cut mid-row runs over the flat span, merged with its flat
+  // neighbour: [250, 300) of a and [300, 350) of b are one plain tensor.
+  std::vector<float> part(g.begin() + 250, g.begin() + 350);
+  ASSERT_TRUE(EncodeWithPlan(plan, *blocks, nullptr, 250, part, 5, &t).ok());
+  EXPECT_EQ(t.codec(), v1::CODEC_BLOCK_TOPK);
+  EXPECT_EQ(t.params().row_length(), 0u);
+
+  // A slice that starts inside a, at a row: [200, 895) holds a's last row.
+  CodecPlan later = CodecPlan::ForSlice(RowSlots(), {200, 895}, none);
+  std::vector<float> rest(g.begin() + 200, g.end());
+  ASSERT_TRUE(EncodeWithPlan(later, *blocks, nullptr, 0, rest, 5, &t).ok());
+  ASSERT_EQ(t.codec(), v1::CODEC_SEGMENTS);
+  EXPECT_EQ(t.segments(0).num_elements(), 100u);
+  EXPECT_EQ(t.segments(0).params().row_length(), 100u);
+  // ... and one that starts mid-row does not.
+  CodecPlan mid = CodecPlan::ForSlice(RowSlots(), {256, 895}, none);
+  std::vector<float> rest2(g.begin() + 256, g.end());
+  ASSERT_TRUE(EncodeWithPlan(mid, *blocks, nullptr, 0, rest2, 5, &t).ok());
+  ASSERT_EQ(t.codec(), v1::CODEC_SEGMENTS);
+  EXPECT_EQ(t.segments(0).num_elements(), 44u + 517u);  // a's tail and b
+  EXPECT_EQ(t.segments(0).params().row_length(), 0u);
+
+  // Other codecs are not cut at tensors: the layout changes nothing.
+  ErrorFeedback plain(onebit_.get(), 895), planned(onebit_.get(), 895);
+  v1::EncodedTensor x, y;
+  ASSERT_TRUE(plain.EncodeAt(0, g, 3, &x).ok());
+  ASSERT_TRUE(
+      EncodeWithPlan(plan, planned.codec(), &planned, 0, g, 3, &y).ok());
+  EXPECT_EQ(x.SerializeAsString(), y.SerializeAsString());
+}
+
 // A valid two-segment tensor of 10 elements: 4 fp32, 6 onebit.
 v1::EncodedTensor TwoSegments() {
   auto fp32 = MakeCodec(v1::CODEC_FP32, {});
