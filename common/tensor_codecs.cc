@@ -92,15 +92,23 @@ void CodecPlan::CutForBlocks(
     if (t.begin >= e) break;
     const uint64_t from = std::max(t.begin, at);
     const uint64_t to = std::min(t.end, e);
-    const Codec* codec = &c;
+    // The whole rows of the piece take the rows' codec; a partial row at
+    // either end (a shard or chunk boundary inside a row) runs flat.
     const uint64_t r = t.row_length;
+    uint64_t body_begin = to, body_end = to;
     if (r > 1) {
-      const int64_t into = static_cast<int64_t>(from) - t.first;  // >= 0
-      if (into % static_cast<int64_t>(r) == 0 && (to - from) % r == 0) {
-        codec = BlockTopKWithRows(c, r);
-      }
+      const uint64_t into =
+          static_cast<uint64_t>(static_cast<int64_t>(from) - t.first);
+      body_begin = std::min(to, from + (r - into % r) % r);
+      body_end = body_begin + (to - body_begin) / r * r;
     }
-    add(from, to, codec);
+    if (body_end > body_begin) {
+      if (body_begin > from) add(from, body_begin, &c);
+      add(body_begin, body_end, BlockTopKWithRows(c, r));
+      if (to > body_end) add(body_end, to, &c);
+    } else {
+      add(from, to, &c);
+    }
     at = to;
   }
   if (at < e) add(at, e, &c);  // beyond the tensors: refused by the caller

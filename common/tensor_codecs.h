@@ -9,10 +9,10 @@
 //
 // block_topk keeps its blocks inside the rows of a tensor's last dimension
 // where the shape allows (codec.proto, row_length): a chunk encoded with
-// block_topk is cut at tensor boundaries, and a piece that starts at a row
-// of its tensor and holds whole rows is encoded with that row length; other
-// pieces (vectors, pieces cut mid-row by a shard or chunk boundary) run
-// their blocks over the flat span. Other codecs are never cut at tensors
+// block_topk is cut at tensor boundaries, and the whole rows of each piece
+// are encoded with that row length; vectors, and a partial row at either
+// end of a piece (a shard or chunk boundary inside a row), run their blocks
+// over the flat span. Other codecs are never cut at tensors
 // unless the plan gives tensors codecs of their own.
 //
 //   CodecPlan plan = CodecPlan::ForSlice(slots, range,
@@ -79,7 +79,7 @@ class CodecPlan {
     uint64_t row_length = 0;
   };
   // Appends the pieces of [b, e) (one codec `c`, block_topk) cut at tensor
-  // boundaries, each with its row-aware codec where its rows allow.
+  // boundaries, the whole rows of each with its row-aware codec.
   void CutForBlocks(uint64_t b, uint64_t e, const Codec& c,
                     std::vector<std::pair<CodecPiece, const Codec*>>* out) const;
 

@@ -242,7 +242,19 @@ TEST_F(TensorCodecsTest, BlockTopKKeepsItsBlocksInTheRowsOfEachTensor) {
   ASSERT_EQ(t.codec(), v1::CODEC_SEGMENTS);
   EXPECT_EQ(t.segments(0).num_elements(), 100u);
   EXPECT_EQ(t.segments(0).params().row_length(), 100u);
-  // ... and one that starts mid-row does not.
+  // One that starts mid-row: the partial row runs flat, the whole rows
+  // after it keep their rows.
+  CodecPlan head = CodecPlan::ForSlice(RowSlots(), {150, 895}, none);
+  std::vector<float> rest1(g.begin() + 150, g.end());
+  ASSERT_TRUE(EncodeWithPlan(head, *blocks, nullptr, 0, rest1, 5, &t).ok());
+  ASSERT_EQ(t.codec(), v1::CODEC_SEGMENTS);
+  ASSERT_EQ(t.segments_size(), 5);
+  EXPECT_EQ(t.segments(0).num_elements(), 50u);
+  EXPECT_EQ(t.segments(0).params().row_length(), 0u);
+  EXPECT_EQ(t.segments(1).num_elements(), 100u);
+  EXPECT_EQ(t.segments(1).params().row_length(), 100u);
+  EXPECT_EQ(t.segments(2).num_elements(), 517u);
+  // Less than a row of a: nothing keeps rows there.
   CodecPlan mid = CodecPlan::ForSlice(RowSlots(), {256, 895}, none);
   std::vector<float> rest2(g.begin() + 256, g.end());
   ASSERT_TRUE(EncodeWithPlan(mid, *blocks, nullptr, 0, rest2, 5, &t).ok());
