@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
 
 namespace pserver {
@@ -22,11 +21,6 @@ absl::StatusOr<ValidatedTensor> ValidateTensor(const v1::EncodedTensor& t,
   if (t.codec() == v1::CODEC_BLOCK_TOPK) {
     s = impl::CheckBlockTopKBlock(t.params().block_size(), /*unset_ok=*/false);
     if (!s.ok()) return s;
-  }
-  if (t.codec() != v1::CODEC_SEGMENTS && t.segments_size() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "segments holds ", t.segments_size(), " tensors for codec ",
-        CodecName(t.codec()), "; expected none (only segments has them)"));
   }
   s = (*decoder)->Validate(t, num_elements);
   if (!s.ok()) return s;

@@ -6,28 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "google/protobuf/util/json_util.h"
+#include "common/json_text.h"
 
 namespace pserver {
 namespace {
-
-// A JSON number; null for what JSON cannot hold (an infinite error).
-std::string Num(double v) {
-  return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null";
-}
-
-std::string Quote(absl::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    if (static_cast<unsigned char>(ch) < 0x20) {
-      absl::StrAppendFormat(&out, "\\u%04x", ch);
-      continue;
-    }
-    out += ch;
-  }
-  return out + "\"";
-}
 
 std::string Xml(absl::string_view s) {
   std::string out;
@@ -57,50 +39,40 @@ std::string Err(double v) {
   return v == 0 ? "0" : absl::StrFormat("%.3g", v);
 }
 
-std::string ParamsJson(const v1::CodecParams& p) {
-  google::protobuf::util::JsonPrintOptions jo;
-  jo.preserve_proto_field_names = true;
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(p, &out, jo).ok()) {
-    return "{}";
-  }
-  return out;
-}
-
 std::string DirectionJson(absl::Span<const CodecCandidate> candidates,
                           const TunedDirection& d) {
   const TuneResult& r = d.result;
   std::string out = absl::StrCat(
-      "{\"source\": ", Quote(d.source), ", \"mode\": ", Quote(d.mode),
+      "{\"source\": ", JsonString(d.source), ", \"mode\": ", JsonString(d.mode),
       ", \"windows\": ", d.windows, ", \"steps\": ", d.steps,
-      ", \"budget_bytes\": ", Num(r.budget_bytes),
-      ", \"model\": {\"bytes_per_step\": ", Num(r.bytes),
-      ", \"fp32_bytes_per_step\": ", Num(r.fp32_bytes),
-      ", \"ratio\": ", Num(r.bytes > 0 ? r.fp32_bytes / r.bytes : 0),
-      ", \"ef_window_error\": ", Num(r.ef_window_error),
-      ", \"error\": ", Num(r.error), "}, \"tensors\": [");
+      ", \"budget_bytes\": ", JsonNumber(r.budget_bytes),
+      ", \"model\": {\"bytes_per_step\": ", JsonNumber(r.bytes),
+      ", \"fp32_bytes_per_step\": ", JsonNumber(r.fp32_bytes),
+      ", \"ratio\": ", JsonNumber(r.bytes > 0 ? r.fp32_bytes / r.bytes : 0),
+      ", \"ef_window_error\": ", JsonNumber(r.ef_window_error),
+      ", \"error\": ", JsonNumber(r.error), "}, \"tensors\": [");
   for (size_t t = 0; t < r.tensors.size(); ++t) {
     const TensorChoice& tc = r.tensors[t];
-    absl::StrAppend(&out, t == 0 ? "" : ", ", "{\"name\": ", Quote(tc.name),
+    absl::StrAppend(&out, t == 0 ? "" : ", ", "{\"name\": ", JsonString(tc.name),
                     ", \"elements\": ", tc.elements,
-                    ", \"chosen\": ", Quote(candidates[tc.chosen].label),
-                    ", \"reason\": ", Quote(tc.reason), ", \"candidates\": [");
+                    ", \"chosen\": ", JsonString(candidates[tc.chosen].label),
+                    ", \"reason\": ", JsonString(tc.reason), ", \"candidates\": [");
     for (size_t c = 0; c < tc.candidates.size(); ++c) {
       const CandidateSummary& s = tc.candidates[c];
       const CodecCandidate& cand = candidates[c];
       absl::StrAppend(
-          &out, c == 0 ? "" : ", ", "{\"label\": ", Quote(cand.label),
-          ", \"family\": ", Quote(cand.family),
-          ", \"codec\": ", Quote(CodecName(cand.codec)),
-          ", \"params\": ", ParamsJson(cand.params),
-          ", \"bytes_per_step\": ", Num(s.bytes), ", \"ratio\": ", Num(s.ratio),
-          ", \"ef_window_error\": ", Num(s.ef_window_error),
-          ", \"error\": ", Num(s.error), ", \"ef_err_sq\": ", Num(s.ef_err_sq),
+          &out, c == 0 ? "" : ", ", "{\"label\": ", JsonString(cand.label),
+          ", \"family\": ", JsonString(cand.family),
+          ", \"codec\": ", JsonString(CodecName(cand.codec)),
+          ", \"params\": ", CodecParamsJson(cand.params),
+          ", \"bytes_per_step\": ", JsonNumber(s.bytes), ", \"ratio\": ", JsonNumber(s.ratio),
+          ", \"ef_window_error\": ", JsonNumber(s.ef_window_error),
+          ", \"error\": ", JsonNumber(s.error), ", \"ef_err_sq\": ", JsonNumber(s.ef_err_sq),
           ", \"eligible\": ", s.eligible ? "true" : "false",
           ", \"ef_encode_elements_per_second\": ",
-          Num(s.encode_elements_per_second),
+          JsonNumber(s.encode_elements_per_second),
           ", \"decode_elements_per_second\": ",
-          Num(s.decode_elements_per_second), "}");
+          JsonNumber(s.decode_elements_per_second), "}");
     }
     out += "]}";
   }

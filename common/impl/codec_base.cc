@@ -29,6 +29,11 @@ absl::Status CodecBase::CheckHeader(const v1::EncodedTensor& t,
     return absl::InvalidArgumentError(absl::StrCat(
         "num_elements is ", t.num_elements(), "; expected ", n));
   }
+  if (id_ != v1::CODEC_SEGMENTS && t.segments_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "segments holds ", t.segments_size(), " tensors for codec ",
+        CodecName(t.codec()), "; expected none (only segments has them)"));
+  }
   return absl::OkStatus();
 }
 

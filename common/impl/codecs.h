@@ -41,7 +41,8 @@ class CodecBase : public Codec {
                                 absl::Span<float> acc) const final;
 
  protected:
-  // Codec id and element count of t against this codec and `n`.
+  // Codec id and element count of t against this codec and `n`; no
+  // segments unless this is CODEC_SEGMENTS.
   absl::Status CheckHeader(const v1::EncodedTensor& t, uint64_t n) const;
 
   // Fills codec, num_elements and params of *out and clears its payload.

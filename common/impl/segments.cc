@@ -2,8 +2,6 @@
 // its own codec. Only a decoder: segmented tensors are built by
 // EncodeWithPlan (common/tensor_codecs.h), which knows where a span lies in
 // the model and so which tensor's codec each piece takes.
-#include <limits>
-
 #include "absl/strings/str_cat.h"
 #include "common/impl/codecs.h"
 #include "common/validated_tensor.h"
@@ -11,10 +9,9 @@
 namespace pserver {
 namespace impl {
 
-class SegmentsCodec final : public Codec {
+class SegmentsCodec final : public CodecBase {
  public:
-  v1::Codec id() const override { return v1::CODEC_SEGMENTS; }
-  const v1::CodecParams& params() const override { return params_; }
+  SegmentsCodec() : CodecBase(v1::CODEC_SEGMENTS, v1::CodecParams()) {}
 
   absl::Status Encode(absl::Span<const float>, uint64_t,
                       v1::EncodedTensor*) const override {
@@ -25,14 +22,7 @@ class SegmentsCodec final : public Codec {
 
   absl::Status Validate(const v1::EncodedTensor& t,
                         uint64_t num_elements) const override {
-    if (t.codec() != v1::CODEC_SEGMENTS) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "codec is ", CodecName(t.codec()), "; expected segments"));
-    }
-    if (t.num_elements() != num_elements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "num_elements is ", t.num_elements(), "; expected ", num_elements));
-    }
+    if (absl::Status s = CheckHeader(t, num_elements); !s.ok()) return s;
     if (t.has_params() && t.params().ByteSizeLong() > 0) {
       return absl::InvalidArgumentError(
           "params is set; expected none for segments (each segment carries "
@@ -85,14 +75,6 @@ class SegmentsCodec final : public Codec {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeAccumulate(const v1::EncodedTensor& t, float alpha,
-                                absl::Span<float> acc) const override {
-    absl::Status s = Validate(t, acc.size());
-    if (!s.ok()) return s;
-    AccumulateValid(t, alpha, acc);
-    return absl::OkStatus();
-  }
-
  protected:
   void AccumulateValid(const v1::EncodedTensor& t, float alpha,
                        absl::Span<float> acc) const override {
@@ -104,9 +86,6 @@ class SegmentsCodec final : public Codec {
       offset += s.num_elements();
     }
   }
-
- private:
-  v1::CodecParams params_;
 };
 
 std::unique_ptr<Codec> NewSegmentsDecoder() {

@@ -29,7 +29,8 @@
 #include "common/codec.h"
 #include "common/codec_profile.h"
 #include "common/gradient_file.h"
-#include "google/protobuf/util/json_util.h"
+#include "common/json_text.h"
+#include "common/tuner_measure.h"
 
 ABSL_FLAG(std::string, gradients, "",
           "gradient file (pserver_worker --capture_gradients)");
@@ -59,62 +60,25 @@ struct Window {
   size_t begin = 0, end = 0;  // indices into the capture's steps
 };
 
-// Maximal runs of consecutive step numbers.
-std::vector<Window> SplitWindows(const GradientCapture& c) {
-  std::vector<Window> out;
-  for (size_t i = 0; i < c.steps.size(); ++i) {
-    if (out.empty() || c.steps[i].step != c.steps[i - 1].step + 1) {
-      out.push_back({"", i, i});
-    }
-    out.back().end = i + 1;
-  }
-  return out;
-}
-
-// A JSON number; null for what JSON cannot hold (an infinite error).
-std::string Num(double v) {
-  return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null";
-}
-
-std::string Quote(absl::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    if (static_cast<unsigned char>(ch) < 0x20) {
-      absl::StrAppendFormat(&out, "\\u%04x", ch);
-      continue;
-    }
-    out += ch;
-  }
-  return out + "\"";
-}
-
 std::string ResultJson(const Window& w, absl::string_view tensor,
                        const CodecCandidate& c, const CodecProfile& p) {
-  std::string params;
-  google::protobuf::util::JsonPrintOptions jo;
-  jo.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(c.params, &params, jo)
-           .ok()) {
-    params = "{}";
-  }
   return absl::StrCat(
-      "{\"window\": ", Quote(w.name), ", \"tensor\": ", Quote(tensor),
-      ", \"label\": ", Quote(c.label), ", \"family\": ", Quote(c.family),
-      ", \"codec\": ", Quote(CodecName(c.codec)), ", \"params\": ", params,
+      "{\"window\": ", JsonString(w.name), ", \"tensor\": ", JsonString(tensor),
+      ", \"label\": ", JsonString(c.label), ", \"family\": ", JsonString(c.family),
+      ", \"codec\": ", JsonString(CodecName(c.codec)), ", \"params\": ", CodecParamsJson(c.params),
       ", \"elements\": ", p.elements, ", \"steps\": ", p.steps(),
-      ", \"bytes_per_step\": ", Num(p.mean_bytes()),
-      ", \"ef_bytes_per_step\": ", Num(p.mean_ef_bytes()),
-      ", \"ratio\": ", Num(p.ratio()), ", \"rel_error\": ", Num(p.rel_error()),
-      ", \"window_error\": ", Num(p.window_error()),
-      ", \"ef_step_error\": ", Num(p.ef_step_error()),
-      ", \"ef_window_error\": ", Num(p.ef_window_error()),
+      ", \"bytes_per_step\": ", JsonNumber(p.mean_bytes()),
+      ", \"ef_bytes_per_step\": ", JsonNumber(p.mean_ef_bytes()),
+      ", \"ratio\": ", JsonNumber(p.ratio()), ", \"rel_error\": ", JsonNumber(p.rel_error()),
+      ", \"window_error\": ", JsonNumber(p.window_error()),
+      ", \"ef_step_error\": ", JsonNumber(p.ef_step_error()),
+      ", \"ef_window_error\": ", JsonNumber(p.ef_window_error()),
       ", \"encode_elements_per_second\": ",
-      Num(p.encode_elements_per_second()),
+      JsonNumber(p.encode_elements_per_second()),
       ", \"ef_encode_elements_per_second\": ",
-      Num(p.ef_encode_elements_per_second()),
+      JsonNumber(p.ef_encode_elements_per_second()),
       ", \"decode_elements_per_second\": ",
-      Num(p.decode_elements_per_second()), "}");
+      JsonNumber(p.decode_elements_per_second()), "}");
 }
 
 int Run() {
@@ -147,7 +111,11 @@ int Run() {
   if (capture->steps.empty()) {
     return Fail(absl::StrCat(path, " holds no steps; expected >= 1"));
   }
-  std::vector<Window> windows = SplitWindows(*capture);
+  // Every maximal run of consecutive step numbers is a window.
+  absl::StatusOr<std::vector<StepWindow>> runs = SplitStepWindows(*capture, 0);
+  if (!runs.ok()) return Fail(runs.status().ToString());
+  std::vector<Window> windows;
+  for (const StepWindow& r : *runs) windows.push_back({"", r.begin, r.end});
   const std::vector<std::string> names = absl::StrSplit(
       absl::GetFlag(FLAGS_window_names), ',', absl::SkipEmpty());
   if (!names.empty() && names.size() != windows.size()) {
@@ -213,25 +181,25 @@ int Run() {
     for (size_t t = 0; t < capture->slots.size(); ++t) {
       const v1::TensorSpec& spec = capture->layout.tensors(t);
       tensors.push_back(absl::StrCat(
-          "{\"name\": ", Quote(spec.name()), ", \"shape\": [",
+          "{\"name\": ", JsonString(spec.name()), ", \"shape\": [",
           absl::StrJoin(spec.shape(), ", "), "], \"elements\": ",
           capture->slots[t].size, "}"));
     }
     for (const Window& w : windows) {
       windows_json.push_back(absl::StrCat(
-          "{\"name\": ", Quote(w.name), ", \"first_step\": ",
+          "{\"name\": ", JsonString(w.name), ", \"first_step\": ",
           capture->steps[w.begin].step, ", \"last_step\": ",
           capture->steps[w.end - 1].step, ", \"steps\": ", w.end - w.begin,
           "}"));
     }
     std::ofstream out(json);
-    out << "{\"gradients\": " << Quote(path)
+    out << "{\"gradients\": " << JsonString(path)
         << ",\n \"worker_id\": " << capture->worker_id
         << ",\n \"tensors\": [" << absl::StrJoin(tensors, ", ")
         << "],\n \"windows\": [" << absl::StrJoin(windows_json, ", ")
         << "],\n \"options\": {\"repetitions\": " << o.repetitions
-        << ", \"min_timed_seconds\": " << Num(o.min_timed_seconds)
-        << ", \"ef_decay\": " << Num(o.ef_decay) << ", \"seed\": " << o.seed
+        << ", \"min_timed_seconds\": " << JsonNumber(o.min_timed_seconds)
+        << ", \"ef_decay\": " << JsonNumber(o.ef_decay) << ", \"seed\": " << o.seed
         << "},\n \"results\": [\n  " << absl::StrJoin(results, ",\n  ")
         << "\n ]}\n";
     out.close();
