@@ -47,6 +47,66 @@ std::unique_ptr<Cluster> StartScheduled(
   return StartClusterWith(config);
 }
 
+// What one worker of RunWorkers saw.
+struct WorkerRun {
+  absl::Status status;
+  std::vector<uint32_t> phases;      // the schedule phase before each step
+  std::vector<uint64_t> push_bytes;  // payload bytes pushed in each step
+  std::vector<uint64_t> pull_bytes;  // and pulled
+  std::vector<float> weights;        // after the last step
+};
+
+// `workers` clients of `cluster` with `schedule` and the push codec flag
+// `push`, each in a thread of its own: Register `init` under TestLayout()
+// for a run of `steps` rounds, then `steps` steps of Gradient().
+std::vector<WorkerRun> RunWorkers(
+    const Cluster& cluster, uint32_t workers,
+    const std::shared_ptr<const CompressionSchedule>& schedule,
+    v1::Codec push, const std::vector<float>& init, int steps) {
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  std::vector<WorkerRun> runs(workers);
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      WorkerRun& run = runs[w];
+      ClientOptions o = Options(cluster, w, push);
+      o.schedule = schedule;
+      auto c = Client::Connect(o);
+      if (!c.ok()) {
+        run.status = c.status();
+        return;
+      }
+      (*c)->SetRunLength(steps);
+      run.status = (*c)->Register(layout, init);
+      for (int t = 0; t < steps && run.status.ok(); ++t) {
+        run.phases.push_back((*c)->schedule_phase());
+        const ClientStats before = (*c)->stats();
+        run.status = (*c)->Step(Gradient(n, w, t));
+        run.push_bytes.push_back((*c)->stats().push_payload_bytes -
+                                 before.push_payload_bytes);
+        run.pull_bytes.push_back((*c)->stats().pull_payload_bytes -
+                                 before.pull_payload_bytes);
+      }
+      run.weights.assign((*c)->weights().begin(), (*c)->weights().end());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+// Every shard's replica checksum is that of its slice of `weights`.
+void ExpectShardsHold(Cluster& cluster, uint32_t shards,
+                      const std::vector<float>& weights) {
+  for (uint32_t s = 0; s < shards; ++s) {
+    const ShardRange r = ShardRangeFor(weights.size(), shards, s);
+    EXPECT_EQ(
+        ChecksumOf(absl::MakeConstSpan(weights).subspan(r.begin, r.size())),
+        cluster.shard(s)->Status().replica_checksum())
+        << "shard " << s;
+  }
+}
+
 TEST(ClientSchedule, EveryWorkerSwitchesCodecAtTheAnnouncedRound) {
   constexpr uint32_t kShards = 2, kWorkers = 2;
   constexpr int kSteps = 9;
@@ -57,58 +117,29 @@ TEST(ClientSchedule, EveryWorkerSwitchesCodecAtTheAnnouncedRound) {
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
   const std::vector<float> init = Values(n, 8);
-  // Per worker and step: push bytes and the phase before the push.
-  std::vector<std::vector<uint64_t>> bytes(kWorkers);
-  std::vector<std::vector<uint32_t>> phases(kWorkers);
-  std::vector<std::vector<float>> final_weights(kWorkers);
-  std::vector<absl::Status> status(kWorkers);
-  std::vector<std::thread> threads;
+  const std::vector<WorkerRun> runs =
+      RunWorkers(*cluster, kWorkers, *schedule, v1::CODEC_ONEBIT, init, kSteps);
   for (uint32_t w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&, w] {
-      ClientOptions o = Options(*cluster, w, v1::CODEC_ONEBIT);
-      o.schedule = *schedule;
-      auto c = Client::Connect(o);
-      if (!c.ok()) {
-        status[w] = c.status();
-        return;
-      }
-      (*c)->SetRunLength(kSteps);
-      status[w] = (*c)->Register(layout, init);
-      for (int t = 0; t < kSteps && status[w].ok(); ++t) {
-        phases[w].push_back((*c)->schedule_phase());
-        const uint64_t before = (*c)->stats().push_payload_bytes;
-        status[w] = (*c)->Step(Gradient(n, w, t));
-        bytes[w].push_back((*c)->stats().push_payload_bytes - before);
-      }
-      final_weights[w].assign((*c)->weights().begin(), (*c)->weights().end());
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (uint32_t w = 0; w < kWorkers; ++w) {
-    ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
-    ASSERT_EQ(bytes[w].size(), static_cast<size_t>(kSteps));
-    EXPECT_EQ(phases[w],
+    const WorkerRun& run = runs[w];
+    ASSERT_TRUE(run.status.ok()) << "worker " << w << ": " << run.status;
+    ASSERT_EQ(run.push_bytes.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(run.phases,
               (std::vector<uint32_t>{0, 0, 0, 1, 1, 1, 2, 2, 2}));
     for (int t = 0; t < kSteps; ++t) {
       SCOPED_TRACE(absl::StrCat("worker ", w, " step ", t));
       if (t < 3) {
-        EXPECT_EQ(bytes[w][t], 4 * n);  // fp32
+        EXPECT_EQ(run.push_bytes[t], 4 * n);  // fp32
       } else if (t < 6) {
         // 8-bit levels plus each block's range.
-        EXPECT_GT(bytes[w][t], n);
-        EXPECT_LT(bytes[w][t], 2 * n);
+        EXPECT_GT(run.push_bytes[t], n);
+        EXPECT_LT(run.push_bytes[t], 2 * n);
       } else {
-        EXPECT_EQ(bytes[w][t], 2 * n);  // bf16
+        EXPECT_EQ(run.push_bytes[t], 2 * n);  // bf16
       }
     }
-    EXPECT_TRUE(BitEqual(final_weights[w], final_weights[0]));
+    EXPECT_TRUE(BitEqual(run.weights, runs[0].weights));
   }
-  for (uint32_t s = 0; s < kShards; ++s) {
-    ShardRange r = ShardRangeFor(n, kShards, s);
-    EXPECT_EQ(ChecksumOf(absl::MakeConstSpan(final_weights[0])
-                             .subspan(r.begin, r.size())),
-              cluster->shard(s)->Status().replica_checksum());
-  }
+  ExpectShardsHold(*cluster, kShards, runs[0].weights);
 
   // A worker that comes back now (a new process) is in the last phase from
   // its Register on.
@@ -210,32 +241,9 @@ TEST(ClientSchedule, PerTensorCodecsPushAndPullEachTensorWithItsOwn) {
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
   const std::vector<float> init = Values(n, 8);
-  std::vector<std::vector<uint64_t>> push_bytes(kWorkers), pull_bytes(kWorkers);
-  std::vector<std::vector<float>> final_weights(kWorkers);
-  std::vector<absl::Status> status(kWorkers);
-  std::vector<std::thread> threads;
-  for (uint32_t w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&, w] {
-      ClientOptions o = Options(*cluster, w, v1::CODEC_TOPK);
-      o.schedule = *schedule;
-      auto c = Client::Connect(o);
-      if (!c.ok()) {
-        status[w] = c.status();
-        return;
-      }
-      status[w] = (*c)->Register(layout, init);
-      for (int t = 0; t < kSteps && status[w].ok(); ++t) {
-        const ClientStats before = (*c)->stats();
-        status[w] = (*c)->Step(Gradient(n, w, t));
-        push_bytes[w].push_back((*c)->stats().push_payload_bytes -
-                                before.push_payload_bytes);
-        pull_bytes[w].push_back((*c)->stats().pull_payload_bytes -
-                                before.pull_payload_bytes);
-      }
-      final_weights[w].assign((*c)->weights().begin(), (*c)->weights().end());
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  // The workers' push codec flag is not the phase's onebit.
+  const std::vector<WorkerRun> runs =
+      RunWorkers(*cluster, kWorkers, *schedule, v1::CODEC_TOPK, init, kSteps);
 
   absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(layout);
   ASSERT_TRUE(slots.ok());
@@ -256,23 +264,20 @@ TEST(ClientSchedule, PerTensorCodecsPushAndPullEachTensorWithItsOwn) {
   ASSERT_NE(want_push, OneBitBytes(ShardRangeFor(n, kShards, 0).size()) +
                            OneBitBytes(ShardRangeFor(n, kShards, 1).size()));
   for (uint32_t w = 0; w < kWorkers; ++w) {
-    ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
+    const WorkerRun& run = runs[w];
+    ASSERT_TRUE(run.status.ok()) << "worker " << w << ": " << run.status;
+    ASSERT_EQ(run.push_bytes.size(), static_cast<size_t>(kSteps));
     for (int t = 0; t < kSteps; ++t) {
       SCOPED_TRACE(absl::StrCat("worker ", w, " step ", t));
-      EXPECT_EQ(push_bytes[w][t], want_push);
+      EXPECT_EQ(run.push_bytes[t], want_push);
       // Every step's pull is a delta of the per-tensor pull codecs (the
       // replica checksums after each pull prove the worker decoded the
       // segments to the shard's x_hat bit for bit).
-      EXPECT_EQ(pull_bytes[w][t], want_pull);
+      EXPECT_EQ(run.pull_bytes[t], want_pull);
     }
-    EXPECT_TRUE(BitEqual(final_weights[w], final_weights[0]));
+    EXPECT_TRUE(BitEqual(run.weights, runs[0].weights));
   }
-  for (uint32_t s = 0; s < kShards; ++s) {
-    ShardRange r = ShardRangeFor(n, kShards, s);
-    EXPECT_EQ(ChecksumOf(absl::MakeConstSpan(final_weights[0])
-                             .subspan(r.begin, r.size())),
-              cluster->shard(s)->Status().replica_checksum());
-  }
+  ExpectShardsHold(*cluster, kShards, runs[0].weights);
 }
 
 TEST(ClientSchedule, PerTensorCodecsNeedTheTensorsAndCompressedPulls) {

@@ -21,19 +21,37 @@
 namespace pserver {
 namespace {
 
+// A shard of `config` for one worker on a loopback port, or null (the test
+// fails).
+std::unique_ptr<ShardServer> StartSoloShard(ShardConfig config) {
+  config.num_shards = 1;
+  config.num_workers = 1;
+  ServerOptions so;
+  so.listen_address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<ShardServer>> server =
+      ShardServer::Start(config, so, nullptr);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+// The options of that shard's one worker, pushing with `push`.
+ClientOptions SoloClientOptions(const ShardServer& server, v1::Codec push) {
+  ClientOptions c;
+  c.server_addresses = {absl::StrCat("127.0.0.1:", server.port())};
+  c.push_codec = push;
+  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  return c;
+}
+
 // Before issue 9 the synthetic model had its own loop that never read or
 // wrote --state_file: a restarted synthetic worker lost its residuals, and
 // no file was ever written. Now the first run saves them at its last step
 // and a restarted worker (same id, new Client) loads them after Register.
 TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
   ShardConfig config;
-  config.num_shards = 1;
-  config.num_workers = 1;
   config.optimizer.kind = OptimizerKind::kAdam;  // compresses every step
-  ServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  auto server = ShardServer::Start(config, so, nullptr);
-  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardServer> server = StartSoloShard(config);
+  ASSERT_NE(server, nullptr);
 
   const std::string dir = testing_util::MakeTempDir("trainer_test");
   ASSERT_FALSE(dir.empty());
@@ -44,10 +62,7 @@ TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
   t.steps = 5;
   t.state_file = dir + "/worker0.state";
   t.state_every = 100;  // only the final save
-  ClientOptions c;
-  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
-  c.push_codec = v1::CODEC_ONEBIT;
-  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  ClientOptions c = SoloClientOptions(*server, v1::CODEC_ONEBIT);
 
   auto first = Client::Connect(c);
   ASSERT_TRUE(first.ok());
@@ -82,7 +97,7 @@ TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
   ASSERT_TRUE(RunTraining(t, third->get(), nullptr, nullptr, 0, 1).ok());
   EXPECT_EQ((*third)->ResidualNorm(), (*second)->ResidualNorm());
 
-  (*server)->Shutdown(absl::Seconds(1));
+  server->Shutdown(absl::Seconds(1));
   std::filesystem::remove_all(dir);
 }
 
@@ -91,22 +106,15 @@ TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
 // entry per step, in order, whose byte counts add up to the client's totals.
 TEST(Trainer, StepLogHasOneEntryPerStepAddingUpToTheClientTotals) {
   ShardConfig config;
-  config.num_shards = 1;
-  config.num_workers = 1;
   config.optimizer.kind = OptimizerKind::kAdam;  // the push codec every step
-  ServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  auto server = ShardServer::Start(config, so, nullptr);
-  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardServer> server = StartSoloShard(config);
+  ASSERT_NE(server, nullptr);
   TrainerOptions t;
   t.model = "synthetic";
   t.synthetic_params = 4096;
   t.synthetic_tensors = 2;
   t.steps = 6;
-  ClientOptions c;
-  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
-  c.push_codec = v1::CODEC_ONEBIT;
-  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  ClientOptions c = SoloClientOptions(*server, v1::CODEC_ONEBIT);
   auto client = Client::Connect(c);
   ASSERT_TRUE(client.ok());
   const ClientStats before = (*client)->stats();
@@ -134,7 +142,7 @@ TEST(Trainer, StepLogHasOneEntryPerStepAddingUpToTheClientTotals) {
   EXPECT_EQ(pulled + 4096u * 4,
             r->stats.pull_payload_bytes - before.pull_payload_bytes);
   EXPECT_LE(seconds, r->wall_seconds);
-  (*server)->Shutdown(absl::Seconds(1));
+  server->Shutdown(absl::Seconds(1));
 }
 
 // Local steps (DiLoCo) with an outer optimizer that just takes the average
@@ -142,16 +150,12 @@ TEST(Trainer, StepLogHasOneEntryPerStepAddingUpToTheClientTotals) {
 // H x rounds steps of its own Adam, one push and one pull per round.
 TEST(Trainer, LocalStepsPushTheWeightChangeOncePerRound) {
   ShardConfig config;
-  config.num_shards = 1;
-  config.num_workers = 1;
   config.optimizer.kind = OptimizerKind::kSgd;
   config.optimizer.lr = 1.0f;
   config.optimizer.momentum = 0.0f;
   config.pull_codec = v1::CODEC_FP32;
-  ServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  auto server = ShardServer::Start(config, so, nullptr);
-  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardServer> server = StartSoloShard(config);
+  ASSERT_NE(server, nullptr);
   TrainerOptions t;
   t.model = "synthetic";
   t.synthetic_params = 3000;
@@ -159,11 +163,8 @@ TEST(Trainer, LocalStepsPushTheWeightChangeOncePerRound) {
   t.steps = 10;  // rounds of 4, 4 and 2 local steps
   t.local_steps = 4;
   t.inner.lr = 0.01f;
-  ClientOptions c;
-  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
-  c.push_codec = v1::CODEC_FP32;
+  ClientOptions c = SoloClientOptions(*server, v1::CODEC_FP32);
   c.local_steps = 4;
-  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
   auto client = Client::Connect(c);
   ASSERT_TRUE(client.ok());
   absl::StatusOr<TrainResult> r =
@@ -191,7 +192,7 @@ TEST(Trainer, LocalStepsPushTheWeightChangeOncePerRound) {
   // x - 1 * (x - local) rounds once per round.
   EXPECT_LT(worst, 1e-6);
   EXPECT_GT(std::abs(double{w[0]} - (*model)->InitialWeights()[0]), 1e-4);
-  (*server)->Shutdown(absl::Seconds(1));
+  server->Shutdown(absl::Seconds(1));
 }
 
 TEST(Trainer, LocalStepsAndInnerOptionsAreChecked) {
@@ -233,13 +234,9 @@ TEST(Trainer, UnknownModelIsRefusedNamingTheChoices) {
 // 1-bit compression made of it), under the model's layout and worker id.
 TEST(Trainer, CapturesTheRawGradientsOfTheRequestedSteps) {
   ShardConfig config;
-  config.num_shards = 1;
-  config.num_workers = 1;
   config.optimizer.kind = OptimizerKind::kAdam;
-  ServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  auto server = ShardServer::Start(config, so, nullptr);
-  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardServer> server = StartSoloShard(config);
+  ASSERT_NE(server, nullptr);
   const std::string dir = testing_util::MakeTempDir("trainer_test");
   TrainerOptions t;
   t.model = "synthetic";
@@ -250,10 +247,7 @@ TEST(Trainer, CapturesTheRawGradientsOfTheRequestedSteps) {
   absl::StatusOr<StepRanges> ranges = StepRanges::Parse("1-2,4,9");
   ASSERT_TRUE(ranges.ok());
   t.capture_steps = *ranges;
-  ClientOptions c;
-  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
-  c.push_codec = v1::CODEC_ONEBIT;
-  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  ClientOptions c = SoloClientOptions(*server, v1::CODEC_ONEBIT);
   auto client = Client::Connect(c);
   ASSERT_TRUE(client.ok());
   absl::StatusOr<TrainResult> r =
@@ -289,14 +283,10 @@ TEST(Trainer, CapturesTheRawGradientsOfTheRequestedSteps) {
 // gradients is the workload's own, not the round's weight change.
 TEST(Trainer, CaptureWithLocalStepsKeepsEachInnerGradient) {
   ShardConfig config;
-  config.num_shards = 1;
-  config.num_workers = 1;
   config.optimizer.kind = OptimizerKind::kSgd;
   config.pull_codec = v1::CODEC_FP32;
-  ServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  auto server = ShardServer::Start(config, so, nullptr);
-  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardServer> server = StartSoloShard(config);
+  ASSERT_NE(server, nullptr);
   const std::string dir = testing_util::MakeTempDir("trainer_test");
   TrainerOptions t;
   t.model = "synthetic";
@@ -308,11 +298,8 @@ TEST(Trainer, CaptureWithLocalStepsKeepsEachInnerGradient) {
   absl::StatusOr<StepRanges> ranges = StepRanges::Parse("1-4");
   ASSERT_TRUE(ranges.ok());
   t.capture_steps = *ranges;
-  ClientOptions c;
-  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
-  c.push_codec = v1::CODEC_FP32;
+  ClientOptions c = SoloClientOptions(*server, v1::CODEC_FP32);
   c.local_steps = 2;
-  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
   auto client = Client::Connect(c);
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE(RunTraining(t, client->get(), nullptr, nullptr, 0, 1).ok());
@@ -328,21 +315,17 @@ TEST(Trainer, CaptureWithLocalStepsKeepsEachInnerGradient) {
     ASSERT_TRUE((*model)->Gradient(i + 1, weights, absl::MakeSpan(want)).ok());
     EXPECT_EQ(got->steps[i].values, want) << "step " << i + 1;
   }
-  (*server)->Shutdown(absl::Seconds(1));
+  server->Shutdown(absl::Seconds(1));
 }
 
 // Weight deltas for pserver_tune --deltas: the change of the replica over
 // each captured step, so that those of every step add up to the run's.
 TEST(Trainer, CapturesTheWeightDeltasOfTheRequestedSteps) {
   ShardConfig config;
-  config.num_shards = 1;
-  config.num_workers = 1;
   config.optimizer.kind = OptimizerKind::kAdam;
   config.pull_codec = v1::CODEC_FP32;
-  ServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  auto server = ShardServer::Start(config, so, nullptr);
-  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<ShardServer> server = StartSoloShard(config);
+  ASSERT_NE(server, nullptr);
   const std::string dir = testing_util::MakeTempDir("trainer_test");
   TrainerOptions t;
   t.model = "synthetic";
@@ -353,10 +336,7 @@ TEST(Trainer, CapturesTheWeightDeltasOfTheRequestedSteps) {
   absl::StatusOr<StepRanges> ranges = StepRanges::Parse("0-4");
   ASSERT_TRUE(ranges.ok());
   t.capture_steps = *ranges;
-  ClientOptions c;
-  c.server_addresses = {absl::StrCat("127.0.0.1:", (*server)->port())};
-  c.push_codec = v1::CODEC_FP32;
-  c.rpc_timeout = c.pull_timeout = c.retry_budget = absl::Seconds(10);
+  ClientOptions c = SoloClientOptions(*server, v1::CODEC_FP32);
   auto client = Client::Connect(c);
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE(RunTraining(t, client->get(), nullptr, nullptr, 0, 1).ok());
@@ -390,7 +370,7 @@ TEST(Trainer, CapturesTheWeightDeltasOfTheRequestedSteps) {
   absl::StatusOr<TrainResult> r =
       RunTraining(t, other->get(), nullptr, nullptr, 0, 1);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
-  (*server)->Shutdown(absl::Seconds(1));
+  server->Shutdown(absl::Seconds(1));
 }
 
 }  // namespace
