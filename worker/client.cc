@@ -263,11 +263,6 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
                             momentum);
     if (!e.ok()) return e.status();
     encoders_.push_back(*std::move(e));
-    // The slice's tensors (block_topk keeps its blocks in their rows); a
-    // schedule's per-tensor codecs replace this in SetPhase.
-    encoders_.back()->UseTensorCodecs(CodecPlan::ForSlice(
-        slots_, replica_.range(s),
-        std::vector<const Codec*>(slots_.size(), nullptr)));
     if (absl::Status st = SetPhase(s, resps[s].schedule_phase()); !st.ok()) {
       return st;
     }
@@ -346,15 +341,19 @@ absl::Status Client::CheckPhase(size_t s, uint32_t phase) const {
 absl::Status Client::SetPhase(size_t s, uint32_t phase) {
   if (absl::Status st = CheckPhase(s, phase); !st.ok()) return st;
   const CompressionSchedule* schedule = options_.schedule.get();
+  if (tensor_plan_phase_[s] != phase) {
+    // The slice's tensors (block_topk keeps its blocks in their rows), with
+    // the phase's per-tensor codecs if the schedule gives any.
+    encoders_[s]->UseTensorCodecs(CodecPlan::ForSlice(
+        slots_, replica_.range(s),
+        schedule != nullptr
+            ? schedule->TensorPushCodecs(phase, slots_)
+            : std::vector<const Codec*>(slots_.size(), nullptr)));
+    tensor_plan_phase_[s] = phase;
+  }
   if (schedule == nullptr) return absl::OkStatus();
   const CodecChoiceSpec* push = schedule->push(phase);
   encoders_[s]->UseCodec(push != nullptr ? push->encoder.get() : nullptr);
-  if (schedule->has_tensor_codecs() && tensor_plan_phase_[s] != phase) {
-    // The phase's per-tensor codecs over this shard's slice.
-    encoders_[s]->UseTensorCodecs(CodecPlan::ForSlice(
-        slots_, replica_.range(s), schedule->TensorPushCodecs(phase, slots_)));
-    tensor_plan_phase_[s] = phase;
-  }
   if (s == 0) phase_ = phase;
   return absl::OkStatus();
 }

@@ -254,9 +254,10 @@ class Client {
   absl::StatusOr<std::optional<Preconditioner>> PrepareStage(
       size_t s, v1::OptimizerStage stage);
   absl::Status SetStage(size_t s, v1::OptimizerStage stage);
-  // Moves shard s's encoder to the push codec of schedule phase `phase`,
-  // as the shard announced it; FAILED_PRECONDITION for a phase the
-  // schedule does not have (or any but 0 without one).
+  // Moves shard s's encoder to the push codecs of schedule phase `phase`
+  // (its per-tensor codecs included; without a schedule, the plan of the
+  // slice's tensors), as the shard announced it; FAILED_PRECONDITION for a
+  // phase the schedule does not have (or any but 0 without one).
   absl::Status SetPhase(size_t s, uint32_t phase);
   absl::Status CheckPhase(size_t s, uint32_t phase) const;
   // A chunked Register of shard s, without weights.
