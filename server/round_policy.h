@@ -32,7 +32,8 @@
 //          on the first (each shard's rounds are its own). So a round
 //          waits for a worker at the bound (or one of the cohort, should
 //          the patience not have started) for at most kLaggardWaitRounds
-//          times the recent round duration (at least kMinLaggardWait);
+//          times the median duration of the newest rounds (at least
+//          kMinLaggardWait);
 //          then it goes on, and the worker's push, if
 //          it then arrives more than s stale, is dropped (acknowledged as
 //          round_lost and counted), never applied: no applied push is
@@ -68,7 +69,7 @@ absl::StatusOr<Consistency> ParseConsistency(absl::string_view s);
 // The largest --max_staleness accepted (a bound beyond any useful one).
 inline constexpr uint32_t kMaxStaleness = 1000;
 // ssp with s > 0: how long a round waits for a worker at the bound (see
-// above), in recent round durations, and at least.
+// above), in median durations of the newest rounds, and at least.
 inline constexpr double kLaggardWaitRounds = 10;
 inline constexpr absl::Duration kMinLaggardWait = absl::Milliseconds(100);
 

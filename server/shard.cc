@@ -427,10 +427,8 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   if (policy_.has_patience()) {
     deadlines_.emplace_back(step_, deadline_);
     if (deadlines_.size() > kDeadlinesKept) deadlines_.pop_front();
-    const absl::Duration d = clock_->Now() - round_open_;
-    round_average_ = round_average_ == absl::ZeroDuration()
-                         ? d
-                         : round_average_ * 0.9 + d * 0.1;
+    round_durations_.push_back(clock_->Now() - round_open_);
+    if (round_durations_.size() > kDurationsKept) round_durations_.pop_front();
   }
   if (policy_.has_patience() && (patience_over_ || released_)) {
     // The cohort workers this round stopped waiting for are late now.

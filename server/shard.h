@@ -280,6 +280,9 @@ class Shard {
   std::vector<Ready> ClearRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the next round: its clock, patience and the deferred pushes.
   void OpenRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The median of the newest rounds' durations (zero before the first).
+  absl::Duration RecentRoundDuration() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // The next time the round timer has something to do (InfiniteFuture:
   // none).
@@ -348,10 +351,14 @@ class Shard {
   absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool patience_over_ ABSL_GUARDED_BY(mu_) = false;
   // When the round stops waiting for workers at the bound, whether it did,
-  // and the recent round duration (a moving average) that sets it.
+  // and the durations of the newest kDurationsKept rounds, whose median
+  // sets it (RecentRoundDuration: a median, so that the first rounds,
+  // which include the workers' start, stop counting after a few rounds
+  // instead of fading out of an average over dozens).
   absl::Time release_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool released_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Duration round_average_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::deque<absl::Duration> round_durations_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kDurationsKept = 15;
   // The patience deadlines of recent rounds (round, deadline; the newest
   // kDeadlinesKept): a late worker whose push arrives before the deadline
   // of the round it was computed for is on time again.

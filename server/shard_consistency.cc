@@ -149,7 +149,7 @@ void Shard::OpenRound() {
   released_ = false;
   release_at_ = policy_.has_patience()
                     ? now + std::max(kMinLaggardWait,
-                                     round_average_ * kLaggardWaitRounds)
+                                     RecentRoundDuration() * kLaggardWaitRounds)
                     : absl::InfiniteFuture();
   ++deadline_seq_;
   for (uint32_t w = 0; w < deferred_.size(); ++w) {
@@ -160,6 +160,14 @@ void Shard::OpenRound() {
       Land(w, c, std::move(push), static_cast<uint64_t>(last_pushed_[w]));
     }
   }
+}
+
+absl::Duration Shard::RecentRoundDuration() const {
+  if (round_durations_.empty()) return absl::ZeroDuration();
+  std::vector<absl::Duration> d(round_durations_.begin(),
+                                round_durations_.end());
+  std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
+  return d[d.size() / 2];
 }
 
 absl::Time Shard::NextTimerEvent() const {

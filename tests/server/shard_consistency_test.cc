@@ -273,6 +273,41 @@ TEST(ShardConsistency, ARoundWaitsAtTheBoundOnlyForAWhile) {
   EXPECT_EQ(f.Step(), 2u);
 }
 
+TEST(ShardConsistency, TheWaitAtTheBoundFollowsTheRecentRoundsNotTheFirst) {
+  // The first round includes the workers' start (10 s here); the wait at
+  // the bound is kLaggardWaitRounds times the median of the newest rounds,
+  // so a few normal rounds later it no longer counts. (A moving average
+  // would still hold most of it: 76 s here.)
+  ShardConfig c = ExactSgdConfig(2);
+  c.consistency = Ssp(1);
+  Fixture f(c);
+  f.clock.Advance(absl::Seconds(10));
+  ASSERT_TRUE(f.Push(0, 0, 0).ok());
+  ASSERT_TRUE(f.Push(1, 0, 0).ok());
+  for (uint64_t t = 1; t <= 2; ++t) {  // two rounds of 1 s
+    f.clock.Advance(absl::Seconds(1));
+    ASSERT_TRUE(f.Push(0, t, t).ok());
+    ASSERT_TRUE(f.Push(1, t, t).ok());
+  }
+  ASSERT_EQ(f.Step(), 3u);
+  // Round 3: worker 1 misses its patience (1.5 s), the round takes 2 s.
+  f.clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(f.Push(0, 3, 3).ok());
+  f.clock.Advance(absl::Seconds(1));
+  f.shard->CheckPatience();
+  ASSERT_EQ(f.Step(), 4u);
+  // Round 4 waits for worker 1 at the bound: 10 x the median of
+  // {10, 1, 1, 2} s (2 s), not 10 x the first round.
+  ASSERT_TRUE(f.Push(0, 4, 4).ok());
+  f.clock.Advance(absl::Seconds(19));
+  f.shard->CheckPatience();
+  EXPECT_EQ(f.Step(), 4u);
+  f.clock.Advance(absl::Seconds(2));
+  f.shard->CheckPatience();
+  EXPECT_EQ(f.Step(), 5u) << "the round still waits as if every round took "
+                             "as long as the first";
+}
+
 TEST(ShardConsistency, AsyncAppliesEachPushAsItComes) {
   ShardConfig c = ExactSgdConfig(3);
   c.consistency = Async();
