@@ -254,6 +254,7 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   codecs.warmup = options_.warmup_codec;
   codecs.warmup_params = options_.warmup_params;
   codecs.ef_decay = options_.ef_decay;
+  codecs.momentum_masking = options_.momentum_masking;
   encoders_.clear();
   tensor_plan_phase_.assign(n, -1);
   replica_.Reset(total, std::move(ranges), min_step);

@@ -80,6 +80,10 @@ struct ClientOptions {
   uint32_t local_steps = 1;
   // Decay of the error-feedback residual (1 = exact error feedback).
   float ef_decay = 1.0f;
+  // Momentum-factor masking of the workers' momentum under a sparse push
+  // codec (PushCodecs::momentum_masking); Register refuses it unless the
+  // shards run onebit_adam with --onebit_momentum=worker.
+  bool momentum_masking = false;
   // A compression schedule (common/schedule.h; null: none), the same file
   // the shards have: the push codec follows the phase each shard announces
   // (RegisterResponse / PullResponse.schedule_phase), so every worker

@@ -71,6 +71,11 @@ ABSL_FLAG(std::string, rounding, "nearest", "quantize: nearest or stochastic");
 ABSL_FLAG(std::string, quantize_range, "linear",
           "quantize: linear (block min/max) or adaptive (percentile clip)");
 ABSL_FLAG(float, ef_decay, 1.0f, "error-feedback residual decay (1 = exact)");
+ABSL_FLAG(bool, momentum_masking, false,
+          "with a sparse --push_codec and the shards' "
+          "--onebit_momentum=worker: the momentum of every element a push "
+          "carried restarts from zero (Deep Gradient Compression's "
+          "momentum-factor masking)");
 ABSL_FLAG(int32_t, blas_threads, 1,
           "OpenBLAS threads (results are bit-reproducible per thread count)");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -276,6 +281,7 @@ int Run() {
   if (!schedule.ok()) return Fail(schedule.status().message());
   c.schedule = *std::move(schedule);
   c.ef_decay = absl::GetFlag(FLAGS_ef_decay);
+  c.momentum_masking = absl::GetFlag(FLAGS_momentum_masking);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout));
   c.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout));

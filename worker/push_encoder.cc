@@ -9,12 +9,30 @@
 
 namespace pserver {
 
+bool IsSparseCodec(v1::Codec codec) {
+  return codec == v1::CODEC_TOPK || codec == v1::CODEC_RANDOMK ||
+         codec == v1::CODEC_BLOCK_TOPK || codec == v1::CODEC_TOPK_QUANTIZE;
+}
+
 absl::StatusOr<std::unique_ptr<PushEncoder>> PushEncoder::Create(
     const PushCodecs& codecs, uint64_t n, bool freezes,
     v1::GradientSpace space, float momentum_beta) {
   if (!(momentum_beta >= 0.0f && momentum_beta < 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker_momentum is ", momentum_beta, "; expected [0, 1)"));
+  }
+  if (codecs.momentum_masking) {
+    if (!IsSparseCodec(codecs.push)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "momentum_masking needs a sparse push codec (topk, randomk, "
+          "block_topk or topk_quantize); push codec is ",
+          CodecName(codecs.push)));
+    }
+    if (!freezes || momentum_beta == 0.0f) {
+      return absl::InvalidArgumentError(
+          "momentum_masking needs the workers' momentum: the shards' "
+          "optimizer onebit_adam with --onebit_momentum=worker");
+    }
   }
   absl::StatusOr<std::unique_ptr<Codec>> warmup =
       MakeCodec(codecs.warmup, codecs.warmup_params);
@@ -29,18 +47,20 @@ absl::StatusOr<std::unique_ptr<PushEncoder>> PushEncoder::Create(
         absl::StrCat("push_codec: ", push.status().message()));
   }
   return std::unique_ptr<PushEncoder>(new PushEncoder(
-      n, freezes, space, momentum_beta,
+      n, freezes, space, momentum_beta, codecs.momentum_masking,
       std::make_unique<ErrorFeedback>(*std::move(warmup), n, codecs.ef_decay),
       std::make_unique<ErrorFeedback>(*std::move(push), n, codecs.ef_decay)));
 }
 
 PushEncoder::PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
-                         float beta, std::unique_ptr<ErrorFeedback> warmup_ef,
+                         float beta, bool masking,
+                         std::unique_ptr<ErrorFeedback> warmup_ef,
                          std::unique_ptr<ErrorFeedback> push_ef)
     : n_(n),
       freezes_(freezes),
       space_(space),
       beta_(beta),
+      masking_(masking),
       warmup_ef_(std::move(warmup_ef)),
       push_ef_(std::move(push_ef)) {}
 
@@ -79,7 +99,41 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
       !s.ok()) {
     return s;
   }
+  if (masking_) {
+    // The push is encoded and the residual moved: a failure here would
+    // lose it, and cannot happen for the encoder's own output.
+    if (absl::Status s = MaskSent(req->gradient()); !s.ok()) return s;
+  }
   std::copy(next_u_.begin(), next_u_.end(), u_.begin() + offset);
+  return absl::OkStatus();
+}
+
+absl::Status PushEncoder::MaskSent(const v1::EncodedTensor& sent) {
+  auto mask = [this](const v1::EncodedTensor& t,
+                     uint64_t begin) -> absl::Status {
+    if (!IsSparseCodec(t.codec())) return absl::OkStatus();
+    absl::StatusOr<const Codec*> decoder = FindDecoder(t.codec());
+    if (!decoder.ok()) return decoder.status();
+    const uint64_t len = t.num_elements();
+    if (begin > next_u_.size() || len > next_u_.size() - begin) {
+      return absl::InternalError("a pushed piece is outside its chunk");
+    }
+    sent_.assign(len, 0.0f);
+    if (absl::Status s = (*decoder)->Decode(t, absl::MakeSpan(sent_));
+        !s.ok()) {
+      return s;
+    }
+    for (uint64_t i = 0; i < len; ++i) {
+      if (sent_[i] != 0.0f) next_u_[begin + i] = 0.0f;
+    }
+    return absl::OkStatus();
+  };
+  if (sent.codec() != v1::CODEC_SEGMENTS) return mask(sent, 0);
+  uint64_t begin = 0;
+  for (const v1::EncodedTensor& piece : sent.segments()) {
+    if (absl::Status s = mask(piece, begin); !s.ok()) return s;
+    begin += piece.num_elements();
+  }
   return absl::OkStatus();
 }
 

@@ -34,7 +34,18 @@ struct PushCodecs {
   v1::Codec warmup = v1::CODEC_FP32;
   v1::CodecParams warmup_params;
   float ef_decay = 1.0f;  // 1 = exact error feedback
+  // Momentum-factor masking (Lin et al. 2018, Deep Gradient Compression):
+  // with the workers' momentum and a sparse push codec, the momentum of
+  // every element a push carried restarts from zero, so a gradient that was
+  // sent does not keep being pushed by the momentum it left behind. Needs
+  // the shards' worker momentum and a sparse `push` (topk, randomk,
+  // block_topk, topk_quantize); dense pieces of a push are never masked.
+  bool momentum_masking = false;
 };
+
+// Whether `codec` sends a subset of the elements (and decodes the rest as
+// zero): topk, randomk, block_topk, topk_quantize.
+bool IsSparseCodec(v1::Codec codec);
 
 // Thread-compatible: one per shard, driven by the Client's thread.
 class PushEncoder {
@@ -93,13 +104,18 @@ class PushEncoder {
 
  private:
   PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space, float beta,
-              std::unique_ptr<ErrorFeedback> warmup_ef,
+              bool masking, std::unique_ptr<ErrorFeedback> warmup_ef,
               std::unique_ptr<ErrorFeedback> push_ef);
+  // Momentum-factor masking: next_u_[i] = 0 for every element the sparse
+  // pieces of `sent` (this chunk's push) carry.
+  absl::Status MaskSent(const v1::EncodedTensor& sent);
 
   const uint64_t n_;
   const bool freezes_;
   const v1::GradientSpace space_;
   const float beta_;              // > 0: push the momentum after the freeze
+  const bool masking_;            // momentum-factor masking
+  std::vector<float> sent_;       // MaskSent's decoded chunk
   std::vector<float> u_;          // that momentum (allocated when first used)
   std::vector<float> next_u_;     // one chunk's new momentum, until encoded
   std::unique_ptr<ErrorFeedback> warmup_ef_;

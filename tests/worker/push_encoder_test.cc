@@ -1,0 +1,124 @@
+// PushEncoder's momentum-factor masking (worker/push_encoder.h): with the
+// workers' momentum and a sparse push codec, every element a push carried
+// restarts its momentum from zero, the push itself is unchanged, and the
+// option is refused where it would do nothing or everything.
+#include "worker/push_encoder.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/codec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kN = 1000;
+constexpr float kBeta = 0.9f;
+
+PushCodecs TopK(bool masking) {
+  PushCodecs c;
+  c.push = v1::CODEC_TOPK;
+  c.push_params.set_k_fraction(0.01f);
+  c.warmup = v1::CODEC_FP32;
+  c.momentum_masking = masking;
+  return c;
+}
+
+std::vector<float> RandomGradient(uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal;
+  std::vector<float> g(kN);
+  for (float& x : g) x = normal(rng);
+  return g;
+}
+
+// An encoder in the compression stage (raw space, D = 1).
+std::unique_ptr<PushEncoder> Compressing(const PushCodecs& codecs) {
+  auto e = PushEncoder::Create(codecs, kN, /*freezes=*/true,
+                               v1::GRADIENT_SPACE_RAW, kBeta);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return nullptr;
+  auto d = Preconditioner::FromVariance(std::vector<float>(kN, 1.0f), 1e-8f);
+  EXPECT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE((*e)->SetStage(v1::OPTIMIZER_STAGE_COMPRESSION, *std::move(d))
+                  .ok());
+  return *std::move(e);
+}
+
+std::vector<float> Decoded(const v1::EncodedTensor& t) {
+  std::vector<float> x(t.num_elements());
+  EXPECT_TRUE(DecoderFor(t.codec())->Decode(t, absl::MakeSpan(x)).ok());
+  return x;
+}
+
+TEST(PushEncoderMasking, SentElementsRestartTheirMomentumTheRestKeepIt) {
+  auto plain = Compressing(TopK(false));
+  auto masked = Compressing(TopK(true));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(masked, nullptr);
+  std::vector<float> u(kN, 0.0f);  // the momentum masking should leave
+  for (uint64_t step = 0; step < 3; ++step) {
+    const std::vector<float> g = RandomGradient(step);
+    v1::PushRequest a, b;
+    ASSERT_TRUE(plain->EncodeChunk(g, 0, step, &a).ok());
+    ASSERT_TRUE(masked->EncodeChunk(g, 0, step, &b).ok());
+    EXPECT_TRUE(b.momentum());
+    const std::vector<float> sent = Decoded(b.gradient());
+    uint64_t carried = 0;
+    for (uint64_t i = 0; i < kN; ++i) {
+      u[i] = kBeta * u[i] + (1.0f - kBeta) * g[i];
+      if (sent[i] != 0.0f) {
+        u[i] = 0.0f;
+        ++carried;
+      }
+      ASSERT_EQ(masked->momentum()[i], u[i]) << "step " << step << " [" << i
+                                             << "]";
+    }
+    EXPECT_EQ(carried, 10u);
+    if (step == 0) {
+      // Nothing was masked before the first push: the same push.
+      EXPECT_EQ(a.gradient().SerializeAsString(),
+                b.gradient().SerializeAsString());
+      for (uint64_t i = 0; i < kN; ++i) {
+        ASSERT_EQ(plain->momentum()[i], (1.0f - kBeta) * g[i]);
+      }
+    }
+  }
+  // Without masking the momentum of the sent elements lives on.
+  uint64_t differ = 0;
+  for (uint64_t i = 0; i < kN; ++i) {
+    differ += plain->momentum()[i] != masked->momentum()[i];
+  }
+  EXPECT_GE(differ, 10u);
+}
+
+TEST(PushEncoderMasking, RefusedWithADenseCodecOrWithoutTheWorkersMomentum) {
+  PushCodecs onebit = TopK(true);
+  onebit.push = v1::CODEC_ONEBIT;
+  onebit.push_params.clear_k_fraction();
+  auto e = PushEncoder::Create(onebit, kN, true, v1::GRADIENT_SPACE_RAW, kBeta);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(e.status().message()),
+              HasSubstr("needs a sparse push codec"));
+  EXPECT_THAT(std::string(e.status().message()), HasSubstr("onebit"));
+  for (auto [freezes, beta] : {std::pair{true, 0.0f}, std::pair{false, kBeta}}) {
+    auto f = PushEncoder::Create(TopK(true), kN, freezes,
+                                 v1::GRADIENT_SPACE_RAW, beta);
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(f.status().message()),
+                HasSubstr("--onebit_momentum=worker"));
+  }
+  EXPECT_TRUE(PushEncoder::Create(TopK(true), kN, true,
+                                  v1::GRADIENT_SPACE_RAW, kBeta)
+                  .ok());
+}
+
+}  // namespace
+}  // namespace pserver
