@@ -77,7 +77,7 @@ ABSL_FLAG(uint32_t, max_staleness, 0,
 ABSL_FLAG(std::string, staleness_scaling, "none",
           "with ssp or async: none, or inverse (a push s rounds stale counts "
           "1/s in its round's mean)");
-ABSL_FLAG(double, ssp_patience, 0.5,
+ABSL_FLAG(double, ssp_patience, 1.0,
           "with ssp: how long past the median arrival of the workers that "
           "kept up a round waits for the rest of them, as a fraction of that "
           "median");

@@ -81,8 +81,9 @@ struct ConsistencyConfig {
   // al. 2016, "Staleness-aware async-SGD"), instead of 1.
   bool scale_by_staleness = false;
   // ssp with s > 0: how long past the cohort's median arrival a round waits
-  // for the rest of the cohort, as a fraction of that median.
-  double patience = 0.5;
+  // for the rest of the cohort, as a fraction of that median (1: until
+  // twice the median; docs/consistency.md has the measurements behind it).
+  double patience = 1.0;
 };
 
 // INVALID_ARGUMENT naming the field for a config out of range.

@@ -73,6 +73,10 @@ declare -A OPTS=(
   # onebit_adam with the small tensors (biases, the last layer: 0.7% of the
   # elements) sent exactly both ways (per-tensor codecs).
   [onebit_small]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600} --schedule $ROOT/deploy/schedules/onebit_small_exact.json"
+  # The topk and topk_warmup recipes with Deep Gradient Compression's
+  # momentum-factor masking on the workers (--momentum_masking).
+  [topk_mask]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
+  [topk_warmup_mask]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step 600 --k-fraction 0.01 --schedule $ROOT/deploy/schedules/topk_sparsity_warmup.json"
 )
 
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
@@ -97,6 +101,8 @@ declare -A EXTRA_SERVER=(
   [block_topk]="--onebit_momentum=worker --pull_block_size=16 ${TOPK_SERVER_FLAGS:-}"
   [adam_q4a]="${ADAM_SERVER_FLAGS:-}"
   [onebit_small]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
+  [topk_mask]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
+  [topk_warmup_mask]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [tuned_budget]="${ADAM_SERVER_FLAGS:-}"
   [tuned_e05]="${ADAM_SERVER_FLAGS:-}"
 )
@@ -115,6 +121,8 @@ declare -A EXTRA_WORKER=(
   [block_topk]="--bits=8 --block_size=16 ${TOPK_WORKER_FLAGS:-}"
   [adam_q4a]="${ADAM_WORKER_FLAGS:-}"
   [onebit_small]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
+  [topk_mask]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
+  [topk_warmup_mask]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
   [tuned_budget]="${ADAM_WORKER_FLAGS:-}"
   [tuned_e05]="${ADAM_WORKER_FLAGS:-}"
 )

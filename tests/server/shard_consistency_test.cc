@@ -41,6 +41,7 @@ ConsistencyConfig Ssp(uint32_t s, bool scaled = false) {
   c.mode = Consistency::kSsp;
   c.max_staleness = s;
   c.scale_by_staleness = scaled;
+  c.patience = 0.5;  // the scripted arrival times below assume it
   return c;
 }
 
