@@ -11,6 +11,8 @@
 
 #include "absl/status/status.h"
 #include "common/codec.h"
+#include "common/layout.h"
+#include "common/tensor_codecs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -97,6 +99,35 @@ TEST(PushEncoderMasking, SentElementsRestartTheirMomentumTheRestKeepIt) {
     differ += plain->momentum()[i] != masked->momentum()[i];
   }
   EXPECT_GE(differ, 10u);
+}
+
+TEST(PushEncoderMasking, UnderPerTensorCodecsOnlyTheSparseSegmentsMask) {
+  // Tensor "a" (600 elements) takes the stream's TopK, "b" (400) fp32 of its
+  // own: the push is two segments, and only a's sent elements restart.
+  auto e = Compressing(TopK(true));
+  ASSERT_NE(e, nullptr);
+  auto fp32 = MakeCodec(v1::CODEC_FP32, v1::CodecParams());
+  ASSERT_TRUE(fp32.ok());
+  const std::vector<TensorSlot> slots = {{"a", 0, 600, 0}, {"b", 600, 400, 0}};
+  e->UseTensorCodecs(
+      CodecPlan::ForSlice(slots, {0, kN}, {nullptr, fp32->get()}));
+  const std::vector<float> g = RandomGradient(7);
+  v1::PushRequest req;
+  ASSERT_TRUE(e->EncodeChunk(g, 0, 7, &req).ok());
+  ASSERT_EQ(req.gradient().codec(), v1::CODEC_SEGMENTS);
+  ASSERT_EQ(req.gradient().segments_size(), 2);
+  const std::vector<float> sent = Decoded(req.gradient().segments(0));
+  uint64_t carried = 0;
+  for (uint64_t i = 0; i < kN; ++i) {
+    const float u = (1.0f - kBeta) * g[i];
+    if (i < 600 && sent[i] != 0.0f) {
+      ++carried;
+      ASSERT_EQ(e->momentum()[i], 0.0f) << i;
+    } else {
+      ASSERT_EQ(e->momentum()[i], u) << i;
+    }
+  }
+  EXPECT_EQ(carried, 6u);  // 1% of a's 600
 }
 
 TEST(PushEncoderMasking, RefusedWithADenseCodecOrWithoutTheWorkersMomentum) {
