@@ -75,15 +75,14 @@ const Codec* BlockTopKWithRows(const Codec& base, uint64_t rows) {
   return it->second.get();
 }
 
-void CodecPlan::CutForBlocks(
-    uint64_t b, uint64_t e, const Codec& c,
-    std::vector<std::pair<CodecPiece, const Codec*>>* out) const {
+void CodecPlan::CutForBlocks(uint64_t b, uint64_t e, const Codec& c,
+                             std::vector<CodecPiece>* out) const {
   auto add = [&](uint64_t from, uint64_t to, const Codec* codec) {
-    if (!out->empty() && out->back().second == codec &&
-        out->back().first.end == from) {
-      out->back().first.end = to;  // same codec, next to each other
+    if (!out->empty() && out->back().codec == codec &&
+        out->back().end == from) {
+      out->back().end = to;  // same codec, next to each other
     } else {
-      out->push_back({CodecPiece{from, to, codec}, codec});
+      out->push_back(CodecPiece{from, to, codec});
     }
   };
   uint64_t at = b;
@@ -130,7 +129,8 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
                             absl::Span<const float> u, uint64_t seed,
                             v1::EncodedTensor* out) {
   thread_local std::vector<CodecPiece> cut;
-  thread_local std::vector<std::pair<CodecPiece, const Codec*>> pieces;
+  // The pieces with their codecs resolved (never nullptr).
+  thread_local std::vector<CodecPiece> pieces;
   plan.Cut(offset, u.size(), &cut);
   pieces.clear();
   for (const CodecPiece& p : cut) {
@@ -139,16 +139,14 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
         !plan.tensors_.empty()) {
       plan.CutForBlocks(p.begin, p.end, c, &pieces);
     } else {
-      pieces.push_back({p, &c});
+      pieces.push_back(CodecPiece{p.begin, p.end, &c});
     }
   }
   if (pieces.size() == 1) {
-    return EncodePiece(*pieces[0].second, ef, offset, u, seed, out);
+    return EncodePiece(*pieces[0].codec, ef, offset, u, seed, out);
   }
   uint64_t covered = 0;
-  for (const auto& piece : pieces) {
-    covered += piece.first.end - piece.first.begin;
-  }
+  for (const CodecPiece& p : pieces) covered += p.end - p.begin;
   if (covered != u.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "span [", offset, ", ", offset + u.size(),
@@ -161,9 +159,9 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
   out->set_codec(v1::CODEC_SEGMENTS);
   out->set_num_elements(u.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const CodecPiece& p = pieces[i].first;
+    const CodecPiece& p = pieces[i];
     absl::Status s = EncodePiece(
-        *pieces[i].second, ef, p.begin,
+        *p.codec, ef, p.begin,
         u.subspan(p.begin - offset, p.end - p.begin), MixPair(seed, i),
         out->add_segments());
     if (!s.ok()) return s;

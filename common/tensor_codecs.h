@@ -22,7 +22,6 @@
 #define PSERVER_COMMON_TENSOR_CODECS_H_
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -79,9 +78,10 @@ class CodecPlan {
     uint64_t row_length = 0;
   };
   // Appends the pieces of [b, e) (one codec `c`, block_topk) cut at tensor
-  // boundaries, the whole rows of each with its row-aware codec.
+  // boundaries, the whole rows of each with its row-aware codec (every
+  // piece's codec set).
   void CutForBlocks(uint64_t b, uint64_t e, const Codec& c,
-                    std::vector<std::pair<CodecPiece, const Codec*>>* out) const;
+                    std::vector<CodecPiece>* out) const;
 
   std::vector<CodecPiece> pieces_;  // cover the slice; empty when uniform
   std::vector<Span> tensors_;       // the slice's tensors, in order
