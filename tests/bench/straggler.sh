@@ -97,9 +97,16 @@ def time_to(run, whole_run_if_not):
 
 rows, out = [], []
 for m in modes:
-    steps_per_s, acc, ttt, walls = [], [], [], []
+    steps_per_s, acc, ttt, walls, share, stalls = [], [], [], [], [], []
     for run in data[m]:
         fast = run[1:]
+        # The share of the shards' versions a fast worker pushed for (a
+        # worker a round went on without skips the next one), and the
+        # steps that took over 0.2 s (rounds stalled at the bound).
+        share.append(statistics.mean(
+            len(w["step_seconds"]) / w["steps"] for w in fast))
+        stalls.append(statistics.mean(
+            sum(t > 0.2 for t in w["step_seconds"]) for w in fast))
         steps_per_s.append(statistics.mean(
             len(w["step_seconds"]) / w["wall_seconds"] for w in fast))
         acc.append(statistics.mean(w["test_accuracy"] for w in fast))
@@ -110,8 +117,10 @@ for m in modes:
     rows.append((m, statistics.mean(steps_per_s), statistics.mean(acc) * 100,
                  statistics.mean(reached) if every else None,
                  statistics.median(reached) if every else None,
-                 len(reached), len(ttt), statistics.mean(walls)))
+                 len(reached), len(ttt), statistics.mean(walls),
+                 min(share) * 100, max(share) * 100, min(stalls), max(stalls)))
     out.append({"mode": m, "fast_steps_per_second": steps_per_s,
+                "fast_pushed_share": share, "fast_steps_over_200ms": stalls,
                 "final_accuracy": acc, "seconds_to_target": ttt,
                 "wall_seconds": walls})
 bsp_t = rows[0][3] if rows[0][0] == "bsp" else None
@@ -123,16 +132,17 @@ lines = [
     f"modes up to {2 * int(epochs)}; an evaluation every {eval_every} steps "
     "and after each epoch.",
     "",
-    "| mode | fast workers' steps/s | final accuracy % (fast workers) | s to target (mean) | speed-up (means) | s to target (median) | speed-up (medians) | reached | wall s |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| mode | fast workers' steps/s | final accuracy % (fast workers) | s to target (mean) | speed-up (means) | s to target (median) | speed-up (medians) | reached | wall s | versions pushed % (fast, per seed) | steps over 0.2 s (fast, per seed) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
-for m, sps, a, t, tm, n, k, wall in rows:
+for m, sps, a, t, tm, n, k, wall, sh0, sh1, st0, st1 in rows:
     speed = f"{bsp_t / t:.2f}x" if (t and bsp_t) else "n/a"
     speed_med = f"{bsp_med / tm:.2f}x" if (tm and bsp_med) else "n/a"
     ts = f"{t:.1f}" if t is not None else "not reached"
     tms = f"{tm:.1f}" if tm is not None else "not reached"
     lines.append(f"| {m} | {sps:.1f} | {a:.2f} | {ts} | {speed} | {tms} | "
-                 f"{speed_med} | {n}/{k} | {wall:.1f} |")
+                 f"{speed_med} | {n}/{k} | {wall:.1f} | {sh0:.1f}..{sh1:.1f} | "
+                 f"{st0:.0f}..{st1:.0f} |")
 text = "\n".join(lines) + "\n"
 with open(f"{results}/straggler.md", "w") as f:
     f.write(text)
