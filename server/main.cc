@@ -46,6 +46,11 @@ ABSL_FLAG(uint64_t, freeze_step, 100,
 ABSL_FLAG(float, variance_floor, 0.1f,
           "onebit_adam robust mode: at the freeze sqrt(v) is floored at this "
           "fraction of its per-tensor mean");
+ABSL_FLAG(bool, variance_growth, false,
+          "onebit_adam compression stage: scale the step at round t by "
+          "sqrt((1 - beta2^T) / (1 - beta2^t)), T the freeze round: the "
+          "growth Adam's uncorrected v would still have (no effect with "
+          "--bias_correction)");
 ABSL_FLAG(std::string, onebit_mode, "robust",
           "onebit_adam: 'robust' (variance floor, preconditioned pushes) or "
           "'deepspeed' (no floor, raw-gradient pushes)");
@@ -157,6 +162,7 @@ int Run() {
   o.nesterov = absl::GetFlag(FLAGS_nesterov);
   o.freeze_step = absl::GetFlag(FLAGS_freeze_step);
   o.variance_floor = absl::GetFlag(FLAGS_variance_floor);
+  o.variance_growth = absl::GetFlag(FLAGS_variance_growth);
   // robust: preconditioned pushes, floored variance; deepspeed: neither.
   absl::StatusOr<bool> robust =
       ParseEnumFlag<bool>("onebit_mode", absl::GetFlag(FLAGS_onebit_mode),

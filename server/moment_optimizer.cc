@@ -89,6 +89,8 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
     }
     return sq;
   }
+  // The frozen stage's step scale (OptimizerConfig::variance_growth).
+  const float grow = GrowthScale();
   if (config_.worker_momentum) {
     // g is the mean of the workers' momenta since the freeze; m carries the
     // momentum the freeze found, decaying as if no gradient followed.
@@ -96,8 +98,8 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
       m[i] = b1 * m[i];
       float mom = m[i] + g[i];
       float d = config_.preconditioned
-                    ? lr * (mom + wd * x[i])
-                    : lr * (mom / (std::sqrt(v[i]) + eps) + wd * x[i]);
+                    ? lr * (grow * mom + wd * x[i])
+                    : lr * (grow * mom / (std::sqrt(v[i]) + eps) + wd * x[i]);
       x[i] -= d;
       sq += double{d} * d;
     }
@@ -106,19 +108,32 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
   if (config_.preconditioned) {
     for (uint64_t i = begin; i < end; ++i) {
       m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      float d = lr * (m[i] + wd * x[i]);
+      float d = lr * (grow * m[i] + wd * x[i]);
       x[i] -= d;
       sq += double{d} * d;
     }
   } else {
     for (uint64_t i = begin; i < end; ++i) {
       m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      float d = lr * (m[i] / (std::sqrt(v[i]) + eps) + wd * x[i]);
+      float d = lr * (grow * m[i] / (std::sqrt(v[i]) + eps) + wd * x[i]);
       x[i] -= d;
       sq += double{d} * d;
     }
   }
   return sq;
+}
+
+float MomentOptimizer::GrowthScale() const {
+  if (!config_.variance_growth || config_.bias_correction || !frozen_ ||
+      freeze_at_ == 0) {
+    return 1.0f;
+  }
+  // This step is round step_ + 1; v froze after round freeze_at_.
+  const double b2 = config_.beta2;
+  const double t = static_cast<double>(std::max(step_ + 1, freeze_at_));
+  const double frozen = 1.0 - std::pow(b2, static_cast<double>(freeze_at_));
+  const double now = 1.0 - std::pow(b2, t);
+  return now > 0 ? static_cast<float>(std::sqrt(frozen / now)) : 1.0f;
 }
 
 void MomentOptimizer::Freeze() {

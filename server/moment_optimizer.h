@@ -61,6 +61,10 @@ class MomentOptimizer final : public Optimizer {
 
  private:
   void Freeze();
+  // The compression stage's step scale for the coming step
+  // (OptimizerConfig::variance_growth; 1 when off or not frozen). v counts
+  // as frozen after freeze_at_ rounds of Adam.
+  float GrowthScale() const;
   // Returns the squared L2 norm of the change to x[begin, end).
   double StepRange(uint64_t begin, uint64_t end, absl::Span<const float> g,
                    absl::Span<float> x);

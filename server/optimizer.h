@@ -50,6 +50,14 @@ struct OptimizerConfig {
   // onebit_adam only.
   uint64_t freeze_step = 100;     // rounds of plain Adam before the freeze
   float variance_floor = 0.1f;    // fraction of the per-tensor mean sqrt(v)
+  // Compression stage: scale the momentum's step at round t by
+  // sqrt((1 - b2^T) / (1 - b2^t)), T the freeze round: the growth that
+  // plain Adam's uncorrected v, b2 v + (1 - b2) g^2 from 0, would still have
+  // if g^2 stayed as it was at the freeze. Without it the frozen v keeps
+  // the under-estimate of round T (1 - b2^T: 0.45 at T = 600), so the steps
+  // after the freeze stay larger than Adam's. 1 with bias_correction (the
+  // frozen v is corrected already).
+  bool variance_growth = false;
   bool preconditioned = true;     // compress D g (robust) or g (DeepSpeed)
   // Compression stage: the workers keep the momentum and push it, and m here
   // is only the freeze-time momentum decaying by beta1 per round

@@ -190,6 +190,80 @@ TEST(Optimizer, PreconditionedStageEqualsFrozenVarianceAdam) {
   }
 }
 
+// --variance_growth: with a constant gradient g, plain Adam without bias
+// correction steps lr (1 - b1^t) / sqrt(1 - b2^t) sign(g) (eps aside), its v
+// growing as (1 - b2^t) g^2; the frozen stage with growth takes the same
+// steps, with the momentum kept on the shard or pushed by the workers, and
+// without growth takes larger ones (its v stays at round T's).
+TEST(Optimizer, VarianceGrowthMakesTheFrozenStepsAdamsUnderAConstantGradient) {
+  const uint64_t n = 8;
+  const int freeze = 30;
+  const std::vector<float> g = {0.3f, -0.02f, 1.5f, -0.7f,
+                                0.05f, 2.0f, -1.0f, 0.4f};
+  for (bool worker_momentum : {false, true}) {
+    SCOPED_TRACE(worker_momentum ? "worker momentum" : "server momentum");
+    OptimizerConfig c;
+    c.freeze_step = freeze;
+    c.variance_floor = 0.0f;
+    c.worker_momentum = worker_momentum;
+    OptimizerConfig plain = c;
+    c.variance_growth = true;
+    MomentOptimizer grown(c, n, {{0, n}}), fixed(plain, n, {{0, n}});
+    std::vector<float> x1(n, 0.0f), x2(n, 0.0f);
+    std::vector<float> u(n, 0.0f);  // the workers' momentum after the freeze
+    for (int t = 1; t <= 300; ++t) {
+      std::vector<float> push = g;
+      if (t > freeze) {
+        for (uint64_t i = 0; i < n; ++i) {
+          float d = 1.0f / (std::sqrt(grown.frozen_variance()[i]) + c.eps);
+          push[i] = d * g[i];
+          if (worker_momentum) {
+            u[i] = c.beta1 * u[i] + (1.0f - c.beta1) * push[i];
+            push[i] = u[i];
+          }
+        }
+      }
+      std::vector<float> before1 = x1, before2 = x2;
+      grown.Step(push, absl::MakeSpan(x1));
+      fixed.Step(push, absl::MakeSpan(x2));
+      const double b1t = 1.0 - std::pow(double{c.beta1}, t);
+      const double b2t = 1.0 - std::pow(double{c.beta2}, t);
+      for (uint64_t i = 0; i < n; ++i) {
+        const double adam = c.lr * b1t / std::sqrt(b2t) * (g[i] > 0 ? 1 : -1);
+        const double step1 = before1[i] - x1[i];
+        const double step2 = before2[i] - x2[i];
+        ASSERT_NEAR(step1, adam, 1e-4 * std::fabs(adam)) << "round " << t;
+        if (t <= freeze) {
+          ASSERT_NEAR(step2, adam, 1e-4 * std::fabs(adam)) << "round " << t;
+        } else if (t == 300) {
+          // sqrt((1 - b2^300) / (1 - b2^30)) = 2.86 at b2 = 0.999.
+          EXPECT_NEAR(step2 / adam,
+                      std::sqrt(b2t / (1.0 - std::pow(double{c.beta2}, freeze))),
+                      1e-3);
+        }
+      }
+    }
+  }
+}
+
+// With bias correction the frozen v is corrected already: growth is 1.
+TEST(Optimizer, VarianceGrowthChangesNothingWithBiasCorrection) {
+  const uint64_t n = 500;
+  OptimizerConfig c;
+  c.freeze_step = 10;
+  c.bias_correction = true;
+  OptimizerConfig grow = c;
+  grow.variance_growth = true;
+  MomentOptimizer a(c, n, {{0, n}}), b(grow, n, {{0, n}});
+  std::vector<float> xa = Weights(n), xb = Weights(n);
+  for (int t = 0; t < 40; ++t) {
+    std::vector<float> g = Gradient(n, t, 0.1f);
+    a.Step(g, absl::MakeSpan(xa));
+    b.Step(g, absl::MakeSpan(xb));
+  }
+  EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), n * sizeof(float)));
+}
+
 TEST(Optimizer, DecoupledWeightDecayAndLearningRateFollowTheFormula) {
   // With zero gradients Adam's update is 0 and only decay acts:
   // x_{t+1} = x_t - lr * wd * x_t.
