@@ -77,6 +77,14 @@ declare -A OPTS=(
   # momentum-factor masking on the workers (--momentum_masking).
   [topk_mask]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
   [topk_warmup_mask]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step 600 --k-fraction 0.01 --schedule $ROOT/deploy/schedules/topk_sparsity_warmup.json"
+  # TopK with denser pulls at 4-bit values (topk_quantize): the union of
+  # four workers' pushes is up to 4x as dense as one push, and a pull as
+  # sparse as a push leaves the workers' replicas behind. topk_mask_pullq:
+  # topk_mask with pulls of 3% of the elements at 4 bits (no more bytes
+  # than TopK 1% pulls); topk_pullq: the freeze at round 400, pushes of 2%
+  # with masking, pulls of 6% at 4 bits.
+  [topk_mask_pullq]="--optimizer onebit_adam --push-codec topk --pull-codec topk_quantize --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
+  [topk_pullq]="--optimizer onebit_adam --push-codec topk --pull-codec topk_quantize --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-400} --k-fraction 0.02"
 )
 
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
@@ -103,6 +111,8 @@ declare -A EXTRA_SERVER=(
   [onebit_small]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
   [topk_mask]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [topk_warmup_mask]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
+  [topk_mask_pullq]="--onebit_momentum=worker --pull_k_fraction=0.03 --pull_bits=4 ${TOPK_SERVER_FLAGS:-}"
+  [topk_pullq]="--onebit_momentum=worker --pull_k_fraction=0.06 --pull_bits=4 ${TOPK_SERVER_FLAGS:-}"
   [tuned_budget]="${ADAM_SERVER_FLAGS:-}"
   [tuned_e05]="${ADAM_SERVER_FLAGS:-}"
 )
@@ -123,6 +133,8 @@ declare -A EXTRA_WORKER=(
   [onebit_small]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
   [topk_mask]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
   [topk_warmup_mask]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
+  [topk_mask_pullq]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
+  [topk_pullq]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
   [tuned_budget]="${ADAM_WORKER_FLAGS:-}"
   [tuned_e05]="${ADAM_WORKER_FLAGS:-}"
 )
