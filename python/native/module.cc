@@ -30,7 +30,8 @@ PYBIND11_MODULE(_native, m) {
                        double rpc_timeout, double pull_timeout,
                        double retry_budget, std::string metrics_listen,
                        std::string tls_ca, std::string tls_cert,
-                       std::string tls_key, std::string auth_token_file) {
+                       std::string tls_key, std::string auth_token_file,
+                       bool momentum_masking) {
              PyClientArgs a;
              a.servers = std::move(servers);
              a.worker_id = worker_id;
@@ -51,6 +52,7 @@ PYBIND11_MODULE(_native, m) {
              a.tls_cert = std::move(tls_cert);
              a.tls_key = std::move(tls_key);
              a.auth_token_file = std::move(auth_token_file);
+             a.momentum_masking = momentum_masking;
              return std::make_unique<PyClient>(a);
            }),
            py::arg("servers"), py::arg("worker_id"), py::arg("num_workers"),
@@ -66,7 +68,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("metrics_listen") = d.metrics_listen,
            py::arg("tls_ca") = d.tls_ca, py::arg("tls_cert") = d.tls_cert,
            py::arg("tls_key") = d.tls_key,
-           py::arg("auth_token_file") = d.auth_token_file)
+           py::arg("auth_token_file") = d.auth_token_file,
+           py::arg("momentum_masking") = d.momentum_masking)
       .def("register", &PyClient::Register, py::arg("names"),
            py::arg("shapes"), py::arg("initial_weights"),
            py::arg("out") = py::none())

@@ -50,6 +50,7 @@ PyClient::PyClient(const PyClientArgs& a)
   options_.push_params.set_bits(a.bits);
   options_.warmup_params = options_.push_params;
   options_.ef_decay = a.ef_decay;
+  options_.momentum_masking = a.momentum_masking;
   if (a.local_steps < 1 || a.local_steps > 100000) {
     throw py::value_error(absl::StrCat("local_steps is ", a.local_steps,
                                        "; expected 1..100000"));

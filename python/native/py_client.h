@@ -35,6 +35,10 @@ struct PyClientArgs {
   double k_fraction = 0.01;
   uint32_t bits = 8;
   float ef_decay = 1.0f;
+  // Deep Gradient Compression's momentum-factor masking
+  // (ClientOptions::momentum_masking): needs a sparse push codec and the
+  // shards' --onebit_momentum=worker, else register() is refused.
+  bool momentum_masking = false;
   uint64_t seed = 1;
   // Local steps between pushes (ClientOptions::local_steps), 1..100000.
   uint32_t local_steps = 1;

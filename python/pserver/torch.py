@@ -53,7 +53,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     leaves the parameters unchanged.
 
     Keyword arguments after num_workers go to pserver.Client: warmup_codec,
-    block_size, k_fraction, bits, ef_decay, seed, rpc_timeout, pull_timeout,
+    block_size, k_fraction, bits, ef_decay, momentum_masking (True: Deep
+    Gradient Compression's momentum-factor masking, with a sparse push_codec
+    and the shards' --onebit_momentum=worker), seed, rpc_timeout, pull_timeout,
     retry_budget, metrics_listen ("host:port", port 0 for any free one:
     serve the worker's Prometheus metrics on http://host:port/metrics, as
     pserver_worker --metrics_listen does; see metrics_port), tls_ca,

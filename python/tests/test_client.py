@@ -179,3 +179,39 @@ def test_gil_is_released_and_a_second_caller_is_refused(shards):
     assert not t.is_alive()
     np.testing.assert_array_equal(outs[0], np.full(4, 0.5, np.float32))
     np.testing.assert_array_equal(outs[1], outs[0])
+
+
+# 1-bit Adam with the workers' momentum, frozen after the first round.
+WORKER_MOMENTUM = ("--optimizer=onebit_adam", "--onebit_momentum=worker",
+                   "--freeze_step=1", "--pull_codec=fp32")
+
+
+def test_momentum_masking_reaches_the_client(shards):
+    """momentum_masking=True masks the momentum at the elements pushed
+    (pserver_worker --momentum_masking): the first compression-stage push is
+    the same; once an element is pushed a second time (one element of five
+    per push here) the weights differ. With a dense codec it is refused."""
+    g = np.array([1, -2, 0.25, 4, 0.5], np.float32)
+    runs = []
+    for masking in (False, True):
+        c = pserver.Client(shards(1, 1, *WORKER_MOMENTUM), 0, 1,
+                           push_codec="topk", k_fraction=0.2,
+                           momentum_masking=masking)
+        c.register(["w"], [[5]], np.arange(5, dtype=np.float32))
+        out = np.zeros(5, np.float32)
+        seen = []
+        for _ in range(12):
+            c.step(g, out)
+            seen.append(out.copy())
+        runs.append(seen)
+    for t in range(2):  # the warmup round and the first TopK push
+        np.testing.assert_array_equal(runs[0][t], runs[1][t])
+    assert not np.array_equal(runs[0][11], runs[1][11])
+
+    c = pserver.Client(shards(1, 1, *WORKER_MOMENTUM), 0, 1,
+                       push_codec="onebit", momentum_masking=True)
+    with pytest.raises(pserver.Error, match="momentum_masking needs a sparse "
+                       "push codec") as e:
+        c.register(["w"], [[5]], np.arange(5, dtype=np.float32))
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert not c.registered
