@@ -30,8 +30,10 @@ double MomentOptimizer::Step(absl::Span<const float> g, absl::Span<float> x) {
   // One partial sum per chunk (at most helpers + 1), added in chunk order.
   std::vector<double> sq(static_cast<size_t>(pool_->helpers()) + 1, 0.0);
   const uint64_t chunk = std::max<uint64_t>(1, n_ / sq.size());
+  const float grow = GrowthScale();  // once per step, for every chunk
   pool_->ParallelFor(n_, kMinParallelChunk, [&](uint64_t b, uint64_t e) {
-    sq[std::min<uint64_t>(b / chunk, sq.size() - 1)] = StepRange(b, e, g, x);
+    sq[std::min<uint64_t>(b / chunk, sq.size() - 1)] =
+        StepRange(b, e, g, x, grow);
   });
   double total = 0;
   for (double s : sq) total += s;
@@ -45,7 +47,8 @@ double MomentOptimizer::Step(absl::Span<const float> g, absl::Span<float> x) {
 }
 
 double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
-                            absl::Span<const float> g, absl::Span<float> x) {
+                            absl::Span<const float> g, absl::Span<float> x,
+                            float grow) {
   const float lr = config_.lr, b1 = config_.beta1, b2 = config_.beta2;
   const float eps = config_.eps, wd = config_.weight_decay;
   float* m = m_.data();
@@ -89,8 +92,6 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
     }
     return sq;
   }
-  // The frozen stage's step scale (OptimizerConfig::variance_growth).
-  const float grow = GrowthScale();
   if (config_.worker_momentum) {
     // g is the mean of the workers' momenta since the freeze; m carries the
     // momentum the freeze found, decaying as if no gradient followed.

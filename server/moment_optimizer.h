@@ -65,9 +65,10 @@ class MomentOptimizer final : public Optimizer {
   // (OptimizerConfig::variance_growth; 1 when off or not frozen). v counts
   // as frozen after freeze_at_ rounds of Adam.
   float GrowthScale() const;
-  // Returns the squared L2 norm of the change to x[begin, end).
+  // Returns the squared L2 norm of the change to x[begin, end). `grow` is
+  // GrowthScale(), taken once per step.
   double StepRange(uint64_t begin, uint64_t end, absl::Span<const float> g,
-                   absl::Span<float> x);
+                   absl::Span<float> x, float grow);
 
   OptimizerConfig config_;
   ThreadPool* const pool_;

@@ -65,6 +65,16 @@ RefAdam MakeRef(const OptimizerConfig& c, const std::vector<float>& x0) {
   return r;
 }
 
+// Steps `a` on xa and `b` on xb with the same gradients, rounds [from, to).
+void StepBoth(MomentOptimizer& a, std::vector<float>& xa, MomentOptimizer& b,
+              std::vector<float>& xb, int from, int to) {
+  for (int t = from; t < to; ++t) {
+    std::vector<float> g = Gradient(xa.size(), t, 0.1f);
+    a.Step(g, absl::MakeSpan(xa));
+    b.Step(g, absl::MakeSpan(xb));
+  }
+}
+
 void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
                  double rel) {
   ASSERT_EQ(got.size(), want.size());
@@ -167,11 +177,7 @@ TEST(Optimizer, PreconditionedStageEqualsFrozenVarianceAdam) {
   raw.preconditioned = false;
   MomentOptimizer a(robust, n, {{0, n}}), b(raw, n, {{0, n}});
   std::vector<float> xa = Weights(n), xb = Weights(n);
-  for (int t = 0; t < 20; ++t) {
-    std::vector<float> g = Gradient(n, t, 0.1f);
-    a.Step(g, absl::MakeSpan(xa));
-    b.Step(g, absl::MakeSpan(xb));
-  }
+  StepBoth(a, xa, b, xb, 0, 20);
   ASSERT_EQ(0, std::memcmp(xa.data(), xb.data(), n * sizeof(float)));
   EXPECT_EQ(b.expected_space(), v1::GRADIENT_SPACE_RAW);
   std::vector<float> d(n);
@@ -256,11 +262,7 @@ TEST(Optimizer, VarianceGrowthChangesNothingWithBiasCorrection) {
   grow.variance_growth = true;
   MomentOptimizer a(c, n, {{0, n}}), b(grow, n, {{0, n}});
   std::vector<float> xa = Weights(n), xb = Weights(n);
-  for (int t = 0; t < 40; ++t) {
-    std::vector<float> g = Gradient(n, t, 0.1f);
-    a.Step(g, absl::MakeSpan(xa));
-    b.Step(g, absl::MakeSpan(xb));
-  }
+  StepBoth(a, xa, b, xb, 0, 40);
   EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), n * sizeof(float)));
 }
 
