@@ -31,7 +31,8 @@ PYBIND11_MODULE(_native, m) {
                        double retry_budget, std::string metrics_listen,
                        std::string tls_ca, std::string tls_cert,
                        std::string tls_key, std::string auth_token_file,
-                       bool momentum_masking) {
+                       bool momentum_masking, std::string schedule,
+                       uint64_t run_length) {
              PyClientArgs a;
              a.servers = std::move(servers);
              a.worker_id = worker_id;
@@ -53,6 +54,8 @@ PYBIND11_MODULE(_native, m) {
              a.tls_key = std::move(tls_key);
              a.auth_token_file = std::move(auth_token_file);
              a.momentum_masking = momentum_masking;
+             a.schedule = std::move(schedule);
+             a.run_length = run_length;
              return std::make_unique<PyClient>(a);
            }),
            py::arg("servers"), py::arg("worker_id"), py::arg("num_workers"),
@@ -69,7 +72,9 @@ PYBIND11_MODULE(_native, m) {
            py::arg("tls_ca") = d.tls_ca, py::arg("tls_cert") = d.tls_cert,
            py::arg("tls_key") = d.tls_key,
            py::arg("auth_token_file") = d.auth_token_file,
-           py::arg("momentum_masking") = d.momentum_masking)
+           py::arg("momentum_masking") = d.momentum_masking,
+           py::arg("schedule") = d.schedule,
+           py::arg("run_length") = d.run_length)
       .def("register", &PyClient::Register, py::arg("names"),
            py::arg("shapes"), py::arg("initial_weights"),
            py::arg("out") = py::none())
@@ -90,6 +95,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("num_params", &PyClient::num_params)
       .def_property_readonly("registered", &PyClient::registered)
       .def_property_readonly("stage", &PyClient::stage)
+      .def_property_readonly("schedule_phase", &PyClient::schedule_phase)
+      .def_property_readonly("consistency", &PyClient::consistency)
       .def_property_readonly("metrics_port", &PyClient::metrics_port)
       .def_property_readonly("security", &PyClient::security)
       .def("stats", &PyClient::Stats);

@@ -11,6 +11,7 @@
 #include "common/codec.h"
 #include "common/daemon/daemon_flags.h"
 #include "common/layout.h"
+#include "common/schedule.h"
 #include "python/native/float_buffer.h"
 #include "python/native/model_wait.h"
 #include "python/native/status_error.h"
@@ -51,6 +52,18 @@ PyClient::PyClient(const PyClientArgs& a)
   options_.warmup_params = options_.push_params;
   options_.ef_decay = a.ef_decay;
   options_.momentum_masking = a.momentum_masking;
+  if (!a.schedule.empty()) {
+    absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+        CompressionSchedule::Load(a.schedule);
+    if (!schedule.ok()) {
+      std::string m = absl::StrCat("schedule: ", schedule.status().message());
+      if (schedule.status().code() == absl::StatusCode::kInvalidArgument) {
+        throw py::value_error(m);
+      }
+      ThrowIfError(absl::Status(schedule.status().code(), m));
+    }
+    options_.schedule = *std::move(schedule);
+  }
   if (a.local_steps < 1 || a.local_steps > 100000) {
     throw py::value_error(absl::StrCat("local_steps is ", a.local_steps,
                                        "; expected 1..100000"));
@@ -79,6 +92,7 @@ PyClient::PyClient(const PyClientArgs& a)
       Client::Connect(options_, registry_.get());
   ThrowIfError(c.status());
   client_ = *std::move(c);
+  client_->SetRunLength(a.run_length);
   worker_metrics_ = std::make_unique<WorkerMetrics>(*registry_);
   absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
       ServeMetrics(a.metrics_listen, registry_);
@@ -246,6 +260,23 @@ void PyClient::RestoreState(const py::bytes& record,
   Registered();
   std::string bytes = record;
   Call([&] { return client_->RestoreState(bytes, source); });
+}
+
+uint32_t PyClient::schedule_phase() const {
+  NotInCall();
+  return client_->schedule_phase();
+}
+
+std::string PyClient::consistency() const {
+  if (!registered_) return "";
+  switch (client_->consistency()) {
+    case v1::CONSISTENCY_SSP:
+      return "ssp";
+    case v1::CONSISTENCY_ASYNC:
+      return "async";
+    default:
+      return "bsp";
+  }
 }
 
 std::string PyClient::stage() const {

@@ -39,6 +39,13 @@ struct PyClientArgs {
   // (ClientOptions::momentum_masking): needs a sparse push codec and the
   // shards' --onebit_momentum=worker, else register() is refused.
   bool momentum_masking = false;
+  // A compression schedule file (JSON or text proto; docs/schedules.md),
+  // the one the shards run with (pserver_worker --schedule); empty: none.
+  std::string schedule;
+  // The run's length in rounds (pushes), sent at register
+  // (Client::SetRunLength): a schedule with fractional bounds needs the
+  // job's; 0: unknown.
+  uint64_t run_length = 0;
   uint64_t seed = 1;
   // Local steps between pushes (ClientOptions::local_steps), 1..100000.
   uint32_t local_steps = 1;
@@ -114,6 +121,11 @@ class PyClient {
   bool registered() const { return registered_; }
   double residual_norm() const;
   std::string stage() const;
+  // The compression schedule's phase of the next push (0 without one).
+  uint32_t schedule_phase() const;
+  // What the shards' rounds wait for: "bsp", "ssp" or "async" ("" before
+  // register).
+  std::string consistency() const;
   pybind11::dict Stats() const;
   // "plaintext", "TLS", "mutual TLS", "TLS+token" or "mutual TLS+token".
   std::string security() const;

@@ -55,7 +55,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Keyword arguments after num_workers go to pserver.Client: warmup_codec,
     block_size, k_fraction, bits, ef_decay, momentum_masking (True: Deep
     Gradient Compression's momentum-factor masking, with a sparse push_codec
-    and the shards' --onebit_momentum=worker), seed, rpc_timeout, pull_timeout,
+    and the shards' --onebit_momentum=worker), schedule (the compression
+    schedule file the shards run, as pserver_worker --schedule) and
+    run_length (the job's rounds, for a schedule's fractions), seed,
+    rpc_timeout, pull_timeout,
     retry_budget, metrics_listen ("host:port", port 0 for any free one:
     serve the worker's Prometheus metrics on http://host:port/metrics, as
     pserver_worker --metrics_listen does; see metrics_port), tls_ca,

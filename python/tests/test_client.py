@@ -215,3 +215,76 @@ def test_momentum_masking_reaches_the_client(shards):
         c.register(["w"], [[5]], np.arange(5, dtype=np.float32))
     assert e.value.code == "INVALID_ARGUMENT"
     assert not c.registered
+
+
+def write_schedule(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_schedule_switches_the_push_codec_at_the_shards_round(shards, tmp_path):
+    """schedule= is pserver_worker --schedule: pushes follow the phase the
+    shards announce (fp32 for 3 rounds, then 8-bit quantize, a quarter of
+    the bytes). A worker without the file is refused by the shards."""
+    f = write_schedule(tmp_path, "s.json", """{"phases": [
+        {"end_step": 3, "push": {"codec": "fp32"}},
+        {"begin_step": 3, "push": {"codec": "quantize",
+                                  "params": {"bits": 8, "block_size": 64}}}]}""")
+    flags = ("--optimizer=sgd", "--momentum=0", "--lr=0.5",
+             "--pull_codec=fp32", f"--schedule={f}")
+    addrs = shards(1, 1, *flags)
+    c = pserver.Client(addrs, 0, 1, push_codec="fp32")
+    with pytest.raises(pserver.Error, match="schedule_fingerprint") as e:
+        c.register(["w"], [[64]], np.zeros(64, np.float32))
+    assert e.value.code == "FAILED_PRECONDITION"
+    assert not c.registered
+
+    c = pserver.Client(addrs, 0, 1, push_codec="fp32", schedule=f)
+    c.register(["w"], [[64]], np.zeros(64, np.float32))
+    assert c.consistency == "bsp"
+    g = np.linspace(-1, 1, 64).astype(np.float32)
+    out = np.zeros(64, np.float32)
+    phases, pushed = [], []
+    for _ in range(5):
+        phases.append(c.schedule_phase)
+        before = c.stats()["push_payload_bytes"]
+        c.step(g, out)
+        pushed.append(c.stats()["push_payload_bytes"] - before)
+    assert phases == [0, 0, 0, 1, 1]
+    assert pushed[0] == pushed[2] == 64 * 4  # fp32
+    assert pushed[3] < 64 * 4 / 3 and pushed[3] == pushed[4]  # 8-bit values
+
+
+def test_schedule_fractions_need_the_jobs_run_length(shards, tmp_path):
+    f = write_schedule(tmp_path, "f.json", """{"phases": [
+        {"end_fraction": 0.5, "push": {"codec": "fp32"}},
+        {"begin_fraction": 0.5, "push": {"codec": "bf16"}}]}""")
+    addrs = shards(1, 2, *SGD, f"--schedule={f}")
+    first = pserver.Client(addrs, 0, 2, push_codec="fp32", schedule=f,
+                           run_length=10)
+    first.register(["w"], [[5]], np.zeros(5, np.float32))
+    other = pserver.Client(addrs, 1, 2, push_codec="fp32", schedule=f,
+                           run_length=20)
+    with pytest.raises(pserver.Error,
+                       match="total_steps is 20; the job runs 10 rounds") as e:
+        other.register(["w"], [[5]], np.zeros(5, np.float32))
+    assert e.value.code == "FAILED_PRECONDITION"
+    assert not other.registered
+
+
+def test_a_bad_schedule_file_is_refused_before_anything_is_sent(tmp_path):
+    bad = write_schedule(tmp_path, "bad.json", '{"phases": []}')
+    with pytest.raises(ValueError, match="^schedule: "):
+        pserver.Client(["127.0.0.1:1"], 0, 1, schedule=bad)
+    with pytest.raises(pserver.Error, match="schedule: ") as e:
+        pserver.Client(["127.0.0.1:1"], 0, 1,
+                       schedule=str(tmp_path / "missing.json"))
+    assert e.value.code == "NOT_FOUND"
+
+
+def test_consistency_is_the_shards(shards):
+    c, _ = registered_client(shards(1, 1, *SGD, "--consistency=ssp",
+                                    "--max_staleness=2"))
+    assert c.consistency == "ssp"
+    assert pserver.Client(["127.0.0.1:1"], 0, 1).consistency == ""

@@ -365,3 +365,29 @@ def test_local_steps_arguments_and_a_mismatched_worker_are_refused(shards):
         pserver.torch.DistributedOptimizer(
             other.named_parameters(), servers=addrs, worker_id=1,
             num_workers=2, push_codec="fp32", retry_budget=5)
+
+
+def test_a_scheduled_job_trains_through_the_optimizer(shards):
+    """schedule= and run_length= reach the client: with the repository's
+    staged 8/6/4-bit schedule (fractions of a 10-round run) the pushes
+    switch codec at rounds 1 and 5, and each phase's pushes are smaller."""
+    f = str(pathlib.Path(__file__).resolve().parents[2] / "deploy" /
+            "schedules" / "staged_quantize.json")
+    addrs = shards(1, 1, "--optimizer=adam", "--lr=0.01",
+                   "--pull_codec=quantize",
+                   f"--schedule={f}")
+    m = Net(seed=5, hidden=64)
+    opt = pserver.torch.DistributedOptimizer(
+        m.named_parameters(), servers=addrs, worker_id=0, num_workers=1,
+        push_codec="quantize", schedule=f, run_length=10)
+    phases, pushed = [], []
+    x = torch.randn(8, 4)
+    for _ in range(10):
+        phases.append(opt.client.schedule_phase)
+        before = opt.stats()["push_payload_bytes"]
+        opt.zero_grad()
+        m(x).pow(2).mean().backward()
+        opt.step()
+        pushed.append(opt.stats()["push_payload_bytes"] - before)
+    assert phases == [0, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+    assert pushed[0] > pushed[1] > pushed[5]
