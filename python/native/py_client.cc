@@ -268,6 +268,7 @@ uint32_t PyClient::schedule_phase() const {
 }
 
 std::string PyClient::consistency() const {
+  NotInCall();
   if (!registered_) return "";
   switch (client_->consistency()) {
     case v1::CONSISTENCY_SSP:

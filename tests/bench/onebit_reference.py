@@ -1,0 +1,216 @@
+#!/usr/bin/python3
+"""Single-process model of the shards' 1-bit Adam, for attribution (not a test).
+
+Where does 1-bit Adam lose accuracy against Adam: the frozen variance, the
+pushes' codec or the pulls' codec? The cluster cannot switch one of them off
+alone (an exact pull means fp32 pulls, which also changes the replica
+tracking), and at this workload a single run moves by a few tenths with any
+change, so each question needs 8 seeds or more. This script models what
+the shards and workers compute, on the reference workload of
+tests/bench/fidelity.sh, with every part switchable:
+
+  - pserver's initial weights and batches for a seed (torch_reference.py
+    --recipe pserver), W workers each taking its slice of the global batch
+    of 128 (worker w: examples [32 w, 32 w + 32) with 4 workers);
+  - until --freeze_step: Adam on the mean gradient without bias correction,
+    eps outside the square root (the shards' default);
+  - the freeze as the shards' robust mode (server/moment_optimizer.cc):
+    sqrt(v) floored per tensor at --variance_floor times its mean, the
+    shard's momentum moved into the preconditioned space;
+  - after it, as --onebit_momentum=worker: each worker's momentum of its
+    preconditioned gradients (zero at the freeze) is pushed through the
+    codec with error feedback; the shard adds the mean of the decoded pushes
+    to its own decaying momentum and steps; the pull sends the codec of the
+    weights' difference from the workers' replica (replica tracking), on
+    which the next gradients are computed.
+
+Codecs: fp32; onebit (blocks of --block_size for pushes and
+--pull_block_size for pulls, scale mean |u|, as
+common/impl/onebit_kernels.cc); quantize (--bits, min/max per block of
+1024, round to nearest). --push_feedback=ef21 replaces error feedback on
+the pushes with EF21 (Richtarik et al. 2021: the worker sends the codec of
+its momentum's difference from an estimate both sides keep).
+
+The model is not the cluster: it sums in other orders, omits the warmup's
+codec (the fidelity recipes push 8-bit values during the warmup) and blocks
+the whole flat vector rather than each shard's slice, so single seeds
+differ from pserver's; what it is for is means over many seeds. On seeds
+1-8, --optimizer onebit_adam with 1-bit pushes and pulls gave 87.40, as
+pserver's onebit_adam runs (87.40, tests/bench/results/README.md).
+
+  /usr/bin/python3 tests/bench/onebit_reference.py --seeds 1 2 3 4 5 6 7 8
+  /usr/bin/python3 tests/bench/onebit_reference.py --push fp32 --pull fp32
+  /usr/bin/python3 tests/bench/onebit_reference.py --optimizer adam
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+import torch_reference as ref
+
+DATA = "/usr/share/datasets/fashion-mnist"
+BATCH = 128
+
+
+def onebit(u, block):
+    n = u.numel()
+    w = torch.cat([u, u.new_zeros((-n) % block)]).view(-1, block)
+    s = w.abs().mean(1, keepdim=True)
+    return torch.where(w >= 0, s, -s).view(-1)[:n]
+
+
+def quantize(u, bits, block=1024):
+    n = u.numel()
+    w = torch.cat([u, u.new_zeros((-n) % block)]).view(-1, block)
+    lo = w.min(1, keepdim=True).values
+    hi = w.max(1, keepdim=True).values
+    step = (hi - lo).clamp(min=1e-30) / ((1 << bits) - 1)
+    return (torch.round((w - lo) / step) * step + lo).view(-1)[:n]
+
+
+def codec(name, bits, block):
+    if name == "fp32":
+        return lambda u: u.clone()
+    if name == "onebit":
+        return lambda u: onebit(u, block)
+    return lambda u: quantize(u, bits)
+
+
+def run(args, seed, train, test):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 256), torch.nn.ReLU(),
+        torch.nn.Linear(256, 128), torch.nn.ReLU(),
+        torch.nn.Linear(128, 10))
+    ref.pserver_init(model, seed, "pytorch")
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    x = parameters_to_vector(params).detach().clone()
+    n = x.numel()
+    m, v = torch.zeros(n), torch.zeros(n)
+    b1, b2, lr, eps = 0.9, 0.999, args.lr, 1e-8
+    push = codec(args.push, args.bits, args.block_size)
+    pull = codec(args.pull, args.pull_bits, args.pull_block_size)
+    W = args.workers
+    per_worker = BATCH // W
+    X, Y = train
+    steps_per_epoch = X.shape[0] // BATCH
+    frozen = False
+    step = 0
+
+    def gradient(at, rows):
+        vector_to_parameters(at, params)
+        loss = F.cross_entropy(model(X[rows]), Y[rows])
+        for p in params:
+            p.grad = None
+        loss.backward()
+        return parameters_to_vector([p.grad for p in params])
+
+    for epoch in range(args.epochs):
+        perm = ref.pserver_permutation(X.shape[0], seed, epoch)
+        for b in range(steps_per_epoch):
+            rows = perm[b * BATCH:(b + 1) * BATCH]
+            if not frozen:
+                g = gradient(x, rows)
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                x.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
+                step += 1
+                if args.optimizer == "onebit_adam" and step == args.freeze_step:
+                    frozen = True
+                    root = v.sqrt()
+                    for seg in root.split(sizes):
+                        seg.clamp_(min=args.variance_floor * seg.mean().item())
+                    d = 1.0 / (root + eps)  # the workers' preconditioner
+                    m.mul_(d)                # the shard's momentum, decaying
+                    u = [torch.zeros(n) for _ in range(W)]    # workers' momenta
+                    e = [torch.zeros(n) for _ in range(W)]    # residuals / EF21 estimates
+                    replica = x.clone()
+                continue
+            mean = torch.zeros(n)
+            for w in range(W):
+                g = gradient(replica, rows[w * per_worker:(w + 1) * per_worker])
+                u[w].mul_(b1).add_(g * d, alpha=1 - b1)
+                if args.push_feedback == "ef21":
+                    e[w] += push(u[w] - e[w])
+                    mean += e[w]
+                else:
+                    sent = push(u[w] + e[w])
+                    e[w] = u[w] + e[w] - sent
+                    mean += sent
+            m.mul_(b1)
+            x.add_(m + mean / W, alpha=-lr)
+            replica += pull(x - replica)
+            step += 1
+    vector_to_parameters(replica if frozen else x, params)
+    with torch.no_grad():
+        acc = (model(test[0]).argmax(1) == test[1]).float().mean().item()
+    return {"seed": seed, "test_accuracy": acc, "steps": step}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--optimizer", choices=["adam", "onebit_adam"],
+                    default="onebit_adam")
+    ap.add_argument("--freeze_step", type=int, default=600)
+    ap.add_argument("--variance_floor", type=float, default=0.1)
+    ap.add_argument("--push", choices=["fp32", "onebit", "quantize"],
+                    default="onebit")
+    ap.add_argument("--bits", type=int, default=4, help="quantize pushes")
+    ap.add_argument("--push_feedback", choices=["ef", "ef21"], default="ef")
+    ap.add_argument("--pull", choices=["fp32", "onebit", "quantize"],
+                    default="onebit")
+    ap.add_argument("--pull_bits", type=int, default=4, help="quantize pulls")
+    ap.add_argument("--block_size", type=int, default=256, help="onebit pushes")
+    ap.add_argument("--pull_block_size", type=int, default=256,
+                    help="onebit pulls")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--data_dir", default=DATA)
+    ap.add_argument("--json", help="write every seed's result here")
+    args = ap.parse_args()
+    for name, val, lo, hi in (("bits", args.bits, 1, 8),
+                              ("pull_bits", args.pull_bits, 1, 8)):
+        if not lo <= val <= hi:
+            sys.exit(f"onebit_reference.py: --{name} is {val}; expected {lo}..{hi}")
+    if args.workers < 1 or BATCH % args.workers:
+        sys.exit(f"onebit_reference.py: --workers is {args.workers}; "
+                 f"expected a divisor of {BATCH}")
+    for name, val in (("block_size", args.block_size),
+                      ("pull_block_size", args.pull_block_size)):
+        if val < 1:
+            sys.exit(f"onebit_reference.py: --{name} is {val}; expected >= 1")
+    torch.set_num_threads(1)
+    train = ref.load(args.data_dir, "train")
+    test = ref.load(args.data_dir, "t10k")
+    results = []
+    t0 = time.time()
+    for seed in args.seeds:
+        r = run(args, seed, train, test)
+        results.append(r)
+        print(f"seed {seed} test accuracy {100 * r['test_accuracy']:.2f}",
+              flush=True)
+    accs = [100 * r["test_accuracy"] for r in results]
+    spread = f" std {statistics.stdev(accs):.2f}" if len(accs) > 1 else ""
+    what = ("adam" if args.optimizer == "adam" else
+            f"onebit_adam push {args.push} ({args.push_feedback}) "
+            f"pull {args.pull}")
+    print(f"{what}: mean "
+          f"{statistics.mean(accs):.2f}{spread} over {len(accs)} seeds "
+          f"({' / '.join(f'{a:.2f}' for a in accs)}), "
+          f"{time.time() - t0:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "runs": results}, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
