@@ -281,6 +281,7 @@ std::string PyClient::consistency() const {
 }
 
 std::string PyClient::stage() const {
+  NotInCall();
   return registered_ ? v1::OptimizerStage_Name(client_->stage()) : "";
 }
 

@@ -66,7 +66,7 @@ struct PyClientArgs {
 // Thread-compatible like the client it wraps; a second thread calling in
 // while an RPC is in flight (GIL released) gets a RuntimeError instead of a
 // data race, also from the reads of the client's mutable state (weights,
-// residuals, stats). Prometheus scrapes read the counters from the exposer's
+// residuals, stats, step, stage, schedule phase). Prometheus scrapes read the counters from the exposer's
 // threads at any time.
 class PyClient {
  public:
@@ -116,8 +116,14 @@ class PyClient {
   // worker id, worker count, shard layout or model size.
   void RestoreState(const pybind11::bytes& record, const std::string& source);
 
-  uint64_t step() const { return client_->step(); }
-  uint64_t num_params() const { return client_->num_params(); }
+  uint64_t step() const {
+    NotInCall();
+    return client_->step();
+  }
+  uint64_t num_params() const {
+    NotInCall();
+    return client_->num_params();
+  }
   bool registered() const { return registered_; }
   double residual_norm() const;
   std::string stage() const;

@@ -171,7 +171,10 @@ def test_gil_is_released_and_a_second_caller_is_refused(shards):
     # Nor may another thread read the state the step is changing.
     for read in (cs[0].stats, cs[0].serialize_state,
                  lambda: cs[0].residual_norm,
-                 lambda: cs[0].copy_weights_into(outs[0])):
+                 lambda: cs[0].copy_weights_into(outs[0]),
+                 lambda: cs[0].global_step, lambda: cs[0].num_params,
+                 lambda: cs[0].stage, lambda: cs[0].schedule_phase,
+                 lambda: cs[0].consistency):
         with pytest.raises(RuntimeError, match="already in a call"):
             read()
     assert cs[1].step(g, outs[1]) == 1
