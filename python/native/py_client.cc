@@ -11,7 +11,6 @@
 #include "common/codec.h"
 #include "common/daemon/daemon_flags.h"
 #include "common/layout.h"
-#include "common/schedule.h"
 #include "python/native/float_buffer.h"
 #include "python/native/model_wait.h"
 #include "python/native/status_error.h"
@@ -37,6 +36,18 @@ absl::Duration SecondsArg(double s, const char* arg) {
   return absl::Seconds(s);
 }
 
+// Raises a daemon flag's error (common/daemon/daemon_flags.h) as the error
+// of the argument of the same name: "--tls_key: ..." becomes "tls_key: ...",
+// a ValueError for INVALID_ARGUMENT and pserver.Error (same code) otherwise.
+void ThrowAsArgumentError(const absl::Status& s) {
+  absl::string_view m = s.message();
+  absl::ConsumePrefix(&m, "--");
+  if (s.code() == absl::StatusCode::kInvalidArgument) {
+    throw py::value_error(std::string(m));
+  }
+  ThrowIfError(absl::Status(s.code(), m));
+}
+
 }  // namespace
 
 PyClient::PyClient(const PyClientArgs& a)
@@ -52,18 +63,10 @@ PyClient::PyClient(const PyClientArgs& a)
   options_.warmup_params = options_.push_params;
   options_.ef_decay = a.ef_decay;
   options_.momentum_masking = a.momentum_masking;
-  if (!a.schedule.empty()) {
-    absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
-        CompressionSchedule::Load(a.schedule);
-    if (!schedule.ok()) {
-      std::string m = absl::StrCat("schedule: ", schedule.status().message());
-      if (schedule.status().code() == absl::StatusCode::kInvalidArgument) {
-        throw py::value_error(m);
-      }
-      ThrowIfError(absl::Status(schedule.status().code(), m));
-    }
-    options_.schedule = *std::move(schedule);
-  }
+  absl::StatusOr<std::shared_ptr<const CompressionSchedule>> schedule =
+      LoadScheduleFlag(a.schedule);  // empty: none
+  if (!schedule.ok()) ThrowAsArgumentError(schedule.status());
+  options_.schedule = *std::move(schedule);
   if (a.local_steps < 1 || a.local_steps > 100000) {
     throw py::value_error(absl::StrCat("local_steps is ", a.local_steps,
                                        "; expected 1..100000"));
@@ -76,15 +79,8 @@ PyClient::PyClient(const PyClientArgs& a)
   absl::StatusOr<TransportSecurity> security = LoadSecurityFromFlags(
       {a.tls_cert, a.tls_key, a.tls_ca, a.auth_token_file},
       TransportSecurity::kClient);
-  if (!security.ok()) {
-    // "--tls_key: ...": here the argument tls_key. Never holds a secret.
-    absl::string_view m = security.status().message();
-    absl::ConsumePrefix(&m, "--");
-    if (security.status().code() == absl::StatusCode::kInvalidArgument) {
-      throw py::value_error(std::string(m));
-    }
-    ThrowIfError(absl::Status(security.status().code(), m));
-  }
+  // The message names the file or argument, never a secret.
+  if (!security.ok()) ThrowAsArgumentError(security.status());
   options_.security = *std::move(security);
   // Every argument is checked before the port is taken, as pserver_worker
   // checks every flag before it serves.

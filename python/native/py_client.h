@@ -66,8 +66,8 @@ struct PyClientArgs {
 // Thread-compatible like the client it wraps; a second thread calling in
 // while an RPC is in flight (GIL released) gets a RuntimeError instead of a
 // data race, also from the reads of the client's mutable state (weights,
-// residuals, stats, step, stage, schedule phase). Prometheus scrapes read the counters from the exposer's
-// threads at any time.
+// residuals, stats, step, stage, schedule phase). Prometheus scrapes read
+// the counters from the exposer's threads at any time.
 class PyClient {
  public:
   // ValueError for a bad codec or timeout or a TLS combination that does

@@ -374,8 +374,7 @@ def test_a_scheduled_job_trains_through_the_optimizer(shards):
     f = str(pathlib.Path(__file__).resolve().parents[2] / "deploy" /
             "schedules" / "staged_quantize.json")
     addrs = shards(1, 1, "--optimizer=adam", "--lr=0.01",
-                   "--pull_codec=quantize",
-                   f"--schedule={f}")
+                   "--pull_codec=quantize", f"--schedule={f}")
     m = Net(seed=5, hidden=64)
     opt = pserver.torch.DistributedOptimizer(
         m.named_parameters(), servers=addrs, worker_id=0, num_workers=1,

@@ -83,10 +83,7 @@ def codec(name, bits, block):
 
 
 def run(args, seed, train, test):
-    model = torch.nn.Sequential(
-        torch.nn.Linear(784, 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 10))
+    model = ref.mlp()
     ref.pserver_init(model, seed, "pytorch")
     params = list(model.parameters())
     sizes = [p.numel() for p in params]
