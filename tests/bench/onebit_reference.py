@@ -22,7 +22,8 @@ tests/bench/fidelity.sh, with every part switchable:
     codec with error feedback; the shard adds the mean of the decoded pushes
     to its own decaying momentum and steps; the pull sends the codec of the
     weights' difference from the workers' replica (replica tracking), on
-    which the next gradients are computed.
+    which the next gradients are computed (with fp32 pulls, the weights
+    themselves, as the shards send them).
 
 Codecs: fp32; onebit (blocks of --block_size for pushes and
 --pull_block_size for pulls, scale mean |u|, as
@@ -142,7 +143,10 @@ def run(args, seed, train, test):
                     mean += sent
             m.mul_(b1)
             x.add_(m + mean / W, alpha=-lr)
-            replica += pull(x - replica)
+            if args.pull == "fp32":
+                replica = x.clone()  # fp32 pulls send the weights themselves
+            else:
+                replica += pull(x - replica)
             step += 1
     vector_to_parameters(replica if frozen else x, params)
     with torch.no_grad():
