@@ -27,10 +27,18 @@ tests/bench/fidelity.sh, with every part switchable:
 
 Codecs: fp32; onebit (blocks of --block_size for pushes and
 --pull_block_size for pulls, scale mean |u|, as
-common/impl/onebit_kernels.cc); quantize (--bits, min/max per block of
-1024, round to nearest). --push_feedback=ef21 replaces error feedback on
+common/impl/onebit_kernels.cc); onebit_rotated (the same after a random
+rotation of each block: random signs, then an orthonormal Walsh-Hadamard
+transform, fresh for every message, as in DRIVE, Vargaftik et al. 2021; not
+a pserver codec); quantize (--bits, min/max per block of 1024, round to
+nearest). --push_feedback=ef21 replaces error feedback on
 the pushes with EF21 (Richtarik et al. 2021: the worker sends the codec of
 its momentum's difference from an estimate both sides keep).
+--local_steps=H > 1 after the freeze (as 0/1 Adam, Lu et al. 2022, syncs
+less often): each worker steps its own copy of the replica with its own
+momentum for H steps and then pushes the change (error feedback as above);
+the shard applies the mean change and its decaying momentum, and the pull
+follows once per round.
 
 The model is not the cluster: it sums in other orders, omits the warmup's
 codec (the fidelity recipes push 8-bit values during the warmup) and blocks
@@ -75,7 +83,26 @@ def quantize(u, bits, block=1024):
     return (torch.round((w - lo) / step) * step + lo).view(-1)[:n]
 
 
-def codec(name, bits, block):
+def hadamard(size):
+    h = torch.ones(1, 1)
+    while h.shape[0] < size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    return h / size ** 0.5
+
+
+def onebit_rotated(u, block, h, gen):
+    n = u.numel()
+    w = torch.cat([u, u.new_zeros((-n) % block)]).view(-1, block)
+    flip = torch.randint(0, 2, w.shape, generator=gen).float() * 2 - 1
+    r = (w * flip) @ h
+    s = r.abs().mean(1, keepdim=True)
+    return ((torch.where(r >= 0, s, -s) @ h) * flip).view(-1)[:n]
+
+
+def codec(name, bits, block, gen):
+    if name == "onebit_rotated":
+        h = hadamard(block)
+        return lambda u: onebit_rotated(u, block, h, gen)
     if name == "fp32":
         return lambda u: u.clone()
     if name == "onebit":
@@ -92,14 +119,17 @@ def run(args, seed, train, test):
     n = x.numel()
     m, v = torch.zeros(n), torch.zeros(n)
     b1, b2, lr, eps = 0.9, 0.999, args.lr, 1e-8
-    push = codec(args.push, args.bits, args.block_size)
-    pull = codec(args.pull, args.pull_bits, args.pull_block_size)
+    gen = torch.Generator().manual_seed(seed)  # onebit_rotated's rotations
+    push = codec(args.push, args.bits, args.block_size, gen)
+    pull = codec(args.pull, args.pull_bits, args.pull_block_size, gen)
+    H = args.local_steps
     W = args.workers
     per_worker = BATCH // W
     X, Y = train
     steps_per_epoch = X.shape[0] // BATCH
     frozen = False
     step = 0
+    total = args.epochs * steps_per_epoch
 
     def gradient(at, rows):
         vector_to_parameters(at, params)
@@ -130,24 +160,47 @@ def run(args, seed, train, test):
                     e = [torch.zeros(n) for _ in range(W)]    # residuals / EF21 estimates
                     replica = x.clone()
                 continue
-            mean = torch.zeros(n)
-            for w in range(W):
-                g = gradient(replica, rows[w * per_worker:(w + 1) * per_worker])
-                u[w].mul_(b1).add_(g * d, alpha=1 - b1)
-                if args.push_feedback == "ef21":
-                    e[w] += push(u[w] - e[w])
-                    mean += e[w]
-                else:
-                    sent = push(u[w] + e[w])
-                    e[w] = u[w] + e[w] - sent
+            if H > 1:
+                # 0/1 Adam-style local steps: the workers' own copies.
+                if (step - args.freeze_step) % H == 0:
+                    local = [replica.clone() for _ in range(W)]
+                for w in range(W):
+                    g = gradient(local[w],
+                                 rows[w * per_worker:(w + 1) * per_worker])
+                    u[w].mul_(b1).add_(g * d, alpha=1 - b1)
+                    local[w].add_(u[w], alpha=-lr)
+                m.mul_(b1)
+                x.add_(m, alpha=-lr)
+                step += 1
+                if (step - args.freeze_step) % H and step != total:
+                    continue
+                mean = torch.zeros(n)
+                for w in range(W):
+                    change = (replica - local[w]) / lr
+                    sent = push(change + e[w])
+                    e[w] = change + e[w] - sent
                     mean += sent
-            m.mul_(b1)
-            x.add_(m + mean / W, alpha=-lr)
+                x.add_(mean / W, alpha=-lr)
+            else:
+                mean = torch.zeros(n)
+                for w in range(W):
+                    g = gradient(replica,
+                                 rows[w * per_worker:(w + 1) * per_worker])
+                    u[w].mul_(b1).add_(g * d, alpha=1 - b1)
+                    if args.push_feedback == "ef21":
+                        e[w] += push(u[w] - e[w])
+                        mean += e[w]
+                    else:
+                        sent = push(u[w] + e[w])
+                        e[w] = u[w] + e[w] - sent
+                        mean += sent
+                m.mul_(b1)
+                x.add_(m + mean / W, alpha=-lr)
+                step += 1
             if args.pull == "fp32":
                 replica = x.clone()  # fp32 pulls send the weights themselves
             else:
                 replica += pull(x - replica)
-            step += 1
     vector_to_parameters(replica if frozen else x, params)
     with torch.no_grad():
         acc = (model(test[0]).argmax(1) == test[1]).float().mean().item()
@@ -161,16 +214,18 @@ def main():
                     default="onebit_adam")
     ap.add_argument("--freeze_step", type=int, default=600)
     ap.add_argument("--variance_floor", type=float, default=0.1)
-    ap.add_argument("--push", choices=["fp32", "onebit", "quantize"],
+    ap.add_argument("--push", choices=["fp32", "onebit", "onebit_rotated", "quantize"],
                     default="onebit")
     ap.add_argument("--bits", type=int, default=4, help="quantize pushes")
     ap.add_argument("--push_feedback", choices=["ef", "ef21"], default="ef")
-    ap.add_argument("--pull", choices=["fp32", "onebit", "quantize"],
+    ap.add_argument("--pull", choices=["fp32", "onebit", "onebit_rotated", "quantize"],
                     default="onebit")
     ap.add_argument("--pull_bits", type=int, default=4, help="quantize pulls")
     ap.add_argument("--block_size", type=int, default=256, help="onebit pushes")
     ap.add_argument("--pull_block_size", type=int, default=256,
                     help="onebit pulls")
+    ap.add_argument("--local_steps", type=int, default=1,
+                    help="after the freeze: local steps between pushes")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--epochs", type=int, default=5)
@@ -181,6 +236,13 @@ def main():
                               ("pull_bits", args.pull_bits, 1, 8)):
         if not lo <= val <= hi:
             sys.exit(f"onebit_reference.py: --{name} is {val}; expected {lo}..{hi}")
+    if args.local_steps < 1:
+        sys.exit(f"onebit_reference.py: --local_steps is {args.local_steps}; "
+                 "expected >= 1")
+    if args.local_steps > 1 and args.push_feedback == "ef21":
+        sys.exit("onebit_reference.py: --push_feedback ef21 is for "
+                 "--local_steps 1; got --local_steps "
+                 f"{args.local_steps}")
     if args.workers < 1 or BATCH % args.workers:
         sys.exit(f"onebit_reference.py: --workers is {args.workers}; "
                  f"expected a divisor of {BATCH}")
@@ -188,6 +250,11 @@ def main():
                       ("pull_block_size", args.pull_block_size)):
         if val < 1:
             sys.exit(f"onebit_reference.py: --{name} is {val}; expected >= 1")
+    for name, val, c in (("block_size", args.block_size, args.push),
+                         ("pull_block_size", args.pull_block_size, args.pull)):
+        if c == "onebit_rotated" and val & (val - 1):
+            sys.exit(f"onebit_reference.py: --{name} is {val}; expected a "
+                     "power of two with onebit_rotated")
     torch.set_num_threads(1)
     train = ref.load(args.data_dir, "train")
     test = ref.load(args.data_dir, "t10k")
@@ -202,7 +269,8 @@ def main():
     spread = f" std {statistics.stdev(accs):.2f}" if len(accs) > 1 else ""
     what = ("adam" if args.optimizer == "adam" else
             f"onebit_adam push {args.push} ({args.push_feedback}) "
-            f"pull {args.pull}")
+            f"pull {args.pull}" +
+            (f" local_steps {args.local_steps}" if args.local_steps > 1 else ""))
     print(f"{what}: mean "
           f"{statistics.mean(accs):.2f}{spread} over {len(accs)} seeds "
           f"({' / '.join(f'{a:.2f}' for a in accs)}), "
