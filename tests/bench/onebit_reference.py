@@ -33,7 +33,8 @@ transform, fresh for every message, as in DRIVE, Vargaftik et al. 2021; not
 a pserver codec); quantize (--bits, min/max per block of 1024, round to
 nearest). --push_feedback=ef21 replaces error feedback on
 the pushes with EF21 (Richtarik et al. 2021: the worker sends the codec of
-its momentum's difference from an estimate both sides keep).
+its momentum's difference from an estimate both sides keep); --ef_decay
+scales the pushes' residual each round, as pserver_worker --ef_decay.
 --local_steps=H > 1 after the freeze (as 0/1 Adam, Lu et al. 2022, syncs
 less often): each worker steps its own copy of the replica with its own
 momentum for H steps and then pushes the change (error feedback as above);
@@ -178,7 +179,7 @@ def run(args, seed, train, test):
                 for w in range(W):
                     change = (replica - local[w]) / lr
                     sent = push(change + e[w])
-                    e[w] = change + e[w] - sent
+                    e[w] = (change + e[w] - sent) * args.ef_decay
                     mean += sent
                 x.add_(mean / W, alpha=-lr)
             else:
@@ -192,7 +193,7 @@ def run(args, seed, train, test):
                         mean += e[w]
                     else:
                         sent = push(u[w] + e[w])
-                        e[w] = u[w] + e[w] - sent
+                        e[w] = (u[w] + e[w] - sent) * args.ef_decay
                         mean += sent
                 m.mul_(b1)
                 x.add_(m + mean / W, alpha=-lr)
@@ -218,6 +219,9 @@ def main():
                     default="onebit")
     ap.add_argument("--bits", type=int, default=4, help="quantize pushes")
     ap.add_argument("--push_feedback", choices=["ef", "ef21"], default="ef")
+    ap.add_argument("--ef_decay", type=float, default=1.0,
+                    help="the pushes' residual is kept times this "
+                    "(pserver_worker --ef_decay)")
     ap.add_argument("--pull", choices=["fp32", "onebit", "onebit_rotated", "quantize"],
                     default="onebit")
     ap.add_argument("--pull_bits", type=int, default=4, help="quantize pulls")
@@ -236,6 +240,12 @@ def main():
                               ("pull_bits", args.pull_bits, 1, 8)):
         if not lo <= val <= hi:
             sys.exit(f"onebit_reference.py: --{name} is {val}; expected {lo}..{hi}")
+    if not 0.0 <= args.ef_decay <= 1.0:
+        sys.exit(f"onebit_reference.py: --ef_decay is {args.ef_decay}; "
+                 "expected 0..1")
+    if args.ef_decay != 1.0 and args.push_feedback == "ef21":
+        sys.exit(f"onebit_reference.py: --ef_decay is {args.ef_decay} with "
+                 "--push_feedback ef21; expected 1 (EF21 keeps no residual)")
     if args.local_steps < 1:
         sys.exit(f"onebit_reference.py: --local_steps is {args.local_steps}; "
                  "expected >= 1")
