@@ -35,6 +35,9 @@ nearest). --push_feedback=ef21 replaces error feedback on
 the pushes with EF21 (Richtarik et al. 2021: the worker sends the codec of
 its momentum's difference from an estimate both sides keep); --ef_decay
 scales the pushes' residual each round, as pserver_worker --ef_decay.
+--variance_change_every=K reports how much sqrt(v) (bias-corrected) moved
+over each K steps before the freeze, relative in L1: the signal an adaptive
+freeze (0/1 Adam's "freeze when v stops changing") would use.
 --local_steps=H > 1 after the freeze (as 0/1 Adam, Lu et al. 2022, syncs
 less often): each worker steps its own copy of the replica with its own
 momentum for H steps and then pushes the change (error feedback as above);
@@ -131,6 +134,7 @@ def run(args, seed, train, test):
     frozen = False
     step = 0
     total = args.epochs * steps_per_epoch
+    root_then, changes = None, []
 
     def gradient(at, rows):
         vector_to_parameters(at, params)
@@ -150,6 +154,17 @@ def run(args, seed, train, test):
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
                 x.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
                 step += 1
+                if args.variance_change_every and \
+                        step % args.variance_change_every == 0:
+                    # How much the (bias-corrected) sqrt(v) moved since the
+                    # last report, relative in L1: what an adaptive freeze
+                    # ("freeze when v stops changing") would watch.
+                    root_now = (v / (1 - b2 ** step)).sqrt()
+                    if root_then is not None:
+                        change = ((root_now - root_then).abs().sum() /
+                                  root_then.sum()).item()
+                        changes.append((step, change))
+                    root_then = root_now
                 if args.optimizer == "onebit_adam" and step == args.freeze_step:
                     frozen = True
                     root = v.sqrt()
@@ -205,7 +220,12 @@ def run(args, seed, train, test):
     vector_to_parameters(replica if frozen else x, params)
     with torch.no_grad():
         acc = (model(test[0]).argmax(1) == test[1]).float().mean().item()
-    return {"seed": seed, "test_accuracy": acc, "steps": step}
+    if changes:
+        print(f"seed {seed} variance change per {args.variance_change_every} "
+              "steps: " + " ".join(f"{s}:{c:.3f}" for s, c in changes),
+              flush=True)
+    return {"seed": seed, "test_accuracy": acc, "steps": step,
+            "variance_change": changes}
 
 
 def main():
@@ -230,6 +250,9 @@ def main():
                     help="onebit pulls")
     ap.add_argument("--local_steps", type=int, default=1,
                     help="after the freeze: local steps between pushes")
+    ap.add_argument("--variance_change_every", type=int, default=0,
+                    help="before the freeze: report the relative change of "
+                    "sqrt(v) every this many steps (0: off)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--epochs", type=int, default=5)
@@ -246,6 +269,9 @@ def main():
     if args.ef_decay != 1.0 and args.push_feedback == "ef21":
         sys.exit(f"onebit_reference.py: --ef_decay is {args.ef_decay} with "
                  "--push_feedback ef21; expected 1 (EF21 keeps no residual)")
+    if args.variance_change_every < 0:
+        sys.exit("onebit_reference.py: --variance_change_every is "
+                 f"{args.variance_change_every}; expected >= 0")
     if args.local_steps < 1:
         sys.exit(f"onebit_reference.py: --local_steps is {args.local_steps}; "
                  "expected >= 1")
