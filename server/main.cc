@@ -30,6 +30,9 @@ ABSL_FLAG(uint32_t, num_workers, 1,
 ABSL_FLAG(std::string, optimizer, "onebit_adam", "onebit_adam, adam or sgd");
 ABSL_FLAG(float, lr, 1e-3f, "learning rate");
 ABSL_FLAG(float, beta1, 0.9f, "Adam beta1 (momentum decay)");
+ABSL_FLAG(float, compression_beta1, -1.0f,
+          "onebit_adam: the momentum's decay after the freeze (the workers' "
+          "with --onebit_momentum=worker); -1: --beta1");
 ABSL_FLAG(float, beta2, 0.999f, "Adam beta2 (variance decay)");
 ABSL_FLAG(float, eps, 1e-8f, "Adam eps, added outside the sqrt");
 ABSL_FLAG(float, weight_decay, 0.0f,
@@ -155,6 +158,7 @@ int Run() {
   o.lr = absl::GetFlag(FLAGS_lr);
   o.beta1 = absl::GetFlag(FLAGS_beta1);
   o.beta2 = absl::GetFlag(FLAGS_beta2);
+  o.compression_beta1 = absl::GetFlag(FLAGS_compression_beta1);
   o.eps = absl::GetFlag(FLAGS_eps);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.bias_correction = absl::GetFlag(FLAGS_bias_correction);

@@ -92,11 +92,12 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
     }
     return sq;
   }
+  const float c1 = CompressionBeta1(config_);
   if (config_.worker_momentum) {
     // g is the mean of the workers' momenta since the freeze; m carries the
     // momentum the freeze found, decaying as if no gradient followed.
     for (uint64_t i = begin; i < end; ++i) {
-      m[i] = b1 * m[i];
+      m[i] = c1 * m[i];
       float mom = m[i] + g[i];
       float d = config_.preconditioned
                     ? lr * (grow * mom + wd * x[i])
@@ -108,14 +109,14 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
   }
   if (config_.preconditioned) {
     for (uint64_t i = begin; i < end; ++i) {
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      m[i] = c1 * m[i] + (1.0f - c1) * g[i];
       float d = lr * (grow * m[i] + wd * x[i]);
       x[i] -= d;
       sq += double{d} * d;
     }
   } else {
     for (uint64_t i = begin; i < end; ++i) {
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      m[i] = c1 * m[i] + (1.0f - c1) * g[i];
       float d = lr * (grow * m[i] / (std::sqrt(v[i]) + eps) + wd * x[i]);
       x[i] -= d;
       sq += double{d} * d;

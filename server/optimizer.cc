@@ -26,6 +26,11 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (!(c.lr >= 0 && std::isfinite(c.lr))) return bad("lr", c.lr, ">= 0");
   if (!(c.beta1 >= 0 && c.beta1 < 1)) return bad("beta1", c.beta1, "[0, 1)");
   if (!(c.beta2 >= 0 && c.beta2 < 1)) return bad("beta2", c.beta2, "[0, 1)");
+  if (!(c.compression_beta1 == -1.0f ||
+        (c.compression_beta1 >= 0 && c.compression_beta1 < 1))) {
+    return bad("compression_beta1", c.compression_beta1,
+               "[0, 1), or -1 for beta1");
+  }
   if (!(c.eps > 0 && std::isfinite(c.eps))) return bad("eps", c.eps, "> 0");
   if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay))) {
     return bad("weight_decay", c.weight_decay, ">= 0");

@@ -63,15 +63,27 @@ struct OptimizerConfig {
   // is only the freeze-time momentum decaying by beta1 per round
   // (RegisterResponse.worker_momentum); false: the pushes are gradients.
   bool worker_momentum = false;
+  // The momentum's decay in the compression stage (the workers' with
+  // worker_momentum, else m here); < 0: beta1. A lower one than the
+  // warmup's follows the gradient faster once pushes are 1-bit
+  // (tests/bench/results/README.md).
+  float compression_beta1 = -1.0f;
 };
 
+// beta1 in the compression stage: compression_beta1, or beta1 when unset.
+inline float CompressionBeta1(const OptimizerConfig& c) {
+  return c.compression_beta1 >= 0 ? c.compression_beta1 : c.beta1;
+}
+
 // The decay with which the workers keep 1-bit Adam's compression-stage
-// momentum (RegisterResponse.worker_momentum; beta1), or 0 when pushes carry
+// momentum (RegisterResponse.worker_momentum; CompressionBeta1), or 0 when
+// pushes carry
 // gradients (every other optimizer, --onebit_momentum=server, or beta1 = 0,
 // where the momentum is the gradient either way).
 inline float WorkerMomentumBeta(const OptimizerConfig& c) {
-  return c.kind == OptimizerKind::kOneBitAdam && c.worker_momentum ? c.beta1
-                                                                   : 0.0f;
+  return c.kind == OptimizerKind::kOneBitAdam && c.worker_momentum
+             ? CompressionBeta1(c)
+             : 0.0f;
 }
 
 std::string OptimizerName(OptimizerKind kind);

@@ -245,7 +245,8 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
       return absl::FailedPreconditionError(absl::StrCat(
           "shard ", s, " announces worker_momentum ",
           resps[s].worker_momentum(), " and shard 0 ", momentum,
-          "; expected the same --onebit_momentum and --beta1 on every shard"));
+          "; expected the same --onebit_momentum, --beta1 and "
+          "--compression_beta1 on every shard"));
     }
   }
   PushCodecs codecs;

@@ -19,6 +19,9 @@
 #   REPORT_ONLY=1 RESULTS=DIR RUNS=... tests/bench/fidelity.sh   # the report
 #       again from DIR/runs, running nothing
 #
+# onebit_c05: onebit_adam with the momentum's decay 0.5 after the freeze
+# (pserver_server --compression_beta1=0.5; the warmup keeps beta1 0.9).
+#
 # diloco_h<H>_<codec> (H in 4, 16, 64; codec fp32, q8 or onebit): local
 # steps, see below; onebit_ssp<s>, onebit_async, fp32_ssp<s>, fp32_async
 # (s in 0, 1, 4): the consistency modes. They are not in the default RUNS.
@@ -41,6 +44,7 @@ declare -A OPTS=(
   [adam_fp32]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
   [adam_fp32_nobc]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
   [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600}"
+  [onebit_c05]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600}"
   [topk]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
   [topk2]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.02"
   # The recipes before issue 12 section 3 (bf16 warmup, the shard's momentum).
@@ -98,6 +102,7 @@ declare -A EXTRA_SERVER=(
   [adam_fp32]="${ADAM_SERVER_FLAGS:---bias_correction}"
   [adam_fp32_nobc]=""
   [onebit_adam]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
+  [onebit_c05]="--onebit_momentum=worker --compression_beta1=0.5 ${ONEBIT_SERVER_FLAGS:-}"
   [topk]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [topk2]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [onebit_adam_bf16]="--onebit_momentum=server ${ONEBIT_SERVER_FLAGS:-}"
@@ -120,6 +125,7 @@ declare -A EXTRA_WORKER=(
   [adam_fp32]="${ADAM_WORKER_FLAGS:-}"
   [adam_fp32_nobc]="${ADAM_WORKER_FLAGS:-}"
   [onebit_adam]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
+  [onebit_c05]="--bits=8 ${ONEBIT_WORKER_FLAGS:-}"
   [topk]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
   [topk2]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
   [onebit_adam_bf16]="${ONEBIT_WORKER_FLAGS:-}"

@@ -35,7 +35,9 @@ nearest). --push_feedback=ef21 replaces error feedback on
 the pushes with EF21 (Richtarik et al. 2021: the worker sends the codec of
 its momentum's difference from an estimate both sides keep); --ef_decay
 scales the pushes' residual each round, as pserver_worker --ef_decay.
---variance_change_every=K reports how much sqrt(v) (bias-corrected) moved
+--compression_beta1 sets the momentum's decay after the freeze (the
+workers' momenta and the shard's decaying one; 0.9 before it, as pserver's
+single --beta1 today). --variance_change_every=K reports how much sqrt(v) (bias-corrected) moved
 over each K steps before the freeze, relative in L1: the signal an adaptive
 freeze (0/1 Adam's "freeze when v stops changing") would use.
 --local_steps=H > 1 after the freeze (as 0/1 Adam, Lu et al. 2022, syncs
@@ -175,6 +177,7 @@ def run(args, seed, train, test):
                     u = [torch.zeros(n) for _ in range(W)]    # workers' momenta
                     e = [torch.zeros(n) for _ in range(W)]    # residuals / EF21 estimates
                     replica = x.clone()
+                    b1 = args.compression_beta1
                 continue
             if H > 1:
                 # 0/1 Adam-style local steps: the workers' own copies.
@@ -235,6 +238,9 @@ def main():
                     default="onebit_adam")
     ap.add_argument("--freeze_step", type=int, default=600)
     ap.add_argument("--variance_floor", type=float, default=0.1)
+    ap.add_argument("--compression_beta1", type=float, default=0.9,
+                    help="the momentum's decay after the freeze (the "
+                    "workers' and the shard's); 0.9 before it")
     ap.add_argument("--push", choices=["fp32", "onebit", "onebit_rotated", "quantize"],
                     default="onebit")
     ap.add_argument("--bits", type=int, default=4, help="quantize pushes")
@@ -269,6 +275,9 @@ def main():
     if args.ef_decay != 1.0 and args.push_feedback == "ef21":
         sys.exit(f"onebit_reference.py: --ef_decay is {args.ef_decay} with "
                  "--push_feedback ef21; expected 1 (EF21 keeps no residual)")
+    if not 0.0 <= args.compression_beta1 < 1.0:
+        sys.exit("onebit_reference.py: --compression_beta1 is "
+                 f"{args.compression_beta1}; expected [0, 1)")
     if args.variance_change_every < 0:
         sys.exit("onebit_reference.py: --variance_change_every is "
                  f"{args.variance_change_every}; expected >= 0")

@@ -369,6 +369,19 @@ TEST(Optimizer, ConfigValidationNamesTheField) {
   absl::Status s = ValidateOptimizerConfig(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("beta1"), std::string::npos) << s;
+  for (float bad : {1.0f, -0.5f, std::nanf("")}) {
+    c = OptimizerConfig();
+    c.compression_beta1 = bad;
+    s = ValidateOptimizerConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("compression_beta1"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("-1 for beta1"), std::string::npos) << s;
+  }
+  for (float good : {-1.0f, 0.0f, 0.5f}) {
+    c = OptimizerConfig();
+    c.compression_beta1 = good;
+    EXPECT_TRUE(ValidateOptimizerConfig(c).ok()) << good;
+  }
   c = OptimizerConfig();
   c.freeze_step = 0;
   EXPECT_NE(ValidateOptimizerConfig(c).message().find("freeze_step"),
