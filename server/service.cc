@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/rejection.h"
 #include "server/pull_answer_bytes.h"
@@ -92,13 +94,17 @@ class PushReactor final : public grpc::ServerUnaryReactor {
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
   PullReactor(grpc::CallbackServerContext* ctx, Shard* shard,
-              ServerMetrics* metrics, const v1::PullRequest& req,
-              grpc::ByteBuffer* resp)
+              ServerMetrics* metrics, std::atomic<int64_t>* callbacks,
+              const v1::PullRequest& req, grpc::ByteBuffer* resp)
       : ctx_(ctx), shard_(shard), metrics_(metrics) {
-    uint64_t id = shard_->Pull(req, [this, resp](absl::Status s,
-                                                 PullAnswer answer) {
+    callbacks->fetch_add(1, std::memory_order_relaxed);
+    uint64_t id = shard_->Pull(req, [this, resp, callbacks](
+                                        absl::Status s, PullAnswer answer) {
       if (s.ok()) *resp = PullAnswerBuffer(std::move(answer));
       metrics_->CountRequest(RpcMethod::kPull, s);
+      // Pairs with AwaitPullCallbacks(): the count above happens before the
+      // metrics can be destroyed.
+      callbacks->fetch_sub(1, std::memory_order_release);
       Finish(ToGrpcStatus(s, ctx_));
     });
     id_.store(id);
@@ -168,7 +174,15 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
   v1::PullRequest req;
   absl::Status s = ParseRequest(RpcMethod::kPull, *raw, &req);
   if (!s.ok()) return Answer(ctx, RpcMethod::kPull, s);
-  return new PullReactor(ctx, shard_, metrics_, req, resp);
+  return new PullReactor(ctx, shard_, metrics_, &pull_callbacks_, req, resp);
+}
+
+void ParameterServerService::AwaitPullCallbacks() const {
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (pull_callbacks_.load(std::memory_order_acquire) != 0 &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::GetFrozenVariance(

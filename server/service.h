@@ -16,6 +16,7 @@
 #ifndef PSERVER_SERVER_SERVICE_H_
 #define PSERVER_SERVER_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 
 #include "grpcpp/support/byte_buffer.h"
@@ -59,6 +60,14 @@ class ParameterServerService final : public RawParameterServerService {
                                       const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
 
+  // Returns once every pull answered through the shard's callback has
+  // counted itself in the metrics (for up to 5 s). After
+  // grpc::Server::Wait() none is left, but a pull cancelled by its client is
+  // answered on a gRPC thread (OnCancel), ordered before Wait() only by gRPC
+  // core's own synchronization, which ThreadSanitizer cannot see; this
+  // makes the order visible before the metrics are destroyed.
+  void AwaitPullCallbacks() const;
+
  private:
   // Counts the call once and finishes it with `status` (and its reason).
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx,
@@ -68,6 +77,8 @@ class ParameterServerService final : public RawParameterServerService {
   Shard* const shard_;
   ServerMetrics* const metrics_;
   const std::function<void()> on_registered_;
+  // Pulls whose shard callback has not yet counted the call.
+  std::atomic<int64_t> pull_callbacks_{0};
 };
 
 }  // namespace pserver

@@ -110,6 +110,7 @@ void ShardServer::Shutdown(absl::Duration drain) {
   shard_->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   server_->Wait();
+  service_->AwaitPullCallbacks();
   {
     // No handler runs any more; the health service dies with server_.
     absl::MutexLock lock(&health_mu_);
