@@ -77,9 +77,8 @@ inline float CompressionBeta1(const OptimizerConfig& c) {
 
 // The decay with which the workers keep 1-bit Adam's compression-stage
 // momentum (RegisterResponse.worker_momentum; CompressionBeta1), or 0 when
-// pushes carry
-// gradients (every other optimizer, --onebit_momentum=server, or beta1 = 0,
-// where the momentum is the gradient either way).
+// pushes carry gradients (every other optimizer, --onebit_momentum=server,
+// or a decay of 0, where the momentum is the gradient either way).
 inline float WorkerMomentumBeta(const OptimizerConfig& c) {
   return c.kind == OptimizerKind::kOneBitAdam && c.worker_momentum
              ? CompressionBeta1(c)

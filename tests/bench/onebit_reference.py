@@ -138,6 +138,12 @@ def run(args, seed, train, test):
     total = args.epochs * steps_per_epoch
     root_then, changes = None, []
 
+    def fed_back(w, value):
+        # Worker w's push of value with error feedback: what the shard gets.
+        sent = push(value + e[w])
+        e[w] = (value + e[w] - sent) * args.ef_decay
+        return sent
+
     def gradient(at, rows):
         vector_to_parameters(at, params)
         loss = F.cross_entropy(model(X[rows]), Y[rows])
@@ -196,9 +202,7 @@ def run(args, seed, train, test):
                 mean = torch.zeros(n)
                 for w in range(W):
                     change = (replica - local[w]) / lr
-                    sent = push(change + e[w])
-                    e[w] = (change + e[w] - sent) * args.ef_decay
-                    mean += sent
+                    mean += fed_back(w, change)
                 x.add_(mean / W, alpha=-lr)
             else:
                 mean = torch.zeros(n)
@@ -210,9 +214,7 @@ def run(args, seed, train, test):
                         e[w] += push(u[w] - e[w])
                         mean += e[w]
                     else:
-                        sent = push(u[w] + e[w])
-                        e[w] = (u[w] + e[w] - sent) * args.ef_decay
-                        mean += sent
+                        mean += fed_back(w, u[w])
                 m.mul_(b1)
                 x.add_(m + mean / W, alpha=-lr)
                 step += 1

@@ -143,7 +143,7 @@ TEST(MomentOptimizer, WorkerMomentumEqualsShardMomentumWithoutCompression) {
     EXPECT_EQ(beta, c1 < 0 ? worker_side.beta1 : c1);
     MomentOptimizer a(shard_side, n, {{0, n}}), b(worker_side, n, {{0, n}});
     std::vector<float> xa(n, 0.5f), xb(n, 0.5f), u(n, 0.0f);
-    for (int t = 0; t < 30; ++t) {
+    for (int t = 0; t < 40; ++t) {
       std::vector<float> g = testing_util::Gradient(n, 7, t);
       a.Step(g, absl::MakeSpan(xa));
       if (b.frozen()) {
@@ -160,7 +160,7 @@ TEST(MomentOptimizer, WorkerMomentumEqualsShardMomentumWithoutCompression) {
     for (uint64_t i = 0; i < n; ++i) {
       worst = std::max(worst, std::abs(double{xa[i]} - xb[i]));
       // Not a trivially equal pair: the run moved the weights.
-      ASSERT_GT(std::abs(xa[i] - 0.5f), 1e-5f) << i;
+      ASSERT_GT(std::abs(xa[i] - 0.5f), 1e-4f) << i;
     }
     EXPECT_LT(worst, 1e-6) << "preconditioned=" << preconditioned
                            << " compression_beta1=" << c1;
