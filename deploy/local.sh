@@ -20,6 +20,9 @@
 #   --onebit-momentum M [ONEBIT_MOMENTUM=worker; with --script the shards'
 #                 default, server]  where 1-bit Adam's compression stage
 #                 takes its momentum (docs/architecture.md)
+#   --compression-beta1 B [COMPRESSION_BETA1=0.5; with --script the shards'
+#                 default, beta1]  the momentum's decay after the freeze
+#                 (pserver_server --compression_beta1; -1: beta1, 0.9)
 #   --k-fraction X [K_FRACTION=0.01]           --seed N [SEED=1]
 #   --schedule FILE [SCHEDULE]  a compression schedule for shards and workers
 #                 (docs/schedules.md; e.g. deploy/schedules/staged_quantize.json):
@@ -51,6 +54,7 @@ PULL_CODEC="${PULL_CODEC:-onebit}"
 WARMUP_CODEC="${WARMUP_CODEC:-quantize}"
 FREEZE_STEP="${FREEZE_STEP:-}"
 ONEBIT_MOMENTUM="${ONEBIT_MOMENTUM:-}"
+COMPRESSION_BETA1="${COMPRESSION_BETA1:-}"
 K_FRACTION="${K_FRACTION:-0.01}"
 SEED="${SEED:-1}"
 SCHEDULE="${SCHEDULE:-}"
@@ -80,6 +84,7 @@ while [[ $# -gt 0 ]]; do
     --warmup-codec) need_value "$@"; WARMUP_CODEC="$2"; shift 2 ;;
     --freeze-step) need_value "$@"; FREEZE_STEP="$2"; shift 2 ;;
     --onebit-momentum) need_value "$@"; ONEBIT_MOMENTUM="$2"; shift 2 ;;
+    --compression-beta1) need_value "$@"; COMPRESSION_BETA1="$2"; shift 2 ;;
     --k-fraction) need_value "$@"; K_FRACTION="$2"; shift 2 ;;
     --seed) need_value "$@"; SEED="$2"; shift 2 ;;
     --schedule) need_value "$@"; SCHEDULE="$2"; shift 2 ;;
@@ -88,7 +93,7 @@ while [[ $# -gt 0 ]]; do
     --prometheus-port) need_value "$@"; PROMETHEUS_PORT="$2"; shift 2 ;;
     --monitor) MONITOR=1; shift ;;
     --script) need_value "$@"; SCRIPT="$2"; shift 2; SCRIPT_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -103,9 +108,11 @@ if [[ -n "$SCRIPT" ]]; then
 else
   FREEZE_STEP="${FREEZE_STEP:-600}"
   ONEBIT_MOMENTUM="${ONEBIT_MOMENTUM:-worker}"
+  COMPRESSION_BETA1="${COMPRESSION_BETA1:-0.5}"
 fi
 momentum_flag=()
 [[ -n "$ONEBIT_MOMENTUM" ]] && momentum_flag=(--onebit_momentum="$ONEBIT_MOMENTUM")
+[[ -n "$COMPRESSION_BETA1" ]] && momentum_flag+=(--compression_beta1="$COMPRESSION_BETA1")
 schedule_flag=()
 if [[ -n "$SCHEDULE" ]]; then
   [[ -f "$SCHEDULE" ]] || die "--schedule: cannot read '$SCHEDULE'"
