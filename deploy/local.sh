@@ -16,7 +16,7 @@
 #   --optimizer NAME [OPTIMIZER=onebit_adam]   (onebit_adam, adam, sgd)
 #   --push-codec C [PUSH_CODEC=onebit]         --pull-codec C [PULL_CODEC=onebit]
 #   --warmup-codec C [WARMUP_CODEC=quantize: 8-bit, with error feedback]
-#   --freeze-step N [FREEZE_STEP=600; 300 with --script]
+#   --freeze-step N [FREEZE_STEP=500; 300 with --script]
 #   --onebit-momentum M [ONEBIT_MOMENTUM=worker; with --script the shards'
 #                 default, server]  where 1-bit Adam's compression stage
 #                 takes its momentum (docs/architecture.md)
@@ -106,7 +106,7 @@ done
 if [[ -n "$SCRIPT" ]]; then
   FREEZE_STEP="${FREEZE_STEP:-300}"
 else
-  FREEZE_STEP="${FREEZE_STEP:-600}"
+  FREEZE_STEP="${FREEZE_STEP:-500}"
   ONEBIT_MOMENTUM="${ONEBIT_MOMENTUM:-worker}"
   COMPRESSION_BETA1="${COMPRESSION_BETA1:-0.5}"
 fi

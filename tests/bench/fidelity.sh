@@ -21,9 +21,10 @@
 #       again from DIR/runs, running nothing
 #
 # onebit_adam decays the momentum by 0.5 after the freeze
-# (pserver_server --compression_beta1=0.5; the warmup keeps beta1 0.9);
-# onebit_b09 is the same recipe with 1-bit Adam's own 0.9 throughout (the
-# onebit_adam of the results before 2026-11-26). Every other run keeps beta1
+# (pserver_server --compression_beta1=0.5; the warmup keeps beta1 0.9) and
+# freezes at round 500; onebit_b09 is the recipe with 1-bit Adam's own 0.9
+# throughout and the freeze at 600 (the onebit_adam of the results before
+# 2026-11-26). Every other run keeps beta1
 # after the freeze (COMPRESSION_BETA1=-1 to deploy/local.sh) unless its
 # flags below say otherwise.
 #
@@ -55,7 +56,7 @@ export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 declare -A OPTS=(
   [adam_fp32]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
   [adam_fp32_nobc]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
-  [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600}"
+  [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-500}"
   [onebit_b09]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600}"
   [topk]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
   [topk2]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.02"
