@@ -53,6 +53,7 @@ import json
 import math
 import os
 import pathlib
+import shlex
 import socket
 import statistics
 import subprocess
@@ -257,6 +258,10 @@ def pserver_flags(name, args, workload):
         # and the transformer stalls near 3.0 nats per byte (the example's
         # docstring); the CNN keeps 1-bit Adam's DeepSpeed form.
         shard.append("--bias_correction=true")
+    if name != "ps_adam_fp32":
+        # --shard-flags: extra daemon flags for the compressed runs (e.g.
+        # --compression_beta1=0.5); the launcher passes them to the shards.
+        shard.extend(shlex.split(args.shard_flags))
     return shard, script
 
 
@@ -417,7 +422,10 @@ def settings_text(args):
             f"{args.transformer_freeze_step}, every pserver run with Adam's "
             f"bias correction; TopK k = {args.k_fraction} both "
             f"ways; PowerSGD rank {args.powersgd_rank} from step "
-            f"{args.powersgd_start}. MB: 10^6 bytes per worker over the whole "
+            f"{args.powersgd_start}"
+            + (f"; compressed runs' shard flags: {args.shard_flags}"
+               if args.shard_flags else "") +
+            ". MB: 10^6 bytes per worker over the whole "
             "run. pserver bytes: encoded payloads the client counted (pushes; "
             "pulls plus the frozen variance), framing not counted. DDP bytes: "
             "every allreduce its comm hook issued x 2(N-1)/N, each way. The "
@@ -499,6 +507,9 @@ def parse():
     p.add_argument("--freeze-step", type=int, default=100, help="cnn, 1-bit Adam")
     p.add_argument("--transformer-freeze-step", type=int, default=50)
     p.add_argument("--k-fraction", type=float, default=0.01)
+    p.add_argument("--shard-flags", default="",
+                   help="extra pserver_server flags for the compressed runs "
+                        "(ps_onebit, ps_onebit_wm, ps_topk), one string")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--powersgd-start", type=int, default=10)
     p.add_argument("--threads", type=int, default=2, help="torch_adam's threads")
@@ -556,7 +567,7 @@ def main():
                         "epochs", "transformer_steps", "steps", "freeze_step",
                         "transformer_freeze_step", "k_fraction", "lr",
                         "powersgd_rank", "powersgd_start", "train_subset",
-                        "test_subset")})
+                        "test_subset", "shard_flags")})
                 results.append(r)
                 metric = WORKLOADS[workload].metric
                 print(f"torch_fidelity: {workload} {name} seed {seed}: "

@@ -13,8 +13,9 @@
 #
 # Variables: SEEDS ("1 2 3"), WORKLOADS ("cnn transformer"), RUNS (all),
 # EPOCHS (cnn, 2), TRANSFORMER_STEPS (200), FREEZE_STEP (cnn 1-bit Adam, 100),
-# TRANSFORMER_FREEZE_STEP (50), K_FRACTION (0.01), BUILD (./build), OUT (a
-# results folder; --results: tests/bench/results, each run's logs in a new
+# TRANSFORMER_FREEZE_STEP (50), K_FRACTION (0.01), SHARD_FLAGS (extra
+# pserver_server flags for ps_onebit, ps_onebit_wm and ps_topk), BUILD
+# (./build), OUT (a results folder; --results: tests/bench/results, each run's logs in a new
 # /tmp folder), WORK (each run's logs). Needs a build with the
 # Python package (tests/run.sh does it).
 set -euo pipefail
@@ -42,6 +43,6 @@ exec /usr/bin/python3 "$ROOT/tests/bench/torch_fidelity.py" \
   --transformer-steps "${TRANSFORMER_STEPS:-200}" \
   --freeze-step "${FREEZE_STEP:-100}" \
   --transformer-freeze-step "${TRANSFORMER_FREEZE_STEP:-50}" \
-  --k-fraction "${K_FRACTION:-0.01}" \
+  --k-fraction "${K_FRACTION:-0.01}" --shard-flags="${SHARD_FLAGS:-}" \
   --server-bin "$BUILD/server/pserver_server" \
   --package-root "$BUILD/python" --out "$OUT" ${WORK:+--work "$WORK"}
