@@ -60,11 +60,11 @@ struct OptimizerConfig {
   bool variance_growth = false;
   bool preconditioned = true;     // compress D g (robust) or g (DeepSpeed)
   // Compression stage: the workers keep the momentum and push it, and m here
-  // is only the freeze-time momentum decaying by beta1 per round
+  // is only the freeze-time momentum decaying by CompressionBeta1 per round
   // (RegisterResponse.worker_momentum); false: the pushes are gradients.
   bool worker_momentum = false;
   // The momentum's decay in the compression stage (the workers' with
-  // worker_momentum, else m here); < 0: beta1. A lower one than the
+  // worker_momentum, else m here); -1: beta1. A lower one than the
   // warmup's follows the gradient faster once pushes are 1-bit
   // (tests/bench/results/README.md).
   float compression_beta1 = -1.0f;

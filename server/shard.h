@@ -217,7 +217,8 @@ class Shard {
   // INVALID_FIELD naming the slice's chunk count unless chunk c exists.
   absl::Status CheckChunk(uint32_t c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether pushes must carry the workers' momentum now (1-bit Adam's
-  // compression stage with --onebit_momentum=worker and beta1 > 0).
+  // compression stage with --onebit_momentum=worker and a decay > 0:
+  // WorkerMomentumBeta).
   bool ExpectsMomentum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The compression schedule's phase of round `step` (0 without one).
   uint32_t PhaseAt(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -21,7 +21,7 @@
 #       again from DIR/runs, running nothing
 #
 # onebit_adam decays the momentum by 0.5 after the freeze
-# (pserver_server --compression_beta1=0.5; the warmup keeps beta1 0.9) and
+# (deploy/local.sh --compression-beta1 0.5; the warmup keeps beta1 0.9) and
 # freezes at round 500; onebit_b09 is the recipe with 1-bit Adam's own 0.9
 # throughout and the freeze at 600 (the onebit_adam of the results before
 # 2026-11-26). Every other run keeps beta1
@@ -56,7 +56,7 @@ export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 declare -A OPTS=(
   [adam_fp32]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
   [adam_fp32_nobc]="--optimizer adam --push-codec fp32 --pull-codec fp32 --warmup-codec fp32"
-  [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-500}"
+  [onebit_adam]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-500} --compression-beta1 0.5"
   [onebit_b09]="--optimizer onebit_adam --push-codec onebit --pull-codec onebit --warmup-codec quantize --freeze-step ${FREEZE_STEP:-600}"
   [topk]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
   [topk2]="--optimizer onebit_adam --push-codec topk --pull-codec topk --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.02"
@@ -102,11 +102,6 @@ declare -A OPTS=(
   # with masking, pulls of 6% at 4 bits.
   [topk_mask_pullq]="--optimizer onebit_adam --push-codec topk --pull-codec topk_quantize --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-600} --k-fraction 0.01"
   [topk_pullq]="--optimizer onebit_adam --push-codec topk --pull-codec topk_quantize --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-400} --k-fraction 0.02"
-  # topk_pullq with the momentum's decay 0.5 after the freeze (as
-  # onebit_adam); topk2_pullq_c03: decay 0.3 and no masking (with a
-  # fast-forgetting momentum masking no longer helps), the TopK recipe.
-  [topk_pullq_c05]="--optimizer onebit_adam --push-codec topk --pull-codec topk_quantize --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-400} --k-fraction 0.02"
-  [topk2_pullq_c03]="--optimizer onebit_adam --push-codec topk --pull-codec topk_quantize --warmup-codec quantize --freeze-step ${TOPK_FREEZE_STEP:-400} --k-fraction 0.02"
 )
 
 # adam_fp32 uses Adam's bias correction, as torch.optim.Adam;
@@ -119,7 +114,7 @@ declare -A OPTS=(
 declare -A EXTRA_SERVER=(
   [adam_fp32]="${ADAM_SERVER_FLAGS:---bias_correction}"
   [adam_fp32_nobc]=""
-  [onebit_adam]="--onebit_momentum=worker --compression_beta1=0.5 ${ONEBIT_SERVER_FLAGS:-}"
+  [onebit_adam]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
   [onebit_b09]="--onebit_momentum=worker ${ONEBIT_SERVER_FLAGS:-}"
   [topk]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [topk2]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
@@ -136,8 +131,6 @@ declare -A EXTRA_SERVER=(
   [topk_warmup_mask]="--onebit_momentum=worker ${TOPK_SERVER_FLAGS:-}"
   [topk_mask_pullq]="--onebit_momentum=worker --pull_k_fraction=0.03 --pull_bits=4 ${TOPK_SERVER_FLAGS:-}"
   [topk_pullq]="--onebit_momentum=worker --pull_k_fraction=0.06 --pull_bits=4 ${TOPK_SERVER_FLAGS:-}"
-  [topk_pullq_c05]="--onebit_momentum=worker --pull_k_fraction=0.06 --pull_bits=4 --compression_beta1=0.5 ${TOPK_SERVER_FLAGS:-}"
-  [topk2_pullq_c03]="--onebit_momentum=worker --pull_k_fraction=0.06 --pull_bits=4 --compression_beta1=0.3 ${TOPK_SERVER_FLAGS:-}"
   [tuned_budget]="${ADAM_SERVER_FLAGS:-}"
   [tuned_e05]="${ADAM_SERVER_FLAGS:-}"
 )
@@ -161,11 +154,19 @@ declare -A EXTRA_WORKER=(
   [topk_warmup_mask]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
   [topk_mask_pullq]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
   [topk_pullq]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
-  [topk_pullq_c05]="--bits=8 --momentum_masking ${TOPK_WORKER_FLAGS:-}"
-  [topk2_pullq_c03]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
   [tuned_budget]="${ADAM_WORKER_FLAGS:-}"
   [tuned_e05]="${ADAM_WORKER_FLAGS:-}"
 )
+
+# topk_pullq with the momentum's decay 0.5 after the freeze (as
+# onebit_adam); topk2_pullq_c03: decay 0.3 and no masking (with a
+# fast-forgetting momentum masking no longer helps), the TopK recipe.
+OPTS[topk_pullq_c05]="${OPTS[topk_pullq]} --compression-beta1 0.5"
+OPTS[topk2_pullq_c03]="${OPTS[topk_pullq]} --compression-beta1 0.3"
+EXTRA_SERVER[topk_pullq_c05]="${EXTRA_SERVER[topk_pullq]}"
+EXTRA_SERVER[topk2_pullq_c03]="${EXTRA_SERVER[topk_pullq]}"
+EXTRA_WORKER[topk_pullq_c05]="${EXTRA_WORKER[topk_pullq]}"
+EXTRA_WORKER[topk2_pullq_c03]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
 
 # Consistency modes (issue 14, docs/consistency.md): the onebit_b09 (as
 # measured there) and adam_fp32 recipes with the shards' rounds under ssp (s = 0, 1, 4) and

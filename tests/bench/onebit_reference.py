@@ -36,10 +36,11 @@ the pushes with EF21 (Richtarik et al. 2021: the worker sends the codec of
 its momentum's difference from an estimate both sides keep); --ef_decay
 scales the pushes' residual each round, as pserver_worker --ef_decay.
 --compression_beta1 sets the momentum's decay after the freeze (the
-workers' momenta and the shard's decaying one; 0.9 before it, as pserver's
-single --beta1 today). --variance_change_every=K reports how much sqrt(v) (bias-corrected) moved
-over each K steps before the freeze, relative in L1: the signal an adaptive
-freeze (0/1 Adam's "freeze when v stops changing") would use.
+workers' momenta and the shard's decaying one; 0.9 before it), as
+pserver_server --compression_beta1. --variance_change_every=K reports how
+much sqrt(v) (bias-corrected) moved over each K steps before the freeze,
+relative in L1: the signal an adaptive freeze (0/1 Adam's "freeze when v
+stops changing") would use.
 --local_steps=H > 1 after the freeze (as 0/1 Adam, Lu et al. 2022, syncs
 less often): each worker steps its own copy of the replica with its own
 momentum for H steps and then pushes the change (error feedback as above);
