@@ -123,12 +123,16 @@ fi
 source "$ROOT/deploy/packages.sh"
 packages=("${PSERVER_BUILD_PACKAGES[@]}" "${PSERVER_RUN_PACKAGES[@]}")
 [[ "$MONITOR" == 1 ]] && packages+=(prometheus curl)
-[[ -n "$SCRIPT" ]] && packages+=(pybind11-dev python3-dev python3-numpy python3-torch)
+[[ -n "$SCRIPT" ]] && packages+=(python3-numpy python3-torch)
 pserver_install_packages "${packages[@]}"
 
 echo "local.sh: building in $BUILD_DIR"
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+elif [[ -n "$SCRIPT" ]]; then
+  # A folder configured before pybind11-dev was installed, or with
+  # PSERVER_BUILD_PYTHON=OFF, has no pserver_python target yet.
+  cmake -S "$ROOT" -B "$BUILD_DIR" -DPSERVER_BUILD_PYTHON=ON >/dev/null
 fi
 cmake --build "$BUILD_DIR" --target pserver_server_bin pserver_worker_bin -- -j"$(nproc)" \
   | grep -E "error:|FAILED" || true

@@ -1,18 +1,26 @@
 # Sourced by tests/run.sh and deploy/local.sh: the Debian packages pserver
 # needs, and a function that installs whichever are missing.
 
-PSERVER_BUILD_PACKAGES=(
+# The C++ libraries and daemons (all that deploy/Dockerfile builds, with
+# -DPSERVER_BUILD_PYTHON=OFF).
+PSERVER_DAEMON_BUILD_PACKAGES=(
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libopenblas-dev prometheus-cpp-dev zlib1g-dev
+)
+# The default build: also the Python package's extension (python/), without
+# which configuring fails unless -DPSERVER_BUILD_PYTHON=OFF.
+PSERVER_BUILD_PACKAGES=(
+  "${PSERVER_DAEMON_BUILD_PACKAGES[@]}"
+  pybind11-dev python3-dev
 )
 PSERVER_TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist prometheus curl python3-yaml iproute2
   openssl  # tests/server/tls_test.cc, tls_daemon_test.sh make certificates
-  # The Python package (python/): its extension and its pytest suite. Debian's
-  # modules import only under /usr/bin/python3.
-  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  # The Python package's pytest suite (python/tests), which fails without
+  # them. Debian's modules import only under /usr/bin/python3.
+  python3-numpy python3-torch python3-pytest
 )
 PSERVER_RUN_PACKAGES=(dataset-fashion-mnist)
 # Only for the tests that need them (tests/e2e/deploy_config_test.sh,

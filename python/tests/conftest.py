@@ -1,13 +1,27 @@
 """Fixtures: real pserver_server processes on loopback, stopped after each test."""
 
+import importlib
 import os
 import pathlib
 import subprocess
+import sys
 import time
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# The tests need torch and numpy for the interpreter the package was built
+# for. A missing one fails the whole suite here, naming the package, instead
+# of skipping the tests that need it (a built package must be tested).
+for _module, _package in (("numpy", "python3-numpy"),
+                          ("torch", "python3-torch")):
+    try:
+        importlib.import_module(_module)
+    except ImportError as e:
+        raise ImportError(
+            f"python/tests need {_module} for {sys.executable}: apt-get "
+            f"install {_package} (tests/run.sh installs it); {e}") from e
 
 
 def server_binary():

@@ -6,8 +6,7 @@ import pathlib
 import sys
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] /
                        "examples"))

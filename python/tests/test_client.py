@@ -3,11 +3,10 @@ with a clear exception and changes nothing; refusals carry the shard's message."
 
 import threading
 
+import numpy as np
 import pytest
 
-np = pytest.importorskip("numpy")
-
-import pserver  # noqa: E402
+import pserver
 
 # Exact arithmetic on the shard: fp32 both ways, SGD without momentum.
 SGD = ("--optimizer=sgd", "--momentum=0", "--lr=0.5", "--pull_codec=fp32")

@@ -10,11 +10,8 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("numpy")
-
-import pserver  # noqa: E402
-from conftest import server_binary  # noqa: E402
+import pserver
+from conftest import server_binary
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / \
     "fashion_cnn.py"

@@ -12,10 +12,8 @@ import time
 
 import pytest
 
-pytest.importorskip("torch")
-
-import pserver  # noqa: E402
-from conftest import server_binary  # noqa: E402
+import pserver
+from conftest import server_binary
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = str(HERE / "launch_worker.py")

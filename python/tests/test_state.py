@@ -10,12 +10,11 @@ import sys
 import threading
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import pserver  # noqa: E402
-import pserver.torch  # noqa: E402
-import state_worker  # noqa: E402  (python/tests/, on sys.path under pytest)
+import pserver
+import pserver.torch
+import state_worker  # python/tests/, on sys.path under pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 PACKAGE_ROOT = str(pathlib.Path(pserver.__file__).resolve().parents[1])

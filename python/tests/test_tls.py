@@ -7,11 +7,10 @@ import subprocess
 import threading
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import pserver  # noqa: E402
-import pserver.torch  # noqa: E402
+import pserver
+import pserver.torch
 
 TOKEN = "python-test-token-0123456789"
 

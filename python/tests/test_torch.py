@@ -7,11 +7,10 @@ import sys
 import threading
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import pserver  # noqa: E402
-import pserver.torch  # noqa: E402
+import pserver
+import pserver.torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 # The folder holding the pserver package in use, for the worker processes.
