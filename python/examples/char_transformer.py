@@ -19,9 +19,10 @@ flags):
         --freeze-step 100 --bias-correction=true \\
         python/examples/char_transformer.py --steps 300
 
-Keep --bias-correction=true: without it (the shards' default) the first
-steps of Adam are several times larger than lr, and this model stalls near
-3.0 nats per byte after 100 steps (byte frequencies alone give 3.22) where
+Keep --bias-correction=true: without it (onebit_adam's default, DeepSpeed's
+convention; --optimizer adam corrects by default) the first steps of Adam
+are several times larger than lr, and this model stalls near 3.0 nats per
+byte after 100 steps (byte frequencies alone give 3.22) where
 torch.optim.Adam reaches 2.5.
 
 Batches: the global batch of step s is W*b windows of --context bytes whose

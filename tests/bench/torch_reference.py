@@ -122,7 +122,8 @@ def pserver_init(model, seed, scheme):
 
 class DeepSpeedAdam(torch.optim.Optimizer):
     """Adam without bias correction, eps outside the square root: what the
-    shards run without --bias_correction (server/moment_optimizer.cc)."""
+    shards run with --bias_correction=false, onebit_adam's default
+    (server/moment_optimizer.cc)."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
@@ -230,7 +231,7 @@ def main():
                     help="--recipe pserver: pserver_worker's --init")
     ap.add_argument("--adam", choices=["torch", "deepspeed"], default="torch",
                     help="torch.optim.Adam, or Adam without bias correction "
-                         "(the shards without --bias_correction)")
+                         "(the shards with --bias_correction=false)")
     ap.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=0, help="> 0: stop after N")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fp32 Adam parity with PyTorch (issue 12): a real pserver_server (Adam with
-# --bias_correction, fp32 pulls) and one pserver_worker (fp32 pushes, batch
+# --bias_correction=true, fp32 pulls) and one pserver_worker (fp32 pushes, batch
 # 128) train the MLP on Fashion-MNIST for 20 steps; tests/bench/
 # torch_reference.py --recipe pserver trains the same model in PyTorch
 # (nn.Linear, F.cross_entropy, autograd, torch.optim.Adam) from pserver's
@@ -35,7 +35,7 @@ for init in pytorch he_normal; do
   rm -f "$DIR/port"
   "$SERVER" --shard_index=0 --num_shards=1 --num_workers=1 \
     --listen=127.0.0.1:0 --port_file="$DIR/port" \
-    --optimizer=adam --bias_correction --lr=0.001 --pull_codec=fp32 \
+    --optimizer=adam --bias_correction=true --lr=0.001 --pull_codec=fp32 \
     >"$DIR/shard-$init.log" 2>&1 &
   server_pid=$!
   PIDS+=($server_pid)
