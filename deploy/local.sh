@@ -13,6 +13,15 @@
 #   --shards N [SHARDS=2]          --workers N [WORKERS=4]
 #   --epochs N [EPOCHS=5]          --steps N [STEPS=0: whole epochs]
 #   --batch N [BATCH=32]           --lr X [LR=0.001]
+#   --lr-warmup-rounds W [LR_WARMUP_ROUNDS=0]  the shards' learning rate rises
+#                 linearly over the first W rounds: round t (from 0) takes
+#                 lr * (t + 1) / W (0: no warmup)
+#   --lr-decay D [LR_DECAY=constant]  after the warmup, constant, linear or
+#                 cosine from --lr down to --min-lr over --lr-decay-rounds
+#   --lr-decay-rounds N [LR_DECAY_ROUNDS=0; > 0 for linear and cosine]
+#   --min-lr X [MIN_LR=0]  where the decay ends; the rate stays there after
+#                 (pserver_server --lr_warmup_rounds, --lr_decay,
+#                 --lr_decay_rounds, --min_lr; docs/architecture.md)
 #   --optimizer NAME [OPTIMIZER=onebit_adam]   (onebit_adam, adam, sgd)
 #   --push-codec C [PUSH_CODEC=onebit]         --pull-codec C [PULL_CODEC=onebit]
 #   --warmup-codec C [WARMUP_CODEC=quantize: 8-bit, with error feedback]
@@ -48,6 +57,10 @@ EPOCHS="${EPOCHS:-5}"
 STEPS="${STEPS:-0}"
 BATCH="${BATCH:-32}"
 LR="${LR:-0.001}"
+LR_WARMUP_ROUNDS="${LR_WARMUP_ROUNDS:-0}"
+LR_DECAY="${LR_DECAY:-constant}"
+LR_DECAY_ROUNDS="${LR_DECAY_ROUNDS:-0}"
+MIN_LR="${MIN_LR:-0}"
 OPTIMIZER="${OPTIMIZER:-onebit_adam}"
 PUSH_CODEC="${PUSH_CODEC:-onebit}"
 PULL_CODEC="${PULL_CODEC:-onebit}"
@@ -78,6 +91,10 @@ while [[ $# -gt 0 ]]; do
     --steps) need_value "$@"; STEPS="$2"; shift 2 ;;
     --batch) need_value "$@"; BATCH="$2"; shift 2 ;;
     --lr) need_value "$@"; LR="$2"; shift 2 ;;
+    --lr-warmup-rounds) need_value "$@"; LR_WARMUP_ROUNDS="$2"; shift 2 ;;
+    --lr-decay) need_value "$@"; LR_DECAY="$2"; shift 2 ;;
+    --lr-decay-rounds) need_value "$@"; LR_DECAY_ROUNDS="$2"; shift 2 ;;
+    --min-lr) need_value "$@"; MIN_LR="$2"; shift 2 ;;
     --optimizer) need_value "$@"; OPTIMIZER="$2"; shift 2 ;;
     --push-codec) need_value "$@"; PUSH_CODEC="$2"; shift 2 ;;
     --pull-codec) need_value "$@"; PULL_CODEC="$2"; shift 2 ;;
@@ -93,7 +110,7 @@ while [[ $# -gt 0 ]]; do
     --prometheus-port) need_value "$@"; PROMETHEUS_PORT="$2"; shift 2 ;;
     --monitor) MONITOR=1; shift ;;
     --script) need_value "$@"; SCRIPT="$2"; shift 2; SCRIPT_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo pipefail/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -101,6 +118,13 @@ for v in SHARDS WORKERS BATCH BASE_PORT PROMETHEUS_PORT; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v is '${!v}'; expected a positive integer"
 done
 [[ "$EPOCHS" =~ ^[0-9]+$ && "$STEPS" =~ ^[0-9]+$ ]] || die "epochs/steps must be integers"
+[[ "$LR_WARMUP_ROUNDS" =~ ^[0-9]+$ && "$LR_DECAY_ROUNDS" =~ ^[0-9]+$ ]] ||
+  die "--lr-warmup-rounds/--lr-decay-rounds must be integers >= 0"
+case "$LR_DECAY" in
+  constant) ;;
+  linear|cosine) [[ "$LR_DECAY_ROUNDS" -gt 0 ]] || die "--lr-decay $LR_DECAY needs --lr-decay-rounds > 0" ;;
+  *) die "--lr-decay is '$LR_DECAY'; expected constant, linear or cosine" ;;
+esac
 # The reference workload's 1-bit recipe (tests/bench/fidelity.sh, issue 12);
 # a --script run keeps the recipe its examples were measured with.
 if [[ -n "$SCRIPT" ]]; then
@@ -113,6 +137,8 @@ fi
 momentum_flag=()
 [[ -n "$ONEBIT_MOMENTUM" ]] && momentum_flag=(--onebit_momentum="$ONEBIT_MOMENTUM")
 [[ -n "$COMPRESSION_BETA1" ]] && momentum_flag+=(--compression_beta1="$COMPRESSION_BETA1")
+lr_flags=(--lr_warmup_rounds="$LR_WARMUP_ROUNDS" --lr_decay="$LR_DECAY"
+  --lr_decay_rounds="$LR_DECAY_ROUNDS" --min_lr="$MIN_LR")
 schedule_flag=()
 if [[ -n "$SCHEDULE" ]]; then
   [[ -f "$SCHEDULE" ]] || die "--schedule: cannot read '$SCHEDULE'"
@@ -144,7 +170,7 @@ if [[ -n "$SCRIPT" ]]; then
   launch=(--shards "$SHARDS" --workers "$WORKERS" --server-bin "$SERVER"
     --optimizer "$OPTIMIZER" --lr "$LR" --freeze_step "$FREEZE_STEP"
     --pull_codec "$PULL_CODEC" --pull_k_fraction "$K_FRACTION"
-    "${momentum_flag[@]}")
+    "${momentum_flag[@]}" "${lr_flags[@]}")
   [[ -n "$RUN_DIR" ]] && launch+=(--run-dir "$RUN_DIR")
   # shellcheck disable=SC2086
   PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" exec /usr/bin/python3 \
@@ -175,7 +201,7 @@ for ((s = 0; s < SHARDS; s++)); do
     --metrics_listen="127.0.0.1:$((METRICS_PORT + s))" \
     --optimizer="$OPTIMIZER" --lr="$LR" --freeze_step="$FREEZE_STEP" \
     --pull_codec="$PULL_CODEC" --pull_k_fraction="$K_FRACTION" \
-    "${momentum_flag[@]}" "${schedule_flag[@]}" ${SERVER_FLAGS:-} \
+    "${momentum_flag[@]}" "${lr_flags[@]}" "${schedule_flag[@]}" ${SERVER_FLAGS:-} \
     >"$RUN_DIR/shard$s.log" 2>&1 &
   PIDS+=($!)
 done

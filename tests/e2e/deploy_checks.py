@@ -89,6 +89,12 @@ def check_compose(config_path, prometheus_path):
         check("NUM_WORKERS" in env and "PUSH_CODEC" in env,
               f"{name}: settings (NUM_WORKERS, PUSH_CODEC) do not come from the env file")
     check(worker_ids == {"0", "1", "2", "3"}, f"worker ids are {sorted(map(str, worker_ids))}")
+    # Every variable a daemon's shell command reads is set (by the env file or
+    # the service): an unset one would reach the daemon as an empty flag.
+    for name, s in list(shards.items()) + list(workers.items()):
+        env = env_of(s)
+        for var in re.findall(r"\$\$\{?([A-Z_][A-Z0-9_]*)", " ".join(s.get("entrypoint") or [])):
+            check(var in env, f"{name}: its command reads ${var}, which neither .env nor the service sets")
     # One place for settings: every daemon gets the same values from the env file.
     for key in ("NUM_WORKERS", "PUSH_CODEC", "WARMUP_CODEC", "PULL_CODEC", "OPTIMIZER", "DRAIN_SECONDS"):
         values = {env_of(s).get(key) for s in list(shards.values()) + list(workers.values())}
@@ -200,6 +206,12 @@ def check_k8s(path):
     for c in (shard_c, wc):
         for ref in re.findall(r"\$\(([A-Z_]+)\)", " ".join(c.get("args", []))):
             check(ref in config or ref in env, f"{c['name']}: $({ref}) is neither in the ConfigMap nor env")
+    # The shard's args are a shell script: its $VARs must be set too (HOSTNAME
+    # is the pod's), or the shard gets an empty flag.
+    shard_env = {e["name"] for e in shard_c.get("env", [])}
+    for ref in re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", " ".join(shard_c.get("args", []))):
+        check(ref in config or ref in shard_env or ref == "HOSTNAME",
+              f"{shard_c['name']}: its command reads ${ref}, which is not in the ConfigMap")
 
 
 PROMQL_WORDS = {
