@@ -259,7 +259,7 @@ def check_dashboard(dash_path, scrapes):
     titles = " ".join(p.get("title", "").lower() for p in panels)
     for want in ("steps per second", "round time", "up (push)", "down (pull)", "compression ratio",
                  "loss", "accuracy", "workers live", "optimizer stage", "error-feedback",
-                 "rejected", "checkpoint"):
+                 "rejected", "checkpoint", "learning rate"):
         check(want in titles, f"no panel about {want!r}")
     print(f"dashboard: {len(panels)} panels, {len(names)} metric names, all exposed: "
           + ", ".join(sorted(names)))
