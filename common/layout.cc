@@ -1,6 +1,7 @@
 #include "common/layout.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,26 @@ absl::StatusOr<std::vector<TensorSlot>> ValidateLayout(
     return absl::InvalidArgumentError(
         "layout.tensors is empty; expected at least one tensor");
   }
+  if (layout.groups_size() > kMaxParamGroups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout.groups has ", layout.groups_size(),
+                     " groups; expected at most ", kMaxParamGroups));
+  }
+  for (int g = 0; g < layout.groups_size(); ++g) {
+    const v1::ParamGroup& group = layout.groups(g);
+    auto bad = [](float x) { return !std::isfinite(x) || x < 0.0f; };
+    if (group.has_lr_scale() && bad(group.lr_scale())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout.groups[", g, "].lr_scale is ",
+                       group.lr_scale(), "; expected a finite value >= 0"));
+    }
+    if (group.has_weight_decay() && bad(group.weight_decay())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layout.groups[", g, "].weight_decay is ", group.weight_decay(),
+          "; expected a finite value >= 0"));
+    }
+  }
+  const int groups = GroupCount(layout);
   std::vector<TensorSlot> slots;
   slots.reserve(layout.tensors_size());
   absl::flat_hash_set<std::string> names;
@@ -54,9 +75,21 @@ absl::StatusOr<std::vector<TensorSlot>> ValidateLayout(
       return absl::InvalidArgumentError(absl::StrCat(
           "layout has more than ", kMaxModelElements, " elements in total"));
     }
+    if (t.group() >= static_cast<uint32_t>(groups)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layout.tensors[", i, "].group is ", t.group(), "; expected 0..",
+          groups - 1, " (layout.groups has ", layout.groups_size(), ")"));
+    }
+    if (!v1::TensorKind_IsValid(t.kind())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout.tensors[", i, "].kind is ", t.kind(),
+                       "; expected TENSOR_KIND_PARAMETER or "
+                       "TENSOR_KIND_BUFFER"));
+    }
     const uint64_t rows =
         t.shape_size() >= 2 ? t.shape(t.shape_size() - 1) : 0;
-    slots.push_back(TensorSlot{t.name(), offset, size, rows});
+    slots.push_back(TensorSlot{t.name(), offset, size, rows, t.group(),
+                               t.kind() == v1::TENSOR_KIND_BUFFER});
     offset += size;
   }
   return slots;
@@ -84,6 +117,21 @@ ShardRange ShardRangeFor(uint64_t total, uint32_t count, uint32_t index) {
   return r;
 }
 
+namespace {
+
+std::string KindName(v1::TensorKind kind) {
+  return kind == v1::TENSOR_KIND_BUFFER ? "buffer" : "parameter";
+}
+
+std::string GroupString(const v1::ParamGroup& g) {
+  return absl::StrCat(
+      "{lr_scale ", g.has_lr_scale() ? absl::StrCat(g.lr_scale()) : "unset",
+      ", weight_decay ",
+      g.has_weight_decay() ? absl::StrCat(g.weight_decay()) : "unset", "}");
+}
+
+}  // namespace
+
 std::string FirstLayoutDifference(const v1::ModelLayout& got,
                                   const v1::ModelLayout& expected) {
   int n = std::min(got.tensors_size(), expected.tensors_size());
@@ -106,10 +154,35 @@ std::string FirstLayoutDifference(const v1::ModelLayout& got,
                             ", expected ", b.shape(d));
       }
     }
+    if (a.group() != b.group()) {
+      return absl::StrCat("layout.tensors[", i, "] ('", a.name(),
+                          "').group is ", a.group(), ", expected ", b.group());
+    }
+    const bool a_buffer = a.kind() == v1::TENSOR_KIND_BUFFER;
+    if (a_buffer != (b.kind() == v1::TENSOR_KIND_BUFFER)) {
+      return absl::StrCat("layout.tensors[", i, "] ('", a.name(),
+                          "').kind is ", KindName(a.kind()), ", expected ",
+                          KindName(b.kind()));
+    }
   }
   if (got.tensors_size() != expected.tensors_size()) {
     return absl::StrCat("layout has ", got.tensors_size(),
                         " tensors, expected ", expected.tensors_size());
+  }
+  if (got.groups_size() != expected.groups_size()) {
+    return absl::StrCat("layout has ", got.groups_size(),
+                        " groups, expected ", expected.groups_size());
+  }
+  for (int g = 0; g < got.groups_size(); ++g) {
+    const v1::ParamGroup& a = got.groups(g);
+    const v1::ParamGroup& b = expected.groups(g);
+    if (a.has_lr_scale() != b.has_lr_scale() ||
+        a.lr_scale() != b.lr_scale() ||
+        a.has_weight_decay() != b.has_weight_decay() ||
+        a.weight_decay() != b.weight_decay()) {
+      return absl::StrCat("layout.groups[", g, "] is ", GroupString(a),
+                          ", expected ", GroupString(b));
+    }
   }
   return "";
 }

@@ -35,10 +35,22 @@ struct TensorSlot {
   // The last dimension of a tensor of two or more dimensions (its rows, for
   // block_topk's row_length); 0 for vectors and scalars.
   uint64_t row_length = 0;
+  uint32_t group = 0;   // v1::TensorSpec.group
+  bool buffer = false;  // v1::TENSOR_KIND_BUFFER: averaged, not optimized
 };
 
-// Checks that every tensor has a non-empty unique name and a shape of
-// positive dimensions, and that the total is within kMaxModelElements.
+// Most hyper-parameter groups a layout may name (v1::ModelLayout.groups).
+inline constexpr int kMaxParamGroups = 256;
+
+// The groups of a layout: max(1, layout.groups_size()).
+inline int GroupCount(const v1::ModelLayout& layout) {
+  return layout.groups_size() > 0 ? layout.groups_size() : 1;
+}
+
+// Checks that every tensor has a non-empty unique name, a shape of positive
+// dimensions, a known kind and a group the layout has (groups: at most
+// kMaxParamGroups, each lr_scale and weight_decay finite and >= 0), and that
+// the total is within kMaxModelElements.
 // INVALID_ARGUMENT names the offending field (e.g. "layout.tensors[3].shape").
 absl::StatusOr<std::vector<TensorSlot>> ValidateLayout(
     const v1::ModelLayout& layout);

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,21 @@ ABSL_FLAG(uint32_t, num_shards, 1, "shards the model is split into");
 ABSL_FLAG(uint32_t, num_workers, 1,
           "workers whose pushes make up a round (BSP)");
 ABSL_FLAG(std::string, optimizer, "onebit_adam", "onebit_adam, adam or sgd");
-ABSL_FLAG(float, lr, 1e-3f, "learning rate");
+ABSL_FLAG(float, lr, 1e-3f,
+          "learning rate: the peak of the schedule (--lr_warmup_rounds, "
+          "--lr_decay); pushes that carry their own (PyTorch schedulers) "
+          "override it for their round");
+ABSL_FLAG(uint64_t, lr_warmup_rounds, 0,
+          "linear learning-rate warmup: round t < W steps with "
+          "lr * (t + 1) / W (0: none)");
+ABSL_FLAG(std::string, lr_decay, "constant",
+          "after the warmup: constant, linear or cosine decay from --lr to "
+          "--min_lr over --lr_decay_rounds rounds, then --min_lr");
+ABSL_FLAG(uint64_t, lr_decay_rounds, 0,
+          "rounds of the --lr_decay after the warmup (>= 1 for linear and "
+          "cosine)");
+ABSL_FLAG(float, min_lr, 0.0f,
+          "where the --lr_decay ends (0 .. --lr)");
 ABSL_FLAG(float, beta1, 0.9f, "Adam beta1 (momentum decay)");
 ABSL_FLAG(float, compression_beta1, -1.0f,
           "onebit_adam: the momentum's decay after the freeze (the workers' "
@@ -37,9 +52,11 @@ ABSL_FLAG(float, beta2, 0.999f, "Adam beta2 (variance decay)");
 ABSL_FLAG(float, eps, 1e-8f, "Adam eps, added outside the sqrt");
 ABSL_FLAG(float, weight_decay, 0.0f,
           "decoupled weight decay for Adam variants (AdamW), L2 for sgd");
-ABSL_FLAG(bool, bias_correction, false,
-          "apply Adam's bias correction (adam; onebit_adam: in warmup, and "
-          "the frozen moments are bias-corrected)");
+ABSL_FLAG(std::optional<bool>, bias_correction, std::nullopt,
+          "apply Adam's bias correction (onebit_adam: in warmup, and the "
+          "frozen moments are bias-corrected); unset: on for adam (as "
+          "torch.optim.Adam), off for onebit_adam (DeepSpeed's 1-bit Adam, "
+          "the recipe pserver's results are measured with)");
 ABSL_FLAG(float, momentum, 0.9f, "sgd momentum");
 ABSL_FLAG(bool, nesterov, false,
           "sgd: Nesterov momentum (with workers' --local_steps > 1: DiLoCo's "
@@ -161,7 +178,14 @@ int Run() {
   o.compression_beta1 = absl::GetFlag(FLAGS_compression_beta1);
   o.eps = absl::GetFlag(FLAGS_eps);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  o.bias_correction = absl::GetFlag(FLAGS_bias_correction);
+  o.bias_correction = absl::GetFlag(FLAGS_bias_correction)
+                          .value_or(o.kind == OptimizerKind::kAdam);
+  o.lr_warmup_rounds = absl::GetFlag(FLAGS_lr_warmup_rounds);
+  absl::StatusOr<LrDecay> decay = ParseLrDecay(absl::GetFlag(FLAGS_lr_decay));
+  if (!decay.ok()) return Fail(absl::StrCat("--", decay.status().message()));
+  o.lr_decay = *decay;
+  o.lr_decay_rounds = absl::GetFlag(FLAGS_lr_decay_rounds);
+  o.min_lr = absl::GetFlag(FLAGS_min_lr);
   o.momentum = absl::GetFlag(FLAGS_momentum);
   o.nesterov = absl::GetFlag(FLAGS_nesterov);
   o.freeze_step = absl::GetFlag(FLAGS_freeze_step);

@@ -145,6 +145,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                                 "round in progress (0 without --schedule).")
                           .Register(registry)
                           .Add({{"shard", shard_}})),
+      learning_rate_(BuildGauge()
+                         .Name("pserver_server_learning_rate")
+                         .Help("The learning rate of the last round, per "
+                               "hyper-parameter group (the shard's "
+                               "--lr schedule, or what the workers pushed).")
+                         .Register(registry)),
       workers_registered_(BuildGauge()
                               .Name("pserver_server_workers_registered")
                               .Help("Workers that have registered.")
@@ -356,6 +362,10 @@ void ServerMetrics::SetStep(uint64_t step) {
 void ServerMetrics::SetStage(int stage) { stage_.Set(stage); }
 void ServerMetrics::SetSchedulePhase(uint32_t phase) {
   schedule_phase_.Set(phase);
+}
+void ServerMetrics::SetLearningRate(uint32_t group, double lr) {
+  learning_rate_.Add({{"shard", shard_}, {"group", absl::StrCat(group)}})
+      .Set(lr);
 }
 void ServerMetrics::SetWorkersRegistered(uint32_t n) {
   workers_registered_.Set(n);

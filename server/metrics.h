@@ -75,6 +75,9 @@ class ServerMetrics {
   void SetStep(uint64_t step);
   void SetStage(int stage);  // 1 warmup, 2 compression
   void SetSchedulePhase(uint32_t phase);
+  // The learning rate hyper-parameter group `group` stepped with in the
+  // last round (before the first: what the shard's schedule gives round 0).
+  void SetLearningRate(uint32_t group, double lr);
   // How long the round waited for its last worker, and the window's
   // straggler figures (server/round_diagnostics.h).
   void ObserveStragglers(double wait_seconds, int64_t worker, double share,
@@ -120,6 +123,7 @@ class ServerMetrics {
   prometheus::Gauge& step_;
   prometheus::Gauge& stage_;
   prometheus::Gauge& schedule_phase_;
+  prometheus::Family<prometheus::Gauge>& learning_rate_;
   prometheus::Gauge& workers_registered_;
   prometheus::Gauge& update_norm_;
   prometheus::Gauge& momentum_norm_;

@@ -15,6 +15,7 @@ MomentOptimizer::MomentOptimizer(const OptimizerConfig& config, uint64_t n,
       m_(n, 0.0f),
       freeze_at_(config.freeze_step) {
   if (config_.kind != OptimizerKind::kSgd) v_.assign(n, 0.0f);
+  if (segments_.empty() && n > 0) segments_.push_back({0, n});
 }
 
 v1::OptimizerStage MomentOptimizer::stage() const {
@@ -33,7 +34,7 @@ double MomentOptimizer::Step(absl::Span<const float> g, absl::Span<float> x) {
   const float grow = GrowthScale();  // once per step, for every chunk
   pool_->ParallelFor(n_, kMinParallelChunk, [&](uint64_t b, uint64_t e) {
     sq[std::min<uint64_t>(b / chunk, sq.size() - 1)] =
-        StepRange(b, e, g, x, grow);
+        StepSegments(b, e, g, x, grow);
   });
   double total = 0;
   for (double s : sq) total += s;
@@ -46,11 +47,41 @@ double MomentOptimizer::Step(absl::Span<const float> g, absl::Span<float> x) {
   return std::sqrt(total);
 }
 
+double MomentOptimizer::StepSegments(uint64_t begin, uint64_t end,
+                                     absl::Span<const float> g,
+                                     absl::Span<float> x, float grow) {
+  const GroupHyper fallback{config_.lr, config_.weight_decay};
+  // The first segment that ends after `begin`.
+  auto it = std::upper_bound(
+      segments_.begin(), segments_.end(), begin,
+      [](uint64_t at, const LocalSegment& s) { return at < s.end; });
+  double sq = 0;
+  uint64_t at = begin;
+  for (; it != segments_.end() && at < end; ++it) {
+    const uint64_t b = std::max(at, it->begin);
+    const uint64_t e = std::min(end, it->end);
+    if (b >= e) continue;
+    if (it->buffer) {
+      for (uint64_t i = b; i < e; ++i) {
+        const double d = double{g[i]} - double{x[i]};
+        x[i] = g[i];
+        sq += d * d;
+      }
+    } else {
+      const GroupHyper& h =
+          it->group < hyper_.size() ? hyper_[it->group] : fallback;
+      sq += StepRange(b, e, g, x, grow, h);
+    }
+    at = e;
+  }
+  return sq;
+}
+
 double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
                             absl::Span<const float> g, absl::Span<float> x,
-                            float grow) {
-  const float lr = config_.lr, b1 = config_.beta1, b2 = config_.beta2;
-  const float eps = config_.eps, wd = config_.weight_decay;
+                            float grow, const GroupHyper& h) {
+  const float lr = h.lr, b1 = config_.beta1, b2 = config_.beta2;
+  const float eps = config_.eps, wd = h.weight_decay;
   float* m = m_.data();
   double sq = 0;
   if (config_.kind == OptimizerKind::kSgd) {

@@ -28,6 +28,9 @@ class MomentOptimizer final : public Optimizer {
   // expected_space() names). Advances step() by one. Returns the L2 norm of
   // the change to x.
   double Step(absl::Span<const float> mean_grad, absl::Span<float> x) override;
+  void SetHyper(std::vector<GroupHyper> groups) override {
+    hyper_ = std::move(groups);
+  }
 
   uint64_t step() const override { return step_; }
   // The stage the *next* Step() runs in.
@@ -65,15 +68,21 @@ class MomentOptimizer final : public Optimizer {
   // (OptimizerConfig::variance_growth; 1 when off or not frozen). v counts
   // as frozen after freeze_at_ rounds of Adam.
   float GrowthScale() const;
-  // Returns the squared L2 norm of the change to x[begin, end). `grow` is
-  // GrowthScale(), taken once per step.
+  // Returns the squared L2 norm of the change to x[begin, end), one
+  // segment's piece or less, stepped with `h`. `grow` is GrowthScale(),
+  // taken once per step.
   double StepRange(uint64_t begin, uint64_t end, absl::Span<const float> g,
-                   absl::Span<float> x, float grow);
+                   absl::Span<float> x, float grow, const GroupHyper& h);
+  // StepRange over [begin, end), any segments, each with its group's values;
+  // buffers take the mean pushed value.
+  double StepSegments(uint64_t begin, uint64_t end, absl::Span<const float> g,
+                      absl::Span<float> x, float grow);
 
   OptimizerConfig config_;
   ThreadPool* const pool_;
   uint64_t n_;
-  std::vector<LocalSegment> segments_;
+  std::vector<LocalSegment> segments_;  // tile [0, n_), in order
+  std::vector<GroupHyper> hyper_;        // SetHyper's values
   std::vector<float> m_;
   std::vector<float> v_;  // empty for sgd
   uint64_t step_ = 0;

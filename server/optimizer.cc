@@ -44,7 +44,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (!(c.variance_floor >= 0 && c.variance_floor <= 1)) {
     return bad("variance_floor", c.variance_floor, "[0, 1]");
   }
-  return absl::OkStatus();
+  return ValidateLrSchedule(ScheduleOf(c));
 }
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,

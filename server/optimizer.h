@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "pserver/v1/parameter_server.pb.h"
+#include "server/lr_schedule.h"
 
 namespace pserver {
 
@@ -32,13 +33,20 @@ enum class OptimizerKind { kOneBitAdam, kAdam, kSgd };
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kOneBitAdam;
-  float lr = 1e-3f;
+  float lr = 1e-3f;  // the peak of the learning-rate schedule
+  // The learning-rate schedule (server/lr_schedule.h), in rounds.
+  uint64_t lr_warmup_rounds = 0;
+  LrDecay lr_decay = LrDecay::kConstant;
+  uint64_t lr_decay_rounds = 0;
+  float min_lr = 0.0f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;  // decoupled for Adam variants, L2 for SGD
-  // Adam's bias correction (off in DeepSpeed's convention). For onebit_adam
-  // it applies in warmup, and the moments are frozen bias-corrected.
+  // Adam's bias correction (torch.optim.Adam's; off in DeepSpeed's
+  // convention, which pserver_server keeps for onebit_adam unless told).
+  // For onebit_adam it applies in warmup, and the moments are frozen
+  // bias-corrected.
   bool bias_correction = false;
   float momentum = 0.9f;         // sgd only
   // sgd only: Nesterov's momentum, x -= lr * (g + momentum * m) after
@@ -85,15 +93,31 @@ inline float WorkerMomentumBeta(const OptimizerConfig& c) {
              : 0.0f;
 }
 
+// The config's learning-rate schedule.
+inline LrSchedule ScheduleOf(const OptimizerConfig& c) {
+  return LrSchedule{c.lr, c.lr_warmup_rounds, c.lr_decay, c.lr_decay_rounds,
+                    c.min_lr};
+}
+
 std::string OptimizerName(OptimizerKind kind);
 // INVALID_ARGUMENT naming the field for out-of-range hyper-parameters.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);
 
 // A contiguous range of the shard that belongs to one tensor; per-tensor
-// rules (the variance floor) use these.
+// rules (the variance floor, the hyper-parameter group) use these.
 struct LocalSegment {
   uint64_t begin = 0;  // shard-local offsets
   uint64_t end = 0;
+  uint32_t group = 0;   // the tensor's hyper-parameter group
+  // A buffer (v1::TENSOR_KIND_BUFFER): Step sets x to the mean pushed
+  // value, leaving the moments alone.
+  bool buffer = false;
+};
+
+// One hyper-parameter group's values for a round.
+struct GroupHyper {
+  float lr = 0.0f;
+  float weight_decay = 0.0f;  // decoupled for Adam variants, L2 for sgd
 };
 
 // What the shard needs of an optimizer: one step on the mean gradient, the
@@ -113,6 +137,10 @@ class Optimizer {
   // the change to x.
   virtual double Step(absl::Span<const float> mean_grad,
                       absl::Span<float> x) = 0;
+  // The hyper-parameters of the following Step()s, one per group (a
+  // segment whose group is past the end takes the config's lr and
+  // weight_decay, as every segment does before the first call).
+  virtual void SetHyper(std::vector<GroupHyper> groups) = 0;
 
   virtual uint64_t step() const = 0;
   // The stage the *next* Step() runs in.

@@ -317,7 +317,11 @@ absl::Status Shard::CheckForm(const v1::PushRequest& req) const {
                       config_.optimizer.worker_momentum ? "worker" : "server",
                       ")")));
   }
-  return absl::OkStatus();
+  if (absl::Status s = RoundHyper::Validate(req, GroupCount(layout_));
+      !s.ok()) {
+    return s;
+  }
+  return hyper_.Check(req, /*strict=*/!policy_.relaxed());
 }
 
 absl::Status Shard::PushSynchronous(
@@ -359,6 +363,7 @@ absl::Status Shard::PushSynchronous(
                           PayloadBytes(req.gradient()),
                           Fp32Bytes(req.gradient().num_elements()));
     if (!round_.pushed_any(w)) metrics_->ObserveStaleness(0);
+    hyper_.Record(req);
     round_.Queue(w, Round::Push::Own(std::move(request), valid,
                                      std::move(on_summed)),
                  c);
@@ -440,6 +445,12 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     }
   }
   round_.WithMean([&](absl::Span<float> mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::vector<GroupHyper> hyper =
+        hyper_.For(step_, config_.optimizer, layout_);
+    for (size_t g = 0; g < hyper.size(); ++g) {
+      metrics_->SetLearningRate(static_cast<uint32_t>(g), hyper[g].lr);
+    }
+    optimizer_->SetHyper(hyper);
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));
     optimizer_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
@@ -456,7 +467,9 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
       if (schedule.has_tensor_pulls() &&
           pull_plan_phase_ != static_cast<int64_t>(phase)) {
         replica_->UseTensorCodecs(CodecPlan::ForSlice(
-            slots_, range_, schedule.TensorPullCodecs(phase, slots_)));
+            slots_, range_,
+            WithExactBuffers(slots_,
+                             schedule.TensorPullCodecs(phase, slots_))));
         pull_plan_phase_ = static_cast<int64_t>(phase);
       }
     }
@@ -466,6 +479,7 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
       replica_->AdvanceQuietly(x_, step_, mean);
     }
   });
+  if (!policy_.relaxed()) hyper_.Clear();
   ++arrays_version_;
   catching_up_ = false;
   metrics_->AddAppliedPushes(round_.contributors());

@@ -48,6 +48,7 @@
 #include "server/metrics.h"
 #include "server/model_install.h"
 #include "server/optimizer.h"
+#include "server/round_hyper.h"
 #include "server/pull_waiters.h"
 #include "server/replica_tracker.h"
 #include "server/round.h"
@@ -240,6 +241,9 @@ class Shard {
   absl::Status RestoreFrom(ShardState state) ABSL_LOCKS_EXCLUDED(mu_);
   ShardState CaptureState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FastForward(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The learning-rate gauges as the shard's schedule sets them for round
+  // step_ (until a round says what it stepped with).
+  void PublishScheduledLr() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sums queued pushes in worker-id order, releasing mu_ while decoding;
   // completes the round when the last is in. Returns the pulls to answer.
   std::vector<Ready> Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -255,7 +259,9 @@ class Shard {
   absl::Status DroppedWorker(uint32_t w) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // WRONG_SPACE unless the push's gradient space and momentum flag are what
-  // the optimizer's stage expects now.
+  // the optimizer's stage expects now; INVALID_FIELD for malformed
+  // hyper-parameters, HYPER_MISMATCH (bsp) for ones that differ from the
+  // round's (server/round_hyper.h).
   absl::Status CheckForm(const v1::PushRequest& req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Push's checks and bookkeeping under bsp: on success the chunk was
@@ -373,6 +379,7 @@ class Shard {
   std::optional<ResolvedSchedule> schedule_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);
+  RoundHyper hyper_ ABSL_GUARDED_BY(mu_);  // the round's hyper-parameters
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
   // Stragglers and update blow-ups (server/round_diagnostics.h).
   RoundDiagnostics diagnostics_ ABSL_GUARDED_BY(mu_);

@@ -82,6 +82,7 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
     return form;
   }
   last_pushed_[w] = static_cast<int64_t>(tag);
+  hyper_.Record(req);  // ssp/async: the newest push's values win
   // A round that passed this worker over in some chunk is closed to it: the
   // whole push goes to the next round, so a push never splits.
   const bool defer = round_.passed_over(w);

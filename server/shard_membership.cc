@@ -11,6 +11,7 @@
 #include "common/rejection.h"
 #include "common/validated_tensor.h"
 #include "server/internal/shard_common.h"
+#include "common/tensor_codecs.h"
 #include "server/shard.h"
 
 namespace pserver {
@@ -248,6 +249,19 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     resp.set_consistency(static_cast<v1::Consistency>(
         static_cast<int>(policy_.mode()) + 1));
     resp.set_max_staleness(policy_.config().max_staleness);
+    {
+      const OptimizerConfig& o = config_.optimizer;
+      v1::OptimizerSettings* set = resp.mutable_optimizer_settings();
+      set->set_optimizer(OptimizerName(o.kind));
+      set->set_lr(o.lr);
+      set->set_beta1(o.beta1);
+      set->set_beta2(o.beta2);
+      set->set_eps(o.eps);
+      set->set_weight_decay(o.weight_decay);
+      set->set_momentum(o.momentum);
+      set->set_nesterov(o.nesterov);
+      set->set_bias_correction(o.bias_correction);
+    }
     resp.set_model_ready(true);
     return resp;
   }();
@@ -314,7 +328,10 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   for (const TensorSlot& t : slots) {
     uint64_t b = std::max(t.offset, range.begin);
     uint64_t e = std::min(t.offset + t.size, range.end);
-    if (b < e) segments.push_back({b - range.begin, e - range.begin});
+    if (b < e) {
+      segments.push_back(
+          {b - range.begin, e - range.begin, t.group, t.buffer});
+    }
   }
   layout_ = layout;
   slots_ = slots;
@@ -324,8 +341,11 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   replica_->Reset(x_, config_.chunk_elements);
   // The slice's tensors (block_topk keeps its blocks in their rows); a
   // schedule's per-tensor pull codecs replace this when a round completes.
+  // Buffers travel exactly (fp32) whatever the pull codec.
   replica_->UseTensorCodecs(CodecPlan::ForSlice(
-      slots_, range_, std::vector<const Codec*>(slots_.size(), nullptr)));
+      slots_, range_,
+      WithExactBuffers(slots_,
+                       std::vector<const Codec*>(slots_.size(), nullptr))));
   // No push can be queued before a model is installed: nothing to answer.
   round_.Resize(range.size(), config_.chunk_elements);
   optimizer_ = MakeOptimizer(config_.optimizer, range.size(),
@@ -337,6 +357,15 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   PublishLiveness();
   metrics_->SetModelElements(range.size());
   metrics_->SetStage(optimizer_->stage());
+  PublishScheduledLr();
+}
+
+void Shard::PublishScheduledLr() {
+  const std::vector<GroupHyper> hyper =
+      RoundHyper().For(step_, config_.optimizer, layout_);
+  for (size_t g = 0; g < hyper.size(); ++g) {
+    metrics_->SetLearningRate(static_cast<uint32_t>(g), hyper[g].lr);
+  }
 }
 
 void Shard::FastForward(uint64_t step) {

@@ -264,6 +264,15 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
         PushEncoder::Create(codecs, replica_.range(s).size(), freezes, space,
                             momentum);
     if (!e.ok()) return e.status();
+    // Buffers are pushed as they are: no preconditioner, no momentum.
+    const ShardRange& range = replica_.range(s);
+    std::vector<std::pair<uint64_t, uint64_t>> raw;
+    for (const TensorSlot& t : slots_) {
+      const uint64_t b = std::max(t.offset, range.begin);
+      const uint64_t e = std::min(t.offset + t.size, range.end);
+      if (t.buffer && b < e) raw.emplace_back(b - range.begin, e - range.begin);
+    }
+    (*e)->SetRawRanges(std::move(raw));
     encoders_.push_back(*std::move(e));
     if (absl::Status st = SetPhase(s, resps[s].schedule_phase()); !st.ok()) {
       return st;
@@ -274,7 +283,43 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
       !st.ok()) {
     return st;
   }
+  settings_ = resps[0].optimizer_settings();
+  if (hyper_.size() != 0 && hyper_.size() != GroupCount(layout_)) {
+    hyper_.Clear();  // set for another layout
+  }
   registered_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Client::SetHyper(std::vector<v1::HyperParams> hyper) {
+  if (!registered_) {
+    return absl::FailedPreconditionError(
+        "SetHyper before Register; register first (the layout names the "
+        "groups)");
+  }
+  if (in_step()) {
+    return absl::FailedPreconditionError(
+        "SetHyper during a step; call it before Step or StartStep");
+  }
+  const int groups = GroupCount(layout_);
+  if (!hyper.empty() && static_cast<int>(hyper.size()) != groups) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hyper has ", hyper.size(), " entries; expected 0 or ", groups,
+        " (one per parameter group)"));
+  }
+  for (size_t g = 0; g < hyper.size(); ++g) {
+    for (auto [field, value] :
+         {std::pair<const char*, float>{"lr", hyper[g].lr()},
+          {"weight_decay", hyper[g].weight_decay()}}) {
+      if (!std::isfinite(value) || value < 0.0f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hyper[", g, "].", field, " is ", value,
+                         "; expected a finite value >= 0"));
+      }
+    }
+  }
+  hyper_.Clear();
+  for (v1::HyperParams& h : hyper) *hyper_.Add() = std::move(h);
   return absl::OkStatus();
 }
 
@@ -348,9 +393,10 @@ absl::Status Client::SetPhase(size_t s, uint32_t phase) {
     // the phase's per-tensor codecs if the schedule gives any.
     encoders_[s]->UseTensorCodecs(CodecPlan::ForSlice(
         slots_, replica_.range(s),
-        schedule != nullptr
-            ? schedule->TensorPushCodecs(phase, slots_)
-            : std::vector<const Codec*>(slots_.size(), nullptr)));
+        WithExactBuffers(
+            slots_, schedule != nullptr
+                        ? schedule->TensorPushCodecs(phase, slots_)
+                        : std::vector<const Codec*>(slots_.size(), nullptr))));
     tensor_plan_phase_[s] = phase;
   }
   if (schedule == nullptr) return absl::OkStatus();

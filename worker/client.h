@@ -173,6 +173,18 @@ class Client {
   absl::Status FinishStep();
   bool in_step() const { return pusher_.joinable(); }
 
+  // The hyper-parameters every push carries from now on
+  // (PushRequest.hyper): one per layout group, e.g. a PyTorch scheduler's
+  // learning rate and weight decay, or none (the shards' own schedule and
+  // the groups' weight decay). Every worker of a round must send the same.
+  // FAILED_PRECONDITION before Register() or during a step;
+  // INVALID_ARGUMENT (nothing changed) for another count than the layout's
+  // groups or a value that is not finite and >= 0.
+  absl::Status SetHyper(std::vector<v1::HyperParams> hyper);
+  // Shard 0's optimizer configuration (RegisterResponse); empty before
+  // Register().
+  const v1::OptimizerSettings& shard_settings() const { return settings_; }
+
   // The replica: the weights every worker holds for step().
   absl::Span<const float> weights() const { return replica_.weights(); }
   // The step of the replica. Under the shards' --consistency=ssp or async
@@ -296,6 +308,9 @@ class Client {
   Replica replica_;
   bool registered_ = false;
   v1::ModelLayout layout_;
+  // SetHyper's values, sent with every push chunk.
+  google::protobuf::RepeatedPtrField<v1::HyperParams> hyper_;
+  v1::OptimizerSettings settings_;
   std::vector<TensorSlot> slots_;  // layout_'s tensors in the flat space
   // Per shard, the schedule phase whose per-tensor codecs its encoder has
   // (-1: none yet).

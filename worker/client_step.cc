@@ -40,6 +40,7 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
   req->set_worker_id(options_.worker_id);
   req->set_step(step);
   req->set_chunk(c);
+  *req->mutable_hyper() = hyper_;
   uint64_t seed = MixPair(MixPair(options_.seed, options_.worker_id),
                           MixPair(step, s));
   if (c > 0) seed = MixPair(seed, c);
@@ -237,6 +238,7 @@ absl::StatusOr<uint64_t> Client::Recover(size_t s, Recovery recovery,
         req->set_step(step);
         req->set_chunk(c);
         req->set_space(space);
+        *req->mutable_hyper() = hyper_;
         *req->mutable_gradient() = kept[c];
         return absl::OkStatus();
       },

@@ -68,9 +68,25 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
                                       uint64_t offset, uint64_t seed,
                                       v1::PushRequest* req) {
   const bool compressing = stage_ == v1::OPTIMIZER_STAGE_COMPRESSION;
+  const absl::Span<const float> given = g;
+  // Copies given's raw ranges (buffers) over `out`, this chunk's elements.
+  auto keep_raw = [&](float* out) {
+    const uint64_t end = offset + given.size();
+    for (const auto& [b, e] : raw_) {
+      const uint64_t lo = std::max(b, offset), hi = std::min(e, end);
+      for (uint64_t i = lo; i < hi; ++i) out[i - offset] = given[i - offset];
+    }
+  };
   if (compressing && space_ == v1::GRADIENT_SPACE_PRECONDITIONED) {
     // No D only for an empty slice (needs_preconditioner() is false).
-    if (d_.has_value()) g = d_->Apply(g, offset);
+    if (d_.has_value()) {
+      g = d_->Apply(g, offset);
+      if (!raw_.empty()) {
+        patched_.assign(g.begin(), g.end());
+        keep_raw(patched_.data());
+        g = patched_;
+      }
+    }
     req->set_space(v1::GRADIENT_SPACE_PRECONDITIONED);
   } else {
     req->set_space(v1::GRADIENT_SPACE_RAW);
@@ -93,6 +109,7 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
   for (size_t i = 0; i < g.size(); ++i) {
     next_u_[i] = beta_ * u[i] + (1.0f - beta_) * g[i];
   }
+  keep_raw(next_u_.data());
   req->set_momentum(true);
   if (absl::Status s = EncodeWithPlan(plan_, ef.codec(), &ef, offset,
                                       next_u_, seed, req->mutable_gradient());

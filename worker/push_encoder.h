@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -80,6 +81,13 @@ class PushEncoder {
   // A schedule phase's per-tensor codecs over this slice, in every stage
   // (tensors without one keep the stage's codec); CodecPlan() for none.
   void UseTensorCodecs(CodecPlan plan) { plan_ = std::move(plan); }
+  // Slice-local ranges [begin, end) pushed as they are in every stage
+  // (buffers, v1::TENSOR_KIND_BUFFER): neither preconditioned nor turned
+  // into the worker's momentum. Their codec is the plan's (fp32 for
+  // buffers: common/tensor_codecs.h WithExactBuffers). Sorted, disjoint.
+  void SetRawRanges(std::vector<std::pair<uint64_t, uint64_t>> ranges) {
+    raw_ = std::move(ranges);
+  }
   // Whether entering the compression stage needs the shard's frozen
   // variance (1-bit Adam, non-empty slice).
   bool needs_preconditioner() const { return freezes_ && n_ > 0; }
@@ -121,6 +129,8 @@ class PushEncoder {
   std::unique_ptr<ErrorFeedback> warmup_ef_;
   std::unique_ptr<ErrorFeedback> push_ef_;
   CodecPlan plan_;                // per-tensor codecs (uniform: none)
+  std::vector<std::pair<uint64_t, uint64_t>> raw_;  // SetRawRanges
+  std::vector<float> patched_;    // a preconditioned chunk with raw pieces
   std::optional<Preconditioner> d_;  // once frozen (1-bit Adam)
   v1::OptimizerStage stage_ = v1::OPTIMIZER_STAGE_WARMUP;
 };

@@ -77,7 +77,12 @@ PYBIND11_MODULE(_native, m) {
            py::arg("run_length") = d.run_length)
       .def("register", &PyClient::Register, py::arg("names"),
            py::arg("shapes"), py::arg("initial_weights"),
-           py::arg("out") = py::none())
+           py::arg("out") = py::none(), py::kw_only(),
+           py::arg("groups") = std::optional<std::vector<uint32_t>>(),
+           py::arg("kinds") = std::optional<std::vector<std::string>>(),
+           py::arg("group_specs") = py::none())
+      .def("set_hyper", &PyClient::SetHyper, py::arg("values"))
+      .def_property_readonly("shard_config", &PyClient::ShardConfig)
       .def("step", &PyClient::Step, py::arg("gradient"), py::arg("out"),
            py::arg("loss") = std::optional<double>())
       .def("start_step", &PyClient::StartStep, py::arg("gradient"))

@@ -115,17 +115,62 @@ PyClient::~PyClient() {
 void PyClient::Register(const std::vector<std::string>& names,
                         const std::vector<std::vector<uint64_t>>& shapes,
                         const py::handle& initial_weights,
-                        const py::handle& out) {
+                        const py::handle& out,
+                        const std::optional<std::vector<uint32_t>>& groups,
+                        const std::optional<std::vector<std::string>>& kinds,
+                        const py::handle& group_specs) {
   if (names.size() != shapes.size()) {
     throw py::value_error(absl::StrCat("names has ", names.size(),
                                        " entries and shapes ", shapes.size(),
                                        "; expected one shape per name"));
+  }
+  for (const auto& [arg, size] :
+       {std::pair<const char*, size_t>{"groups", groups ? groups->size() : 0},
+        {"kinds", kinds ? kinds->size() : 0}}) {
+    if (size != 0 && size != names.size()) {
+      throw py::value_error(absl::StrCat(arg, " has ", size,
+                                         " entries; expected one per name (",
+                                         names.size(), ")"));
+    }
   }
   v1::ModelLayout layout;
   for (size_t i = 0; i < names.size(); ++i) {
     v1::TensorSpec* t = layout.add_tensors();
     t->set_name(names[i]);
     for (uint64_t d : shapes[i]) t->add_shape(d);
+    if (groups && !groups->empty()) t->set_group((*groups)[i]);
+    if (kinds && !kinds->empty()) {
+      const std::string& k = (*kinds)[i];
+      if (k == "buffer") {
+        t->set_kind(v1::TENSOR_KIND_BUFFER);
+      } else if (k != "parameter") {
+        throw py::value_error(absl::StrCat("kinds[", i, "] is '", k,
+                                           "'; expected 'parameter' or "
+                                           "'buffer'"));
+      }
+    }
+  }
+  if (!group_specs.is_none()) {
+    py::list specs = py::cast<py::list>(group_specs);
+    for (size_t g = 0; g < specs.size(); ++g) {
+      py::dict spec = py::cast<py::dict>(specs[g]);
+      v1::ParamGroup* group = layout.add_groups();
+      for (auto item : spec) {
+        const std::string key = py::cast<std::string>(item.first);
+        if (key != "lr_scale" && key != "weight_decay") {
+          throw py::value_error(absl::StrCat(
+              "group_specs[", g, "] has key '", key,
+              "'; expected 'lr_scale' and 'weight_decay'"));
+        }
+        if (item.second.is_none()) continue;
+        const float v = py::cast<float>(item.second);
+        if (key == "lr_scale") {
+          group->set_lr_scale(v);
+        } else {
+          group->set_weight_decay(v);
+        }
+      }
+    }
   }
   // Layout errors (empty, repeated name, zero dimension) before anything
   // is sent, with the layout's own message.
@@ -151,6 +196,49 @@ void PyClient::Register(const std::vector<std::string>& names,
     return s;
   });
   last_step_end_ = absl::Now();
+}
+
+void PyClient::SetHyper(const py::handle& values) {
+  Registered();
+  NotInCall();
+  std::vector<v1::HyperParams> hyper;
+  if (!values.is_none()) {
+    py::sequence seq = py::cast<py::sequence>(values);
+    for (size_t g = 0; g < seq.size(); ++g) {
+      py::sequence pair = py::cast<py::sequence>(seq[g]);
+      if (pair.size() != 2) {
+        throw py::value_error(absl::StrCat(
+            "hyper[", g, "] has ", pair.size(),
+            " entries; expected (lr, weight_decay)"));
+      }
+      v1::HyperParams h;
+      h.set_lr(py::cast<float>(pair[0]));
+      h.set_weight_decay(py::cast<float>(pair[1]));
+      hyper.push_back(h);
+    }
+  }
+  absl::Status s = client_->SetHyper(std::move(hyper));
+  if (s.code() == absl::StatusCode::kInvalidArgument) {
+    throw py::value_error(std::string(s.message()));
+  }
+  ThrowIfError(s);
+}
+
+py::dict PyClient::ShardConfig() const {
+  Registered();
+  NotInCall();
+  const v1::OptimizerSettings& o = client_->shard_settings();
+  py::dict d;
+  d["optimizer"] = o.optimizer();
+  d["lr"] = o.lr();
+  d["beta1"] = o.beta1();
+  d["beta2"] = o.beta2();
+  d["eps"] = o.eps();
+  d["weight_decay"] = o.weight_decay();
+  d["momentum"] = o.momentum();
+  d["nesterov"] = o.nesterov();
+  d["bias_correction"] = o.bias_correction();
+  return d;
 }
 
 uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,

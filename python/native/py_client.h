@@ -81,10 +81,26 @@ class PyClient {
   // Ranks other than 0 first wait (up to retry_budget) until rank 0 has
   // installed its weights, so rank 0's initial weights are everyone's.
   // `out` (optional) receives the shards' weights.
+  // `groups` (one per tensor: its hyper-parameter group, default 0),
+  // `kinds` ("parameter" or "buffer" per tensor) and `group_specs` (one
+  // dict per group: "lr_scale", "weight_decay", each float or None) shape
+  // the layout's groups and tensor kinds (parameter_server.proto
+  // ModelLayout); ValueError naming the entry for anything else.
   void Register(const std::vector<std::string>& names,
                 const std::vector<std::vector<uint64_t>>& shapes,
                 const pybind11::handle& initial_weights,
-                const pybind11::handle& out);
+                const pybind11::handle& out,
+                const std::optional<std::vector<uint32_t>>& groups,
+                const std::optional<std::vector<std::string>>& kinds,
+                const pybind11::handle& group_specs);
+
+  // The hyper-parameters every push carries from now on (Client::SetHyper):
+  // None, or one (lr, weight_decay) pair per group. ValueError naming the
+  // entry for another count or a value that is not finite and >= 0.
+  void SetHyper(const pybind11::handle& values);
+  // Shard 0's optimizer flags (RegisterResponse.optimizer_settings) as a
+  // dict; ValueError before register().
+  pybind11::dict ShardConfig() const;
 
   // Pushes `gradient` for the current step and writes the next weights into
   // `out`. Both are checked (size num_params) before anything is sent; on

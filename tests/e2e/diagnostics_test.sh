@@ -64,7 +64,7 @@ print(json.load(open(sys.argv[1]))["diagnostics"].get(sys.argv[2], 0))' "$1" "$2
 }
 
 # --- 1. Instability: Adam at lr 0.1 ---------------------------------------
-shard lr -- --listen=127.0.0.1:0 --num_workers=2 --optimizer=adam --lr=0.1 \
+shard lr -- --listen=127.0.0.1:0 --num_workers=2 --optimizer=adam --bias_correction=false --lr=0.1 \
   --pull_codec=fp32 || exit 1
 port=$(cat "$DIR/lr.port")
 for w in 0 1; do
@@ -82,7 +82,7 @@ spikes=$(( $(summary "$DIR/lr0.json" loss_spike) + $(summary "$DIR/lr0.json" non
 echo "ok: lr 100x too high -> $(grep -m1 'diagnostic: instability' "$DIR/lr_worker0.log" | cut -c1-90)..."
 
 # --- 2. A straggler --------------------------------------------------------
-shard st -- --listen=127.0.0.1:0 --num_workers=2 --optimizer=adam \
+shard st -- --listen=127.0.0.1:0 --num_workers=2 --optimizer=adam --bias_correction=false \
   --pull_codec=onebit || exit 1
 port=$(cat "$DIR/st.port")
 for w in 0 1; do

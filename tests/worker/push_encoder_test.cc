@@ -153,3 +153,58 @@ TEST(PushEncoderMasking, RefusedWithADenseCodecOrWithoutTheWorkersMomentum) {
 
 }  // namespace
 }  // namespace pserver
+
+namespace pserver {
+namespace {
+
+// Issue 27: buffers (TENSOR_KIND_BUFFER) are pushed as they are, in every
+// stage: exactly (fp32, WithExactBuffers), neither preconditioned nor
+// turned into the worker's momentum, while the parameters around them are.
+TEST(PushEncoderBuffers, BuffersArePushedRawAndExactInTheCompressionStage) {
+  PushCodecs codecs;
+  codecs.push = v1::CODEC_ONEBIT;
+  codecs.warmup = v1::CODEC_BF16;
+  auto e = PushEncoder::Create(codecs, kN, /*freezes=*/true,
+                               v1::GRADIENT_SPACE_PRECONDITIONED, kBeta);
+  ASSERT_TRUE(e.ok()) << e.status();
+  TensorSlot a{"a", 0, 700, 0}, bn{"bn", 700, 300, 0};
+  bn.buffer = true;
+  const std::vector<TensorSlot> slots = {a, bn};
+  (*e)->UseTensorCodecs(CodecPlan::ForSlice(
+      slots, {0, kN},
+      WithExactBuffers(slots, std::vector<const Codec*>(2, nullptr))));
+  (*e)->SetRawRanges({{700, kN}});
+  const std::vector<float> g = RandomGradient(3);
+  // Warmup: bf16 for the parameters, the buffer exact.
+  v1::PushRequest warm;
+  ASSERT_TRUE((*e)->EncodeChunk(g, 0, 1, &warm).ok());
+  ASSERT_EQ(warm.gradient().codec(), v1::CODEC_SEGMENTS);
+  EXPECT_EQ(warm.gradient().segments(0).codec(), v1::CODEC_BF16);
+  EXPECT_EQ(warm.gradient().segments(1).codec(), v1::CODEC_FP32);
+  std::vector<float> buf = Decoded(warm.gradient().segments(1));
+  for (uint64_t i = 0; i < 300; ++i) ASSERT_EQ(buf[i], g[700 + i]) << i;
+  // Compression: D = 4 everywhere (v = 1/16), momentum with kBeta.
+  auto d = Preconditioner::FromVariance(std::vector<float>(kN, 0.0625f), 0.0f);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(
+      (*e)->SetStage(v1::OPTIMIZER_STAGE_COMPRESSION, *std::move(d)).ok());
+  for (uint64_t round = 0; round < 2; ++round) {
+    v1::PushRequest req;
+    ASSERT_TRUE((*e)->EncodeChunk(g, 0, 2 + round, &req).ok());
+    EXPECT_TRUE(req.momentum());
+    EXPECT_EQ(req.space(), v1::GRADIENT_SPACE_PRECONDITIONED);
+    ASSERT_EQ(req.gradient().segments_size(), 2);
+    EXPECT_EQ(req.gradient().segments(0).codec(), v1::CODEC_ONEBIT);
+    buf = Decoded(req.gradient().segments(1));
+    for (uint64_t i = 0; i < 300; ++i) {
+      ASSERT_EQ(buf[i], g[700 + i]) << "round " << round << " element " << i;
+    }
+    // The parameters' momentum is (1 - beta) D g after the first round.
+    if (round == 0) {
+      EXPECT_FLOAT_EQ((*e)->momentum()[5], (1.0f - kBeta) * 4.0f * g[5]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pserver

@@ -1,0 +1,463 @@
+// Issue 27: learning-rate schedules, per-tensor hyper-parameter groups,
+// hyper-parameters pushed by the workers, and buffers that are averaged
+// rather than optimized.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/checksum.h"
+#include "common/layout.h"
+#include "common/rejection.h"
+#include "gtest/gtest.h"
+#include "server/lr_schedule.h"
+#include "server/moment_optimizer.h"
+#include "server/round_hyper.h"
+#include "server/shard.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_util/temp_dir.h"
+
+namespace pserver {
+namespace {
+
+using testing_util::DecodeAll;
+using testing_util::Fp32Tensor;
+using testing_util::Gradient;
+using testing_util::InitialWeights;
+using testing_util::PullRequestFor;
+using testing_util::PushRequestFor;
+
+// ---- The shards' schedule ------------------------------------------------
+
+TEST(LrSchedule, LinearWarmupThenConstant) {
+  LrSchedule s{1.0f, 4, LrDecay::kConstant, 0, 0.0f};
+  const std::vector<float> want = {0.25f, 0.5f, 0.75f, 1.0f, 1.0f, 1.0f};
+  for (uint64_t t = 0; t < want.size(); ++t) {
+    EXPECT_FLOAT_EQ(ScheduledLr(s, t), want[t]) << "round " << t;
+  }
+  EXPECT_FLOAT_EQ(ScheduledLr(s, 1000000), 1.0f);
+}
+
+TEST(LrSchedule, CosineFromPeakToMinimumAfterWarmup) {
+  LrSchedule s{1.0f, 2, LrDecay::kCosine, 10, 0.1f};
+  EXPECT_FLOAT_EQ(ScheduledLr(s, 0), 0.5f);
+  EXPECT_FLOAT_EQ(ScheduledLr(s, 2), 1.0f);  // decay's first round: the peak
+  EXPECT_NEAR(ScheduledLr(s, 7), 0.55f, 1e-6);  // half way: (1 + 0.1) / 2
+  EXPECT_NEAR(ScheduledLr(s, 4), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.2)),
+              1e-6);
+  EXPECT_FLOAT_EQ(ScheduledLr(s, 12), 0.1f);
+  EXPECT_FLOAT_EQ(ScheduledLr(s, 500), 0.1f);
+}
+
+TEST(LrSchedule, LinearDecayWithoutWarmup) {
+  LrSchedule s{1.0f, 0, LrDecay::kLinear, 4, 0.0f};
+  const std::vector<float> want = {1.0f, 0.75f, 0.5f, 0.25f, 0.0f, 0.0f};
+  for (uint64_t t = 0; t < want.size(); ++t) {
+    EXPECT_FLOAT_EQ(ScheduledLr(s, t), want[t]) << "round " << t;
+  }
+}
+
+TEST(LrSchedule, BadSettingsAreRefusedByName) {
+  absl::Status s = ValidateLrSchedule({1.0f, 0, LrDecay::kCosine, 0, 0.0f});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("lr_decay_rounds"), std::string::npos) << s;
+  s = ValidateLrSchedule({1.0f, 0, LrDecay::kLinear, 5, 2.0f});
+  EXPECT_NE(s.message().find("min_lr is 2"), std::string::npos) << s;
+  absl::StatusOr<LrDecay> d = ParseLrDecay("exponential");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("constant, linear or cosine"),
+            std::string::npos);
+  OptimizerConfig c;
+  c.lr_decay = LrDecay::kCosine;
+  EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+}
+
+// ---- Groups and buffers in the optimizer ----------------------------------
+
+// torch.optim.Adam(W) in double: bias correction, decoupled weight decay.
+struct RefAdamW {
+  std::vector<double> x, m, v;
+  int t = 0;
+  void Step(const float* g, double lr, double wd, double b1 = 0.9,
+            double b2 = 0.999, double eps = 1e-8) {
+    ++t;
+    for (size_t i = 0; i < x.size(); ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * double{g[i]} * g[i];
+      const double mh = m[i] / (1 - std::pow(b1, t));
+      const double vh = v[i] / (1 - std::pow(b2, t));
+      x[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * x[i]);
+    }
+  }
+};
+
+TEST(GroupHyper, EachSegmentStepsWithItsGroupAndBuffersTakeTheMean) {
+  // Large enough that the pool splits the slice; the segments cross chunks.
+  const uint64_t n = 300000;
+  const uint64_t a = 100001, b = 250007;  // group 0 | group 1 | buffer
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  c.bias_correction = true;
+  c.lr = 123.0f;  // never used: SetHyper gives every group its own
+  MomentOptimizer opt(c, n, {{0, a, 0, false}, {a, b, 1, false},
+                             {b, n, 0, true}});
+  std::vector<float> x = InitialWeights(n);
+  RefAdamW r0, r1;
+  r0.x.assign(x.begin(), x.begin() + a);
+  r1.x.assign(x.begin() + a, x.begin() + b);
+  r0.m.assign(a, 0), r0.v.assign(a, 0);
+  r1.m.assign(b - a, 0), r1.v.assign(b - a, 0);
+  for (uint64_t t = 0; t < 5; ++t) {
+    const float lr0 = 0.01f * (t + 1), lr1 = 0.003f;
+    opt.SetHyper({{lr0, 0.1f}, {lr1, 0.0f}});
+    std::vector<float> g = Gradient(n, 0, t, 0.1f);
+    opt.Step(g, absl::MakeSpan(x));
+    r0.Step(g.data(), lr0, 0.1);
+    r1.Step(g.data() + a, lr1, 0.0);
+    for (uint64_t i = b; i < n; ++i) {
+      ASSERT_EQ(x[i], g[i]) << "buffer element " << i << " round " << t;
+    }
+  }
+  for (uint64_t i = 0; i < a; ++i) {
+    ASSERT_NEAR(x[i], r0.x[i], 1e-5) << "group 0 element " << i;
+  }
+  for (uint64_t i = a; i < b; ++i) {
+    ASSERT_NEAR(x[i], r1.x[i - a], 1e-5) << "group 1 element " << i;
+  }
+  // Buffers keep no moments.
+  for (uint64_t i = b; i < n; ++i) ASSERT_EQ(opt.m()[i], 0.0f);
+}
+
+TEST(GroupHyper, WithoutSetHyperEveryGroupTakesTheConfig) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.lr = 0.5f;
+  c.momentum = 0.0f;
+  MomentOptimizer opt(c, 8, {{0, 4, 0, false}, {4, 8, 3, false}});
+  std::vector<float> x(8, 1.0f), g(8, 1.0f);
+  opt.Step(g, absl::MakeSpan(x));
+  for (float v : x) EXPECT_EQ(v, 0.5f);
+}
+
+// ---- Layouts with groups and kinds ----------------------------------------
+
+v1::ModelLayout GroupedLayout() {
+  v1::ModelLayout l = testing_util::SmallLayout();  // w [3,256], b [256]
+  l.mutable_tensors(1)->set_group(1);
+  l.add_groups()->set_weight_decay(0.1f);
+  l.add_groups()->set_weight_decay(0.0f);
+  return l;
+}
+
+TEST(GroupLayout, BadGroupsAndKindsAreRefusedByField) {
+  v1::ModelLayout l = GroupedLayout();
+  ASSERT_TRUE(ValidateLayout(l).ok());
+  l.mutable_tensors(1)->set_group(2);
+  absl::Status s = ValidateLayout(l).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layout.tensors[1].group is 2; expected 0..1"),
+            std::string::npos) << s;
+  l = GroupedLayout();
+  l.mutable_groups(0)->set_lr_scale(-1.0f);
+  s = ValidateLayout(l).status();
+  EXPECT_NE(s.message().find("layout.groups[0].lr_scale is -1"),
+            std::string::npos) << s;
+  l = GroupedLayout();
+  l.mutable_groups(1)->set_weight_decay(NAN);
+  s = ValidateLayout(l).status();
+  EXPECT_NE(s.message().find("layout.groups[1].weight_decay"),
+            std::string::npos) << s;
+  l = GroupedLayout();
+  l.mutable_tensors(0)->set_kind(static_cast<v1::TensorKind>(9));
+  s = ValidateLayout(l).status();
+  EXPECT_NE(s.message().find("layout.tensors[0].kind is 9"), std::string::npos)
+      << s;
+  l = testing_util::SmallLayout();
+  for (int g = 0; g <= kMaxParamGroups; ++g) l.add_groups();
+  s = ValidateLayout(l).status();
+  EXPECT_NE(s.message().find("layout.groups has 257 groups"),
+            std::string::npos) << s;
+  // Without groups, group 0 is the only one.
+  l = testing_util::SmallLayout();
+  l.mutable_tensors(0)->set_group(1);
+  EXPECT_FALSE(ValidateLayout(l).ok());
+}
+
+TEST(GroupLayout, FirstDifferenceNamesGroupKindAndGroupValues) {
+  v1::ModelLayout a = GroupedLayout(), b = GroupedLayout();
+  EXPECT_EQ(FirstLayoutDifference(a, b), "");
+  b.mutable_tensors(1)->set_group(0);
+  EXPECT_EQ(FirstLayoutDifference(a, b),
+            "layout.tensors[1] ('b').group is 1, expected 0");
+  b = GroupedLayout();
+  b.mutable_tensors(1)->set_kind(v1::TENSOR_KIND_BUFFER);
+  EXPECT_EQ(FirstLayoutDifference(a, b),
+            "layout.tensors[1] ('b').kind is parameter, expected buffer");
+  b = GroupedLayout();
+  b.mutable_groups(0)->set_weight_decay(0.2f);
+  EXPECT_EQ(FirstLayoutDifference(a, b),
+            "layout.groups[0] is {lr_scale unset, weight_decay 0.1}, "
+            "expected {lr_scale unset, weight_decay 0.2}");
+}
+
+// ---- The round's hyper-parameters -----------------------------------------
+
+v1::PushRequest WithHyper(uint32_t worker,
+                          std::vector<std::pair<float, float>> values) {
+  v1::PushRequest p;
+  p.set_worker_id(worker);
+  p.set_step(3);
+  for (auto [lr, wd] : values) {
+    v1::HyperParams* h = p.add_hyper();
+    h->set_lr(lr);
+    h->set_weight_decay(wd);
+  }
+  return p;
+}
+
+TEST(RoundHyper, ValidatesCountAndValues) {
+  EXPECT_TRUE(RoundHyper::Validate(WithHyper(0, {}), 2).ok());
+  EXPECT_TRUE(RoundHyper::Validate(WithHyper(0, {{1, 0}, {2, 0.1f}}), 2).ok());
+  absl::Status s = RoundHyper::Validate(WithHyper(0, {{1, 0}}), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReasonOf(s), v1::REJECT_REASON_INVALID_FIELD);
+  EXPECT_NE(s.message().find("hyper has 1 entries; expected 0 or 2"),
+            std::string::npos) << s;
+  s = RoundHyper::Validate(WithHyper(0, {{1, 0}, {NAN, 0}}), 2);
+  EXPECT_NE(s.message().find("hyper[1].lr is nan"), std::string::npos) << s;
+  s = RoundHyper::Validate(WithHyper(0, {{1, -0.5f}}), 1);
+  EXPECT_NE(s.message().find("hyper[0].weight_decay is -0.5"),
+            std::string::npos) << s;
+}
+
+TEST(RoundHyper, BspRefusesADifferentValueNamingBothWorkers) {
+  RoundHyper h;
+  v1::PushRequest first = WithHyper(0, {{0.5f, 0.1f}});
+  ASSERT_TRUE(h.Check(first, true).ok());
+  h.Record(first);
+  EXPECT_TRUE(h.Check(WithHyper(1, {{0.5f, 0.1f}}), true).ok());
+  absl::Status s = h.Check(WithHyper(1, {{0.25f, 0.1f}}), true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(s), v1::REJECT_REASON_HYPER_MISMATCH);
+  EXPECT_NE(s.message().find("hyper of worker 1 for step 3 is [{lr 0.25, "
+                             "weight_decay 0.1}]; worker 0 pushed [{lr 0.5, "
+                             "weight_decay 0.1}]"),
+            std::string::npos) << s;
+  // No values at all is a value too: the shard's own schedule.
+  s = h.Check(WithHyper(1, {}), true);
+  EXPECT_NE(s.message().find("none (the shard's own schedule)"),
+            std::string::npos) << s;
+  // ssp/async: not checked.
+  EXPECT_TRUE(h.Check(WithHyper(1, {{0.25f, 0.1f}}), false).ok());
+  h.Clear();
+  EXPECT_TRUE(h.Check(WithHyper(1, {{0.25f, 0.1f}}), true).ok());
+}
+
+TEST(RoundHyper, WithoutPushedValuesTheScheduleScaledPerGroup) {
+  OptimizerConfig c;
+  c.lr = 2.0f;
+  c.lr_warmup_rounds = 4;
+  c.weight_decay = 0.01f;
+  v1::ModelLayout l = GroupedLayout();
+  l.mutable_groups(1)->set_lr_scale(0.5f);
+  l.mutable_groups(1)->clear_weight_decay();
+  std::vector<GroupHyper> h = RoundHyper().For(1, c, l);  // lr 2 * 2/4
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_FLOAT_EQ(h[0].lr, 1.0f);
+  EXPECT_FLOAT_EQ(h[0].weight_decay, 0.1f);
+  EXPECT_FLOAT_EQ(h[1].lr, 0.5f);
+  EXPECT_FLOAT_EQ(h[1].weight_decay, 0.01f);  // unset: the shard's
+  RoundHyper pushed;
+  pushed.Record(WithHyper(0, {{0.3f, 0.0f}, {0.2f, 0.05f}}));
+  h = pushed.For(1, c, l);
+  EXPECT_FLOAT_EQ(h[1].lr, 0.2f);
+  EXPECT_FLOAT_EQ(h[1].weight_decay, 0.05f);
+}
+
+// ---- Through a shard -------------------------------------------------------
+
+constexpr uint64_t kN = testing_util::kSmallElements;  // w: 768, b: 256
+
+std::unique_ptr<Shard> Registered(const ShardConfig& c,
+                                  const v1::ModelLayout& layout,
+                                  const std::vector<float>& x0) {
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(c, nullptr);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  if (!shard.ok()) return nullptr;
+  for (uint32_t w = 0; w < c.num_workers; ++w) {
+    v1::RegisterRequest r =
+        testing_util::RegisterRequestFor(w, c.num_workers, x0);
+    *r.mutable_layout() = layout;
+    absl::StatusOr<v1::RegisterResponse> resp = (*shard)->Register(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+  }
+  return std::move(shard).value();
+}
+
+std::vector<float> Snapshot(Shard& shard, uint64_t step) {
+  absl::StatusOr<v1::PullResponse> r = shard.PullBlocking(
+      PullRequestFor(0, step, -1, 0, /*want_snapshot=*/true),
+      absl::Seconds(10));
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? DecodeAll(r->weights()) : std::vector<float>();
+}
+
+TEST(ShardHyper, PushedValuesStepEachGroupAsAdamW) {
+  ShardConfig c = testing_util::ExactSgdConfig(2);
+  c.optimizer.kind = OptimizerKind::kAdam;
+  c.optimizer.bias_correction = true;
+  c.optimizer.lr = 5.0f;  // overridden by every push
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> shard = Registered(c, GroupedLayout(), x0);
+  ASSERT_NE(shard, nullptr);
+  RefAdamW ref;
+  ref.x.assign(x0.begin(), x0.begin() + 768);
+  ref.m.assign(768, 0), ref.v.assign(768, 0);
+  for (uint64_t t = 0; t < 3; ++t) {
+    const float lr = 0.01f / (t + 1);
+    std::vector<float> mean(kN, 0.0f);
+    for (uint32_t w = 0; w < 2; ++w) {
+      std::vector<float> g = Gradient(kN, w, t, 0.1f);
+      for (uint64_t i = 0; i < kN; ++i) mean[i] += g[i] / 2;
+      v1::PushRequest p = PushRequestFor(w, t, Fp32Tensor(g));
+      v1::HyperParams* h0 = p.add_hyper();
+      h0->set_lr(lr);
+      h0->set_weight_decay(0.1f);
+      p.add_hyper();  // group 1 (the bias): lr 0, weight decay 0
+      absl::StatusOr<v1::PushResponse> r = shard->Push(p);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    ref.Step(mean.data(), lr, 0.1);
+  }
+  std::vector<float> x = Snapshot(*shard, 3);
+  ASSERT_EQ(x.size(), kN);
+  for (uint64_t i = 0; i < 768; ++i) ASSERT_NEAR(x[i], ref.x[i], 1e-6) << i;
+  for (uint64_t i = 768; i < kN; ++i) ASSERT_EQ(x[i], x0[i]) << i;
+}
+
+TEST(ShardHyper, DisagreeingWorkersAreRefusedAndTheStateIsUnchanged) {
+  ShardConfig c = testing_util::ExactSgdConfig(2);
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> shard = Registered(c, GroupedLayout(), x0);
+  ASSERT_NE(shard, nullptr);
+  auto push = [&](uint32_t w, float lr) {
+    v1::PushRequest p =
+        PushRequestFor(w, 0, Fp32Tensor(Gradient(kN, w, 0, 0.1f)));
+    for (int g = 0; g < 2; ++g) {
+      v1::HyperParams* h = p.add_hyper();
+      h->set_lr(lr);
+      h->set_weight_decay(0.0f);
+    }
+    return shard->Push(p);
+  };
+  ASSERT_TRUE(push(0, 0.5f).ok());
+  const v1::GetStatusResponse before = shard->Status();
+  absl::StatusOr<v1::PushResponse> refused = push(1, 0.25f);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(refused.status()), v1::REJECT_REASON_HYPER_MISMATCH);
+  EXPECT_NE(refused.status().message().find("worker 1"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("worker 0 pushed"),
+            std::string::npos);
+  const v1::GetStatusResponse after = shard->Status();
+  EXPECT_EQ(after.state_checksum(), before.state_checksum());
+  EXPECT_EQ(after.pushes_pending(), before.pushes_pending());
+  EXPECT_EQ(after.current_step(), 0u);
+  // A wrong count is malformed, not a disagreement.
+  v1::PushRequest bad = PushRequestFor(1, 0, Fp32Tensor(Gradient(kN, 1, 0)));
+  bad.add_hyper()->set_lr(0.5f);
+  EXPECT_EQ(ReasonOf(shard->Push(bad).status()),
+            v1::REJECT_REASON_INVALID_FIELD);
+  // The agreeing push completes the round with the agreed rate.
+  ASSERT_TRUE(push(1, 0.5f).ok());
+  EXPECT_EQ(shard->Status().current_step(), 1u);
+  std::vector<float> x = Snapshot(*shard, 1);
+  std::vector<float> g0 = Gradient(kN, 0, 0, 0.1f), g1 = Gradient(kN, 1, 0, 0.1f);
+  for (uint64_t i = 0; i < kN; i += 97) {
+    EXPECT_NEAR(x[i], x0[i] - 0.5f * (g0[i] + g1[i]) / 2, 1e-6) << i;
+  }
+}
+
+TEST(ShardHyper, TheScheduleInForceSurvivesACheckpointRestore) {
+  const std::string dir = testing_util::MakeTempDir("hyper_ckpt");
+  ShardConfig c = testing_util::ExactSgdConfig(1);
+  c.optimizer.lr = 1.0f;
+  c.optimizer.lr_warmup_rounds = 4;
+  c.checkpoint_dir = dir;
+  c.checkpoint_every = 0;
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> a = Registered(c, testing_util::SmallLayout(), x0);
+  ASSERT_NE(a, nullptr);
+  auto round = [](Shard& s, uint64_t t) {
+    ASSERT_TRUE(s.Push(PushRequestFor(0, t, Fp32Tensor(Gradient(kN, 0, t))))
+                    .ok());
+  };
+  round(*a, 0);
+  round(*a, 1);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  const std::vector<float> x2 = Snapshot(*a, 2);
+  absl::StatusOr<std::unique_ptr<Shard>> b = Shard::Create(c, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ((*b)->Status().current_step(), 2u);
+  round(*a, 2);
+  round(**b, 2);
+  EXPECT_EQ((*b)->Status().state_checksum(), a->Status().state_checksum());
+  // Round 2 of a 4-round warmup steps with lr 3/4, on both.
+  const std::vector<float> x3 = Snapshot(**b, 3);
+  const std::vector<float> g = Gradient(kN, 0, 2);
+  for (uint64_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(x3[i], x2[i] - 0.75f * g[i]) << i;
+  }
+}
+
+TEST(ShardHyper, BuffersAreTheWorkersMeanAndPullExactly) {
+  // 1-bit Adam with 1-bit pulls: the parameters' pulls are lossy, the
+  // buffer's are not.
+  ShardConfig c = testing_util::OneBitAdamConfig(2, /*freeze_step=*/2);
+  v1::ModelLayout layout = testing_util::SmallLayout();
+  layout.mutable_tensors(1)->set_kind(v1::TENSOR_KIND_BUFFER);
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> shard = Registered(c, layout, x0);
+  ASSERT_NE(shard, nullptr);
+  std::vector<float> replica = x0;
+  for (uint64_t t = 0; t < 4; ++t) {
+    const bool frozen =
+        shard->Status().stage() == v1::OPTIMIZER_STAGE_COMPRESSION;
+    for (uint32_t w = 0; w < 2; ++w) {
+      std::vector<float> g = Gradient(kN, w, t, 0.1f);
+      for (uint64_t i = 768; i < kN; ++i) {
+        g[i] = static_cast<float>(w * 2 + 1) * (t + 1) + 0.25f * i;
+      }
+      v1::PushRequest p = PushRequestFor(
+          w, t, Fp32Tensor(g),
+          frozen ? v1::GRADIENT_SPACE_PRECONDITIONED : v1::GRADIENT_SPACE_RAW);
+      absl::StatusOr<v1::PushResponse> r = shard->Push(p);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    absl::StatusOr<v1::PullResponse> pulled = shard->PullBlocking(
+        PullRequestFor(0, t + 1, static_cast<int64_t>(t),
+                       ChecksumOf(replica)),
+        absl::Seconds(10));
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    ASSERT_EQ(pulled->kind(), v1::PULL_KIND_DELTA);
+    // A delta: 1-bit for the parameters, fp32 for the buffer.
+    const v1::EncodedTensor& d = pulled->weights();
+    ASSERT_EQ(d.codec(), v1::CODEC_SEGMENTS);
+    ASSERT_EQ(d.segments_size(), 2);
+    EXPECT_EQ(d.segments(0).codec(), v1::CODEC_ONEBIT);
+    EXPECT_EQ(d.segments(1).codec(), v1::CODEC_FP32);
+    ASSERT_TRUE(DecoderFor(d.codec())
+                    ->DecodeAccumulate(d, 1.0f, absl::MakeSpan(replica))
+                    .ok());
+    EXPECT_EQ(ChecksumOf(replica), pulled->replica_checksum());
+    for (uint64_t i = 768; i < kN; ++i) {
+      // Mean of (1, 3) * (t + 1) + 0.25 i, exact in float.
+      ASSERT_EQ(replica[i], 2.0f * (t + 1) + 0.25f * i)
+          << "element " << i << " after round " << t;
+    }
+  }
+  EXPECT_EQ(shard->Status().stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+}
+
+}  // namespace
+}  // namespace pserver
