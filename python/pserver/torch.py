@@ -1,22 +1,28 @@
 """pserver.torch.DistributedOptimizer: a PyTorch training loop through pserver.
 
     import pserver, pserver.torch
-    opt = pserver.torch.DistributedOptimizer(model.named_parameters(),
-                                             **pserver.init(), push_codec="onebit")
+    opt = pserver.torch.DistributedOptimizer(
+        [{"params": decay, "weight_decay": 0.1},
+         {"params": no_decay, "weight_decay": 0.0}],
+        **pserver.init(), lr=3e-4, module=model, max_grad_norm=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
     for x, y in data:
-        loss = loss_fn(model(x), y)
-        loss.backward()
+        loss_fn(model(x), y).backward()
         opt.step()        # push the gradient, load the new weights in place
         opt.zero_grad()
+        sched.step()
 
-The update itself (1-bit Adam, Adam or SGD, learning rate, betas, ...) runs on
-the shards and is set by the pserver_server flags, not here; `lr` and other
-entries in param_groups are not read. Every worker of a round must call step()
-once per step (bulk-synchronous).
+The update runs on the shards: its kind (Adam, 1-bit Adam, SGD), betas, eps
+and momentum are the pserver_server flags; each group's lr and weight_decay
+in param_groups travel with the pushes, so torch.optim.lr_scheduler works.
+Every worker of a round calls step() once per step (bulk-synchronous).
 """
+
+import copy
 
 import torch
 
+from pserver import _flat, _groups
 from pserver._native import Client
 from pserver.env import init
 
@@ -30,79 +36,97 @@ def _as_float(loss):
     return None
 
 
+def _sparse_modules(module, layout_ids):
+    """Names of the layout's parameters that a sparse embedding owns."""
+    out = []
+    for prefix, m in module.named_modules():
+        if (isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                and m.sparse and id(m.weight) in layout_ids):
+            out.append(f"{prefix}.weight" if prefix else "weight")
+    return out
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """torch.optim.Optimizer whose step() goes through the pserver shards.
 
-    The model layout is the named parameters that require grad, in the order
-    given (names and shapes): every worker must pass the same model, or the
-    shards refuse it (pserver.Error with the shard's message, which names the
-    first differing tensor). Parameters with requires_grad=False are left out
-    of the layout: they are neither sent nor updated, and stay whatever each
-    worker sets them to. Buffers (e.g. BatchNorm running statistics) are not
-    parameters: they are the user's to keep in step.
+    params: what torch.optim takes: tensors, (name, tensor) pairs, or
+    param-group dicts ({"params": ..., "lr", "weight_decay", "betas",
+    "eps", and pserver's "lr_scale"}; a group's params may also be pairs).
+    Names: a pair's own; with module=, the module's name for the tensor;
+    else "group<g>.param<i>". The layout is the tensors that require grad,
+    in the order given (every worker must give the same), then the module's
+    buffers; frozen tensors (requires_grad=False) stay in their group but
+    are neither sent nor updated. Parameters: float32, bfloat16 or float16,
+    on the CPU or a CUDA device; the shards keep fp32 master weights, the
+    fp32 replica stays on the host and each parameter gets it rounded to its
+    own dtype.
 
-    At construction every worker registers; rank 0 first installs its
-    parameters on the shards, the others wait for it (up to retry_budget
-    seconds), so on return every worker's parameters are rank 0's.
+    Hyper-parameters: each group's "lr" and "weight_decay" (decoupled, as
+    AdamW's; L2 for sgd) are sent with every push once the caller has given
+    an lr (here or in a group) or anything (a scheduler) has changed a
+    group's lr / weight_decay from what construction filled in; until then
+    the shards' own learning-rate schedule (pserver_server --lr and its
+    schedule flags, times the group's lr_scale) applies, with each group's
+    weight_decay. Missing entries are filled from the shards' flags at
+    construction. betas and eps (adam, onebit_adam) or momentum and
+    nesterov (sgd) are the shards': given ones must equal them (ValueError
+    naming the group, both values and the flag), and a scheduler may not
+    change them (OneCycleLR needs cycle_momentum=False). A value that is
+    not finite or is negative raises ValueError in step(), nothing sent.
+    Every worker of a round must send the same values (workers running the
+    same scheduler do); the shards refuse the round's later push otherwise
+    (pserver.Error FAILED_PRECONDITION).
 
-    Parameters must be float32 CPU tensors. step() copies the gradients into
-    one flat float32 buffer (reused each step; a parameter whose .grad is None
-    contributes zeros), blocks until the shards answer, and copies the new
-    weights into the parameters in place. A refused step (e.g. a NaN or Inf
-    gradient, refused before anything is sent) raises pserver.Error and
-    leaves the parameters unchanged.
+    module=, buffers="average" (the default with a module) | "broadcast" |
+    "none": the module's persistent floating and integer buffers (e.g.
+    BatchNorm's running statistics) join the layout as buffers: each step
+    every worker sends their values and gets back the mean over the round's
+    workers ("broadcast": rank 0's values, exact up to float rounding unless
+    the worker count is a power of two), cast back to their dtype. They
+    travel in fp32 both ways.
 
-    Keyword arguments after num_workers go to pserver.Client: warmup_codec,
-    block_size, k_fraction, bits, ef_decay, momentum_masking (True: Deep
-    Gradient Compression's momentum-factor masking, with a sparse push_codec
-    and the shards' --onebit_momentum=worker), schedule (the compression
-    schedule file the shards run, as pserver_worker --schedule) and
-    run_length (the job's rounds, for a schedule's fractions), seed,
-    rpc_timeout, pull_timeout,
-    retry_budget, metrics_listen ("host:port", port 0 for any free one:
-    serve the worker's Prometheus metrics on http://host:port/metrics, as
-    pserver_worker --metrics_listen does; see metrics_port), tls_ca,
-    tls_cert, tls_key, auth_token_file (paths, as pserver_worker's flags:
-    tls_ca turns TLS on, tls_cert/tls_key add a client certificate for
-    mutual TLS, the token file, or else $PSERVER_AUTH_TOKEN, the bearer
-    token; see client.security). servers/worker_id/num_workers default to pserver.init()
-    (PSERVER_SERVERS, RANK, WORLD_SIZE).
-
-    state_dict()/load_state_dict() carry the client's error-feedback
-    residuals, so a restarted worker loses none of the gradient it has not
-    sent yet.
+    max_grad_norm=X clips this worker's whole gradient to L2 norm X (as
+    torch.nn.utils.clip_grad_norm_, over the parameters with a gradient)
+    before it is encoded: per-worker clipping; the mean of the workers'
+    gradients is not clipped again. last_grad_norm is the norm before it.
 
     overlap=True pushes each parameter's gradient as soon as backward has
     accumulated it, while backward computes the rest (DDP's buckets, on a
-    parameter server): the client's chunks that a gradient completes are
-    encoded and sent on a background thread, and step() only waits for what
-    is left. The result is bit-identical to overlap=False. It needs step()
-    to follow one backward pass with the gradients untouched: a gradient
-    changed after backward handed it over (clipping, scaling) raises
-    RuntimeError in step(), as does a second backward pass in one step
-    (gradient accumulation); use the default overlap=False for those. After
-    such an error the step cannot complete (its pushes are on their way):
-    make a new optimizer (or restart the worker, with its state_dict).
+    parameter server); the result is bit-identical to overlap=False. It
+    needs step() to follow one backward pass with the gradients and lr
+    untouched: a gradient or lr changed after backward handed it over
+    raises RuntimeError in step(), as does a second backward pass in one
+    step; after such an error the step cannot complete (its pushes are on
+    their way): make a new optimizer. With max_grad_norm the hooks only
+    copy and step() clips and pushes everything.
 
     local_steps=H with inner_optimizer=OPT (a torch.optim optimizer over
-    the same parameters, e.g. torch.optim.AdamW(model.parameters(),
-    lr=1e-3)) trains with local steps (DiLoCo, Douillard et al. 2023):
-    step() runs OPT on this worker's own parameters, and every H-th step()
-    pushes the weight change since the last synchronisation (through the
-    codec and error feedback, like a gradient) and loads the shards' new
-    weights; the shards run the outer optimizer (pserver_server
-    --optimizer=sgd --nesterov=true --lr=0.7 --momentum=0.9). Every worker of
-    the job must use the same H (the shards refuse another). global_step
-    then counts local steps (H per round); synchronize() pushes a partial
-    round early (e.g. at the end of training when the step count is not a
-    multiple of H). OPT's own state is the caller's to save.
+    the same parameters) trains with local steps (DiLoCo, Douillard et al.
+    2023): step() runs OPT, and every H-th step() pushes the weight change
+    since the last synchronisation (and the buffers) and loads the shards'
+    new weights; the shards run the outer optimizer (e.g. pserver_server
+    --optimizer=sgd --nesterov=true --lr=0.7 --momentum=0.9), whose lr and
+    weight decay param_groups then hold. synchronize() pushes a partial
+    round early. OPT's own state is the caller's to save.
 
-    Not yet: parameter groups added after construction.
+    Other keyword arguments go to pserver.Client (push_codec, warmup_codec,
+    block_size, k_fraction, bits, ef_decay, momentum_masking, schedule,
+    run_length, seed, rpc_timeout, pull_timeout, retry_budget,
+    metrics_listen, tls_ca, tls_cert, tls_key, auth_token_file: see
+    docs/python.md). servers/worker_id/num_workers default to
+    pserver.init() (PSERVER_SERVERS, RANK, WORLD_SIZE).
+
+    At construction every worker registers; rank 0 installs its parameters
+    and buffers, the others wait for it (up to retry_budget seconds), so on
+    return every worker holds rank 0's values (or the model the shards
+    already held). state_dict() is torch's layout plus the client's record.
     """
 
-    def __init__(self, named_parameters, servers=None, worker_id=None,
+    def __init__(self, params, servers=None, worker_id=None,
                  num_workers=None, push_codec="onebit", overlap=False,
-                 local_steps=1, inner_optimizer=None, **client_options):
+                 local_steps=1, inner_optimizer=None, *, lr=None,
+                 weight_decay=None, betas=None, eps=None, module=None,
+                 buffers=None, max_grad_norm=None, **client_options):
         if (not isinstance(local_steps, int) or isinstance(local_steps, bool)
                 or not 1 <= local_steps <= 100000):
             raise ValueError(f"local_steps is {local_steps!r}; expected an "
@@ -118,65 +142,91 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError("overlap=True pushes gradients during "
                                  "backward; with local_steps > 1 nothing is "
                                  "pushed per step: use overlap=False")
+            if max_grad_norm is not None:
+                raise ValueError("max_grad_norm clips the pushed gradient; "
+                                 "with local_steps > 1 a weight change is "
+                                 "pushed: clip the inner optimizer's "
+                                 "gradients with clip_grad_norm_ instead")
         elif inner_optimizer is not None:
             raise ValueError("inner_optimizer is set but local_steps is 1; "
                              "expected local_steps > 1 with it")
+        if max_grad_norm is not None:
+            max_grad_norm = _groups.hyper_value(max_grad_norm,
+                                                "max_grad_norm")
+        if buffers is None:
+            buffers = "none" if module is None else "average"
+        if buffers not in _flat.BUFFER_MODES:
+            raise ValueError(f"buffers is {buffers!r}; expected one of "
+                             f"{', '.join(_flat.BUFFER_MODES)}")
+        if buffers != "none" and module is None:
+            raise ValueError(f"buffers is {buffers!r} but module is None; "
+                             "expected module=model (its buffers)")
+        if module is not None and not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module is a {type(module).__name__}; expected "
+                            "a torch.nn.Module")
         self._local_steps = local_steps
         self._inner = inner_optimizer
         self._local_done = 0  # local steps since the last synchronisation
+        self._max_grad_norm = max_grad_norm
+        self.last_grad_norm = None
         where = init(servers, worker_id, num_workers)
-        names, params = [], []
-        for item in named_parameters:
-            if not (isinstance(item, tuple) and len(item) == 2):
-                raise TypeError("named_parameters yields "
-                                f"{type(item).__name__}; expected (name, "
-                                "tensor) pairs, e.g. model.named_parameters()")
-            name, p = item
-            if not isinstance(p, torch.Tensor):
-                raise TypeError(f"parameter {name!r} is a {type(p).__name__}; "
-                                "expected a torch.Tensor")
-            if not p.requires_grad:
-                continue
-            if p.dtype != torch.float32:
-                raise TypeError(f"parameter {name!r} has dtype {p.dtype}; "
-                                "expected torch.float32")
-            if p.device.type != "cpu":
-                raise ValueError(f"parameter {name!r} is on {p.device}; "
-                                 "expected a CPU tensor")
-            if p.is_sparse:
-                raise ValueError(f"parameter {name!r} is sparse; expected a "
-                                 "dense tensor")
-            names.append(name)
-            params.append(p)
-        if not params:
-            raise ValueError("named_parameters has no parameter that "
-                             "requires grad; expected at least one")
+
+        hyper = _groups.GroupHyper(lr, weight_decay, betas, eps)
+        torch_groups, layout, group_of = [], [], []
+        for g, (given, entries) in enumerate(_groups.split(params, module)):
+            group = hyper.prepare(g, given)
+            group["params"] = [p for _, p in entries]
+            torch_groups.append(group)
+            trainable = [(n, p) for n, p in entries if p.requires_grad]
+            for n, p in trainable:
+                _flat.check_parameter(n, p)
+            if trainable:
+                group_of += [len(hyper.sent_groups)] * len(trainable)
+                hyper.sent_groups.append(g)
+                layout += trainable
+        if not layout:
+            raise ValueError("params has no parameter that requires grad; "
+                             "expected at least one")
+        if module is not None:
+            sparse = _sparse_modules(module, {id(p) for _, p in layout})
+            if sparse:
+                raise ValueError(
+                    f"parameter {sparse[0]!r} belongs to an embedding with "
+                    "sparse=True; expected dense gradients (sparse=False)")
+        bufs = []
+        if buffers != "none":
+            bufs = _flat.module_buffers(module, {n for n, _ in layout})
         self._sizing = True
-        super().__init__(params, {})
+        super().__init__(torch_groups, dict(hyper.defaults))
         self._sizing = False
-        self._names = names
-        self._params = params
-        self._shapes = [list(p.shape) for p in params]
-        self._offsets = []
-        total = 0
-        for p in params:
-            self._offsets.append((total, total + p.numel()))
-            total += p.numel()
-        self._grad = torch.zeros(total, dtype=torch.float32)
-        self._weights = torch.empty(total, dtype=torch.float32)
-        self._copy_params_to(self._weights)
+        self._hyper = hyper
         self._where = where
+        self._flat = _flat.FlatLayout(layout, bufs, buffers,
+                                      where["worker_id"],
+                                      where["num_workers"])
+        flat = self._flat
+        flat.values_into(flat.weights)
         self.client = Client(where["servers"], where["worker_id"],
                              where["num_workers"], push_codec=push_codec,
                              local_steps=local_steps, **client_options)
-        self.client.register(names, self._shapes, self._weights,
-                             out=self._weights)
-        self._load_weights()
+        self.client.register(flat.names, flat.shapes, flat.weights,
+                             out=flat.weights,
+                             groups=group_of + [0] * len(bufs),
+                             kinds=flat.kinds,
+                             group_specs=hyper.specs(self.param_groups))
+        # Checked before anything is loaded: a refusal leaves the
+        # parameters as they were.
+        hyper.fill(self.param_groups, self.defaults,
+                   self.client.shard_config)
+        flat.load()
+        self._sent_hyper = None  # what client.set_hyper last got
+        self._step_hyper = None  # what an overlapped step started with
         self._overlap = bool(overlap)
-        self._handed = [False] * len(params)
+        self._handed = [False] * len(flat.params)
+        self._defer = False  # this step's hooks leave everything to step()
         self._hooks = []
         if self._overlap:
-            for i, p in enumerate(params):
+            for i, p in enumerate(flat.params):
                 # The gradient accumulator's hook runs once p.grad holds this
                 # backward pass's sum (torch 1.13 has no post-accumulate hook
                 # on the tensor itself).
@@ -192,25 +242,44 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _gradient_ready(self, i):
+        flat = self._flat
         if self._handed[i]:
             raise RuntimeError(
-                f"DistributedOptimizer: the gradient of {self._names[i]!r} "
-                "arrived twice in one step (several backward passes per "
-                "step, e.g. gradient accumulation); construct it with "
-                "overlap=False for that")
-        if not self.client.in_step:
-            self.client.start_step(self._grad)
-        b, e = self._offsets[i]
-        self._grad[b:e].copy_(self._params[i].grad.reshape(-1))
+                f"DistributedOptimizer: the gradient of "
+                f"{flat.param_names[i]!r} arrived twice in one step "
+                "(several backward passes per step, e.g. gradient "
+                "accumulation); construct it with overlap=False for that")
+        if self._defer:
+            return
+        clipping = self._max_grad_norm is not None
+        if not clipping and not self.client.in_step:
+            try:
+                hyper = self._hyper.to_send(self.param_groups)
+                flat.check_sparse()
+            except (TypeError, ValueError):
+                # step() raises it, with nothing sent.
+                self._defer = True
+                return
+            self._set_hyper(hyper)
+            self._step_hyper = hyper
+            self.client.start_step(flat.grad)
+        flat.copy_grad(i)
         self._handed[i] = True
-        self.client.gradient_ready(b, e)
+        if not clipping:
+            self.client.gradient_ready(*flat.offsets[i])
+
+    def _set_hyper(self, hyper):
+        if hyper != self._sent_hyper:
+            self.client.set_hyper(hyper)
+            self._sent_hyper = hyper
 
     def add_param_group(self, param_group):
         if not getattr(self, "_sizing", False):
-            raise NotImplementedError(
-                "DistributedOptimizer: the layout is fixed when the optimizer "
-                "registers with the shards; pass every parameter to the "
-                "constructor")
+            raise ValueError(
+                "DistributedOptimizer.add_param_group: the layout is fixed "
+                "when the optimizer registers with the shards; expected "
+                "every group at construction (a parameter to unfreeze "
+                "later must be there too, and requires_grad then)")
         super().add_param_group(param_group)
 
     @property
@@ -241,99 +310,131 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """Pushes this worker's gradient (and buffers) with the groups' lr
+        and weight decay, waits for the round, and loads the new weights.
+        Raises before anything is sent, changing nothing: ValueError for a
+        group's value (naming it) or a sparse gradient; pserver.Error for a
+        refused push (e.g. a non-finite gradient)."""
         if self._local_steps > 1:
             return self._local_step(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        flat = self._flat
         overlapped = self.client.in_step
-        for i, (p, (b, e)) in enumerate(zip(self._params, self._offsets)):
-            if self._handed[i]:
-                # Handed over by its hook during backward: what was pushed
-                # must be what the caller now holds.
-                if not torch.equal(self._grad[b:e], p.grad.reshape(-1)):
-                    raise RuntimeError(
-                        f"DistributedOptimizer: the gradient of "
-                        f"{self._names[i]!r} changed after backward handed it "
-                        "over (clipping or scaling between backward and "
-                        "step?); with overlap=True gradients are pushed as "
-                        "backward produces them; use overlap=False")
-                continue
-            if p.grad is None:
-                self._grad[b:e].zero_()
-            elif p.grad.is_sparse:
-                raise ValueError("a sparse gradient is not supported; "
-                                 "expected dense gradients")
-            else:
-                self._grad[b:e].copy_(p.grad.reshape(-1))
-        # The replica goes into the reused buffer only when the step
-        # succeeded (the client checks sizes and writes nothing otherwise).
         try:
+            hyper = self._hyper.to_send(self.param_groups)
+            if overlapped and hyper != self._step_hyper:
+                raise RuntimeError(
+                    "DistributedOptimizer: a group's lr or weight_decay "
+                    "changed after backward started the step (with "
+                    "overlap=True they go with the first gradient): set "
+                    "them before backward, or use overlap=False")
+            flat.check_sparse()
+            present = []
+            for i, p in enumerate(flat.params):
+                if self._handed[i]:
+                    # Handed over (or, clipping, copied) by its hook during
+                    # backward: it must be what the caller now holds.
+                    if not flat.grad_unchanged(i):
+                        raise RuntimeError(
+                            f"DistributedOptimizer: the gradient of "
+                            f"{flat.param_names[i]!r} changed after "
+                            "backward handed it over (clipping or scaling "
+                            "between backward and step?); with overlap=True "
+                            "gradients are pushed as backward produces "
+                            "them: clip with max_grad_norm=, or use "
+                            "overlap=False")
+                else:
+                    flat.copy_grad(i)
+                if p.grad is not None:
+                    present.append(i)
+            flat.put_buffers(flat.grad)
             if overlapped:
-                self.client.finish_step(self._weights, loss=_as_float(loss))
+                self.client.finish_step(flat.weights, loss=_as_float(loss))
             else:
-                self.client.step(self._grad, self._weights,
+                if self._max_grad_norm is not None:
+                    self.last_grad_norm = flat.clip(self._max_grad_norm,
+                                                    present)
+                self._set_hyper(hyper)
+                self.client.step(flat.grad, flat.weights,
                                  loss=_as_float(loss))
         finally:
             if not self.client.in_step:
-                self._handed = [False] * len(self._params)
-        self._load_weights()
+                self._handed = [False] * len(flat.params)
+                self._defer = False
+        flat.load()
         return loss
 
     def _local_step(self, closure):
         loss = self._inner.step(closure)
         self._local_done += 1
-        if self._local_done == self._local_steps:
+        if self._local_done >= self._local_steps:
             self.synchronize(loss)
         return loss
 
     @torch.no_grad()
     def synchronize(self, loss=None):
         """With local_steps > 1: pushes the weight change since the last
-        synchronisation now (a no-op when there is none) and loads the new
-        weights. A refused push raises pserver.Error and changes nothing."""
+        synchronisation now (a no-op when there is none), with the buffers,
+        and loads the new weights. A refused push raises (ValueError for a
+        group's value, pserver.Error from the shards) and changes nothing."""
         if self._local_steps == 1 or self._local_done == 0:
             return
-        # The replica (self._weights) minus the local weights: what the
-        # local steps moved, pushed in place of a gradient.
-        self._copy_params_to(self._grad)
-        torch.sub(self._weights, self._grad, out=self._grad)
-        self.client.step(self._grad, self._weights, loss=_as_float(loss))
+        hyper = self._hyper.to_send(self.param_groups)
+        flat = self._flat
+        # The replica minus the local weights: what the local steps moved,
+        # pushed in place of a gradient.
+        end = flat.param_end
+        flat.params_into(flat.grad)
+        torch.sub(flat.weights[:end], flat.grad[:end], out=flat.grad[:end])
+        flat.put_buffers(flat.grad)
+        self._set_hyper(hyper)
+        self.client.step(flat.grad, flat.weights, loss=_as_float(loss))
         self._local_done = 0
-        self._load_weights()
+        flat.load()
 
     def state_dict(self):
-        """The worker's state, for torch.save and a restarted worker.
+        """torch.optim's layout plus the worker's record, for torch.save.
 
-        Returns a dict of plain values: "pserver_client_state" (bytes: the
+        "state" is empty (Adam's moments live on the shards, in their
+        checkpoints) and "param_groups" is torch's (every entry but the
+        parameters, which are indices), so a scheduler's state and
+        torch.save({"model": ..., "optimizer": opt.state_dict()}) work as
+        with torch.optim. Added: "pserver_client_state" (bytes: the
         client's record, the one pserver_worker writes for --state_file:
-        every shard's error-feedback residuals of both stages, the worker
-        id and count, the shard ranges and the step), "layout" (the
-        (name, shape) pairs registered), "worker_id", "num_workers" and
-        "global_step". The optimizer's own state (moments, variance) lives
-        on the shards and is in their checkpoints, not here.
+        error-feedback residuals, worker id and count, shard ranges, step),
+        "layout" (the (name, shape) pairs registered, buffers included),
+        "worker_id", "num_workers", "global_step" and
+        "pserver_hyper_from_client" (whether the groups' values are sent).
         """
-        return {
+        out = super().state_dict()
+        flat = self._flat
+        out.update({
             "pserver_client_state": self.client.serialize_state(),
-            "layout": [(n, tuple(s)) for n, s in zip(self._names,
-                                                     self._shapes)],
+            "layout": [(n, tuple(s)) for n, s in zip(flat.names,
+                                                     flat.shapes)],
             "worker_id": self._where["worker_id"],
             "num_workers": self._where["num_workers"],
             "global_step": self.client.global_step,
-        }
+            "pserver_hyper_from_client": self._hyper.from_client,
+        })
+        return out
 
     def load_state_dict(self, state_dict):
         """Restores a state_dict() of this worker (after a restart).
 
         Call it after construction (which registered and loaded the shards'
-        weights) and before the next step(). Refused, with nothing changed:
-        ValueError for something that is not such a dict or was saved for
-        another model (naming the first differing tensor); pserver.Error
-        (code FAILED_PRECONDITION) for another worker id, worker count or
-        shard count, DATA_LOSS for a damaged record. Without "layout" (a
-        dict holding only a --state_file's bytes) the record's own checks
-        (worker, worker count, shards, sizes) are all there is.
+        weights) and before the next step(). The param groups' entries
+        (lr, weight_decay, a scheduler's initial_lr, ...) are restored as
+        torch.optim does. Refused, with nothing changed: ValueError for
+        something that is not such a dict, was saved for another model
+        (naming the first differing tensor) or other groups, or holds a
+        betas / eps other than the shards'; pserver.Error (code
+        FAILED_PRECONDITION) for another worker id, worker count or shard
+        count, DATA_LOSS for a damaged record. A dict of the earlier format
+        (the record and layout, no param_groups) restores the record only.
         """
         key = "pserver_client_state"
         if not isinstance(state_dict, dict) or key not in state_dict:
@@ -345,35 +446,55 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(record, (bytes, bytearray)):
             raise ValueError(f"state_dict[{key!r}] is a "
                              f"{type(record).__name__}; expected bytes")
+        saved_groups = state_dict.get("param_groups")
+        if saved_groups is not None:
+            self._check_saved_groups(saved_groups)
         layout = state_dict.get("layout")
         if layout is not None:
-            try:
-                layout = [(str(n), [int(d) for d in shape])
-                          for n, shape in layout]
-            except (TypeError, ValueError):
-                raise ValueError("state_dict['layout'] is not a list of "
-                                 "(name, shape) pairs; expected the layout "
-                                 "of DistributedOptimizer.state_dict()") \
-                    from None
-            mine = list(zip(self._names, self._shapes))
-            for i, (saved, have) in enumerate(zip(layout, mine)):
-                if (saved[0], list(saved[1])) != (have[0], list(have[1])):
-                    raise ValueError(
-                        f"state_dict layout[{i}] is {saved[0]!r} with shape "
-                        f"{list(saved[1])}; expected {have[0]!r} with shape "
-                        f"{list(have[1])} (the state of another model)")
-            if len(layout) != len(mine):
-                raise ValueError(f"state_dict layout has {len(layout)} "
-                                 f"tensors; expected {len(mine)} (the state "
-                                 "of another model)")
+            self._check_layout(layout)
         self.client.restore_state(bytes(record), "state_dict")
+        if saved_groups is not None:
+            for group, saved in zip(self.param_groups,
+                                    copy.deepcopy(saved_groups)):
+                saved.pop("params", None)
+                group.update(saved)
+            if state_dict.get("pserver_hyper_from_client"):
+                self._hyper.from_client = True
 
-    @torch.no_grad()
-    def _copy_params_to(self, flat):
-        for p, (b, e) in zip(self._params, self._offsets):
-            flat[b:e].copy_(p.reshape(-1))
+    def _check_saved_groups(self, saved):
+        if (not isinstance(saved, list)
+                or not all(isinstance(g, dict) for g in saved)):
+            raise ValueError("state_dict['param_groups'] is not a list of "
+                             "dicts; expected DistributedOptimizer."
+                             "state_dict()'s")
+        if len(saved) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(saved)} param groups; "
+                             f"expected {len(self.param_groups)}")
+        for g, (s, mine) in enumerate(zip(saved, self.param_groups)):
+            n = len(s.get("params", ()))
+            if n != len(mine["params"]):
+                raise ValueError(f"state_dict param group {g} has {n} "
+                                 f"parameters; expected "
+                                 f"{len(mine['params'])}")
+        self._hyper.check_loaded(saved)
 
-    @torch.no_grad()
-    def _load_weights(self):
-        for p, (b, e) in zip(self._params, self._offsets):
-            p.copy_(self._weights[b:e].view_as(p))
+    def _check_layout(self, layout):
+        try:
+            layout = [(str(n), [int(d) for d in shape])
+                      for n, shape in layout]
+        except (TypeError, ValueError):
+            raise ValueError("state_dict['layout'] is not a list of "
+                             "(name, shape) pairs; expected the layout "
+                             "of DistributedOptimizer.state_dict()") \
+                from None
+        mine = list(zip(self._flat.names, self._flat.shapes))
+        for i, (saved, have) in enumerate(zip(layout, mine)):
+            if (saved[0], list(saved[1])) != (have[0], list(have[1])):
+                raise ValueError(
+                    f"state_dict layout[{i}] is {saved[0]!r} with shape "
+                    f"{list(saved[1])}; expected {have[0]!r} with shape "
+                    f"{list(have[1])} (the state of another model)")
+        if len(layout) != len(mine):
+            raise ValueError(f"state_dict layout has {len(layout)} "
+                             f"tensors; expected {len(mine)} (the state "
+                             "of another model)")
