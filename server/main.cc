@@ -214,6 +214,13 @@ int Run() {
       LoadScheduleFlag(absl::GetFlag(FLAGS_schedule));
   if (!schedule.ok()) return Fail(schedule.status().message());
   config.schedule = *std::move(schedule);
+  if (config.schedule != nullptr) {
+    if (absl::Status s =
+            ApplyLearningRateSchedule(config.schedule->proto(), &o);
+        !s.ok()) {
+      return Fail(s.message());
+    }
+  }
   absl::StatusOr<Consistency> consistency =
       ParseConsistency(absl::GetFlag(FLAGS_consistency));
   if (!consistency.ok()) {

@@ -47,6 +47,28 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   return ValidateLrSchedule(ScheduleOf(c));
 }
 
+absl::Status ApplyLearningRateSchedule(const v1::CompressionSchedule& schedule,
+                                       OptimizerConfig* config) {
+  if (!schedule.has_learning_rate()) return absl::OkStatus();
+  const v1::LearningRateSchedule& lr = schedule.learning_rate();
+  LrDecay decay = LrDecay::kConstant;
+  if (!lr.decay().empty()) {
+    absl::StatusOr<LrDecay> parsed = ParseLrDecay(lr.decay());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule learning_rate.decay is '", lr.decay(),
+          "'; expected constant, linear or cosine"));
+    }
+    decay = *parsed;
+  }
+  if (lr.has_lr()) config->lr = lr.lr();
+  config->lr_warmup_rounds = lr.warmup_rounds();
+  config->lr_decay = decay;
+  config->lr_decay_rounds = lr.decay_rounds();
+  config->min_lr = lr.min_lr();
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
                                          uint64_t n,
                                          std::vector<LocalSegment> segments,

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "pserver/v1/parameter_server.pb.h"
+#include "pserver/v1/schedule.pb.h"
 #include "server/lr_schedule.h"
 
 namespace pserver {
@@ -100,6 +101,13 @@ inline LrSchedule ScheduleOf(const OptimizerConfig& c) {
 }
 
 std::string OptimizerName(OptimizerKind kind);
+
+// A compression schedule file's learning_rate section in place of the
+// flags' schedule (and lr, when the file sets it); INVALID_ARGUMENT naming
+// the field for an unknown decay (config unchanged). A schedule without
+// the section changes nothing.
+absl::Status ApplyLearningRateSchedule(const v1::CompressionSchedule& schedule,
+                                       OptimizerConfig* config);
 // INVALID_ARGUMENT naming the field for out-of-range hyper-parameters.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);
 

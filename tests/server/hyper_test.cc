@@ -10,6 +10,7 @@
 #include "common/checksum.h"
 #include "common/layout.h"
 #include "common/rejection.h"
+#include "common/schedule.h"
 #include "gtest/gtest.h"
 #include "server/lr_schedule.h"
 #include "server/moment_optimizer.h"
@@ -71,6 +72,38 @@ TEST(LrSchedule, BadSettingsAreRefusedByName) {
   OptimizerConfig c;
   c.lr_decay = LrDecay::kCosine;
   EXPECT_FALSE(ValidateOptimizerConfig(c).ok());
+}
+
+TEST(LrSchedule, AScheduleFileReplacesTheFlags) {
+  absl::StatusOr<std::shared_ptr<const CompressionSchedule>> file =
+      CompressionSchedule::Parse(
+          R"({"phases": [{"push": {"codec": "fp32"}}],
+              "learning_rate": {"lr": 0.5, "warmup_rounds": 10,
+                                "decay": "cosine", "decay_rounds": 90,
+                                "min_lr": 0.05}})",
+          "test");
+  ASSERT_TRUE(file.ok()) << file.status();
+  OptimizerConfig c;
+  c.lr = 1e-3f;
+  c.lr_decay = LrDecay::kLinear;
+  ASSERT_TRUE(ApplyLearningRateSchedule((*file)->proto(), &c).ok());
+  EXPECT_EQ(c.lr, 0.5f);
+  EXPECT_EQ(c.lr_warmup_rounds, 10u);
+  EXPECT_EQ(c.lr_decay, LrDecay::kCosine);
+  EXPECT_EQ(c.lr_decay_rounds, 90u);
+  EXPECT_EQ(c.min_lr, 0.05f);
+  EXPECT_TRUE(ValidateOptimizerConfig(c).ok());
+  EXPECT_FLOAT_EQ(ScheduledLr(ScheduleOf(c), 4), 0.25f);
+  // Without the section the flags stand; a bad decay is refused by name.
+  OptimizerConfig d = c;
+  ASSERT_TRUE(ApplyLearningRateSchedule(v1::CompressionSchedule(), &d).ok());
+  EXPECT_EQ(d.lr_decay_rounds, 90u);
+  v1::CompressionSchedule bad;
+  bad.mutable_learning_rate()->set_decay("step");
+  absl::Status s = ApplyLearningRateSchedule(bad, &d);
+  EXPECT_NE(s.message().find("learning_rate.decay is 'step'"),
+            std::string::npos) << s;
+  EXPECT_EQ(d.lr_decay_rounds, 90u);
 }
 
 // ---- Groups and buffers in the optimizer ----------------------------------

@@ -43,6 +43,7 @@ std::vector<float> LocalRun() {
   OptimizerConfig c;
   c.kind = OptimizerKind::kAdam;
   c.lr = 1e-3f;
+  c.bias_correction = true;  // the shards' default for --optimizer=adam
   MomentOptimizer opt(c, n, {{0, n}});
   std::vector<float> bx(kBatch * 784), acc(n), g(n);
   std::vector<uint8_t> by(kBatch);
