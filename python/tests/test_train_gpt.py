@@ -1,0 +1,175 @@
+"""python/examples/train_gpt.py and gpt.py: the GPT model's shape, its
+parameter groups, the standalone torch.optim.AdamW run, and the same script
+through pserver.launch with DistributedOptimizer (issue 27), on the small
+model for a few steps so that tests/bench/gpt_script_parity.sh cannot rot."""
+
+import inspect
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "python" / "examples"
+SCRIPT = EXAMPLES / "train_gpt.py"
+sys.path.insert(0, str(EXAMPLES))
+import gpt  # noqa: E402
+
+STDLIB = "/usr/lib/python3.11"
+# A few seconds of training each: the small model (121K parameters), 40
+# steps of 8 windows of 64 bytes, evaluated on 128 windows.
+SHORT = ["--size", "small", "--steps", "40", "--batch", "8", "--warmup", "5",
+         "--lr", "3e-3", "--log-every", "10", "--eval-batches", "4",
+         "--max-bytes", "400000", "--seed", "2"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def need_corpus():
+    if not list(pathlib.Path(STDLIB).glob("*.py")):
+        pytest.skip(f"no .py files in {STDLIB}")
+
+
+def test_model_shape_tied_embedding_and_param_groups():
+    model = gpt.GPT()
+    assert sum(p.numel() for p in model.parameters()) >= 1_000_000
+    assert model.head.weight is model.tok.weight
+    small = gpt.GPT(gpt.GPTConfig.small())
+    assert sum(p.numel() for p in small.parameters()) < 200_000
+    x = torch.randint(0, 256, (2, 64))
+    assert small(x).shape == (2, 64, 256)
+    with pytest.raises(ValueError, match="context"):
+        small(torch.zeros(1, 65, dtype=torch.long))
+
+    decay, no_decay = gpt.configure_param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    ids = lambda ps: {id(p) for p in ps}  # noqa: E731
+    named = dict(model.named_parameters())
+    # Every parameter exactly once; the tied embedding, the position table,
+    # biases and LayerNorms undecayed; only the linear layers' matrices
+    # decayed.
+    assert len(decay["params"]) + len(no_decay["params"]) == len(named)
+    assert ids(decay["params"]) | ids(no_decay["params"]) == ids(
+        named.values())
+    assert {n for n, p in named.items() if id(p) in ids(decay["params"])} == {
+        n for n in named if n.endswith((".qkv.weight", ".proj.weight",
+                                        ".fc.weight"))}
+    for n in ("tok.weight", "pos.weight", "ln_f.weight", "ln_f.bias",
+              "blocks.0.fc.bias"):
+        assert id(named[n]) in ids(no_decay["params"])
+
+
+def test_model_is_causal():
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig.small())
+    x = torch.randint(0, 256, (2, 64))
+    changed = x.clone()
+    changed[:, 31:] = (changed[:, 31:] + 1) % 256
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    assert torch.equal(a[:, :31], b[:, :31])
+    assert not torch.allclose(a[:, 31:], b[:, 31:])
+
+
+def run_standalone(tmp_path, *extra):
+    out = tmp_path / "standalone.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), *SHORT, *extra,
+                        "--json", str(out)], env=ENV, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120)
+    text = p.stdout.decode()
+    assert p.returncode == 0, text
+    assert "final_val_loss" in text, text
+    return json.loads(out.read_text())
+
+
+def test_standalone_adamw_run_learns(tmp_path):
+    need_corpus()
+    run = run_standalone(tmp_path)
+    losses = [loss for _, loss, _ in run["train_curve"]]
+    lrs = [lr for _, _, lr in run["train_curve"]]
+    assert [s for s, _, _ in run["train_curve"]] == [10, 20, 30, 40]
+    # Byte-level, untrained: ln 256 = 5.55 nats.
+    assert losses[-1] < losses[0] - 0.3, losses
+    assert run["final_val_loss"] < 3.8, run
+    # Cosine from the peak (3e-3 after the 5 warmup steps) to 10% of it.
+    assert lrs[0] < 3e-3 and lrs[-1] < lrs[0], lrs
+    assert run["frozen"] == ["ln_f.bias"]
+
+
+def new_optimizer_api():
+    """True when the built pserver.torch.DistributedOptimizer takes torch.optim
+    param-group dicts and lr/betas/eps/weight_decay (issue 27)."""
+    try:
+        import pserver.torch
+    except ImportError:
+        return False
+    params = inspect.signature(pserver.torch.DistributedOptimizer).parameters
+    return all(k in params for k in ("lr", "betas", "eps", "weight_decay"))
+
+
+def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
+    """The script through pserver.launch (2 shards, 2 workers, fp32 both
+    ways, --optimizer adam) against the same script standalone.
+
+    The pserver run clips each worker's half-batch gradient (clip_grad_norm_
+    between backward and step) and the shards average the clipped gradients;
+    the standalone run clips the mean. So it is compared twice:
+    - with gpt_clip_sim.py's worker_clip mode (torch.optim.AdamW in this
+      process on the mean of the per-worker clipped gradients, the same
+      arithmetic), within 1e-5 relative: measured 0, 2e-8 and 6e-8 on seeds
+      1-3, while a shard that dropped the weight decay would be 2.2e-4 off,
+      eps 1e-7 instead of 1e-8 5e-5 and a schedule ignored after the warmup
+      4% (seed 2);
+    - with the standalone run, within 2%: per-worker clipping alone moves
+      this 40-step run by -0.03%, +1.48% and -1.10% on seeds 1-3 (at 300
+      steps of the default model -0.03% over the mean of seeds 1-3: that is
+      tests/bench/gpt_script_parity.sh's comparison).
+    """
+    need_corpus()
+    if not new_optimizer_api():
+        pytest.skip("pserver.torch.DistributedOptimizer takes no param groups "
+                    "and lr yet (issue 27)")
+    import pserver
+    from conftest import server_binary
+    package_root = str(pathlib.Path(pserver.__file__).resolve().parents[1])
+    env = dict(ENV, PYTHONPATH=os.pathsep.join(
+        [package_root, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "pserver.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "pserver.launch", "--server-bin",
+         server_binary(), "--run-dir", str(tmp_path / "run"), "--shards", "2",
+         "--workers", "2", "--optimizer", "adam", "--pull-codec", "fp32",
+         str(SCRIPT), "--pserver", *SHORT, "--json", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=120)
+    text = p.stdout.decode()
+    assert p.returncode == 0, text
+    ps = json.loads(out.read_text())
+    assert ps["workers"] == 2 and ps["batch_per_worker"] == 4
+    ref = run_standalone(tmp_path)
+    # The learning rates the scheduler set on the workers are the
+    # standalone run's.
+    assert [c[2] for c in ps["train_curve"]] == pytest.approx(
+        [c[2] for c in ref["train_curve"]], rel=1e-12)
+
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    import gpt_clip_sim
+    import train_gpt
+    args = train_gpt.parse_args(SHORT)
+    args.workers = 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train, val = gpt.load_corpus(args.corpus_dir, args.max_bytes)
+        same_math = gpt_clip_sim.run(args, "worker_clip", args.seed, train,
+                                     val)
+    finally:
+        torch.set_num_threads(threads)
+    rel = ps["final_val_loss"] / same_math["final_val_loss"] - 1
+    assert abs(rel) < 1e-5, (ps["final_val_loss"], same_math)
+    rel = ps["final_val_loss"] / ref["final_val_loss"] - 1
+    assert abs(rel) < 0.02, (ps["final_val_loss"], ref["final_val_loss"])
