@@ -123,6 +123,14 @@ std::string KindName(v1::TensorKind kind) {
   return kind == v1::TENSOR_KIND_BUFFER ? "buffer" : "parameter";
 }
 
+// Group g of `l` (a default group past its groups) with lr_scale set.
+v1::ParamGroup NormalizedGroup(const v1::ModelLayout& l, int g) {
+  v1::ParamGroup out;
+  if (g < l.groups_size()) out = l.groups(g);
+  if (!out.has_lr_scale()) out.set_lr_scale(1.0f);
+  return out;
+}
+
 std::string GroupString(const v1::ParamGroup& g) {
   return absl::StrCat(
       "{lr_scale ", g.has_lr_scale() ? absl::StrCat(g.lr_scale()) : "unset",
@@ -169,15 +177,17 @@ std::string FirstLayoutDifference(const v1::ModelLayout& got,
     return absl::StrCat("layout has ", got.tensors_size(),
                         " tensors, expected ", expected.tensors_size());
   }
-  if (got.groups_size() != expected.groups_size()) {
-    return absl::StrCat("layout has ", got.groups_size(),
-                        " groups, expected ", expected.groups_size());
+  // No groups is one group of defaults, and an unset lr_scale is 1: a
+  // layout written before groups existed (a checkpoint, a C++ worker's)
+  // equals one that spells the defaults out.
+  if (GroupCount(got) != GroupCount(expected)) {
+    return absl::StrCat("layout has ", GroupCount(got), " groups, expected ",
+                        GroupCount(expected));
   }
-  for (int g = 0; g < got.groups_size(); ++g) {
-    const v1::ParamGroup& a = got.groups(g);
-    const v1::ParamGroup& b = expected.groups(g);
-    if (a.has_lr_scale() != b.has_lr_scale() ||
-        a.lr_scale() != b.lr_scale() ||
+  for (int g = 0; g < GroupCount(got); ++g) {
+    const v1::ParamGroup a = NormalizedGroup(got, g);
+    const v1::ParamGroup b = NormalizedGroup(expected, g);
+    if (a.lr_scale() != b.lr_scale() ||
         a.has_weight_decay() != b.has_weight_decay() ||
         a.weight_decay() != b.weight_decay()) {
       return absl::StrCat("layout.groups[", g, "] is ", GroupString(a),

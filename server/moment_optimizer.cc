@@ -62,11 +62,9 @@ double MomentOptimizer::StepSegments(uint64_t begin, uint64_t end,
     const uint64_t e = std::min(end, it->end);
     if (b >= e) continue;
     if (it->buffer) {
-      for (uint64_t i = b; i < e; ++i) {
-        const double d = double{g[i]} - double{x[i]};
-        x[i] = g[i];
-        sq += d * d;
-      }
+      // Not an update: left out of the norm (the update-norm gauge and the
+      // blow-up diagnostics are about the parameters).
+      std::copy(g.begin() + b, g.begin() + e, x.begin() + b);
     } else {
       const GroupHyper& h =
           it->group < hyper_.size() ? hyper_[it->group] : fallback;

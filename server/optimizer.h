@@ -142,7 +142,7 @@ class Optimizer {
 
   // One round: x is updated in place from the mean gradient (in the space
   // expected_space() names). Advances step() by one. Returns the L2 norm of
-  // the change to x.
+  // the change to x's parameters (buffers left out).
   virtual double Step(absl::Span<const float> mean_grad,
                       absl::Span<float> x) = 0;
   // The hyper-parameters of the following Step()s, one per group (a

@@ -71,7 +71,9 @@ absl::Status RoundHyper::Check(const v1::PushRequest& req, bool strict) const {
 }
 
 void RoundHyper::Record(const v1::PushRequest& req) {
+  if (set_ && req.step() < step_) return;
   set_ = true;
+  step_ = req.step();
   worker_ = req.worker_id();
   values_.assign(req.hyper().begin(), req.hyper().end());
 }

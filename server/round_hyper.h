@@ -6,7 +6,8 @@
 // Under bsp every push of a round must carry the same values: the first one
 // sets them and any other is refused (REJECT_REASON_HYPER_MISMATCH) with
 // both values and both workers named. Under ssp and async the workers of a
-// round are at different steps by design, so the newest push's values win.
+// round are at different steps by design, so the values pushed for the
+// latest step win (a stale push does not turn the schedule back).
 #ifndef PSERVER_SERVER_ROUND_HYPER_H_
 #define PSERVER_SERVER_ROUND_HYPER_H_
 
@@ -29,7 +30,8 @@ class RoundHyper {
   // Under bsp (`strict`): HYPER_MISMATCH (FAILED_PRECONDITION) when the
   // round's values are set and req's differ; nothing is recorded then.
   absl::Status Check(const v1::PushRequest& req, bool strict) const;
-  // Records req's values for the round (a push that passed Check).
+  // Records req's values for the round (a push that passed Check), unless
+  // values for a later step are recorded already.
   void Record(const v1::PushRequest& req);
   // A new round: nothing pushed yet.
   void Clear() { set_ = false; }
@@ -42,6 +44,7 @@ class RoundHyper {
  private:
   bool set_ = false;
   uint32_t worker_ = 0;
+  uint64_t step_ = 0;  // the step the recorded values were pushed for
   std::vector<v1::HyperParams> values_;
 };
 

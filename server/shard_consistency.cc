@@ -82,7 +82,7 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
     return form;
   }
   last_pushed_[w] = static_cast<int64_t>(tag);
-  hyper_.Record(req);  // ssp/async: the newest push's values win
+  hyper_.Record(req);  // ssp/async: the newest step's values win
   // A round that passed this worker over in some chunk is closed to it: the
   // whole push goes to the next round, so a push never splits.
   const bool defer = round_.passed_over(w);
@@ -132,6 +132,7 @@ void Shard::Land(uint32_t w, uint32_t c, Round::Push push, uint64_t tag) {
 
 std::vector<Shard::Ready> Shard::ClearRound() {
   std::vector<Ready> dropped = round_.Clear();
+  hyper_.Clear();  // the dropped round's values bind no later round
   for (std::map<uint32_t, Round::Push>& d : deferred_) {
     for (auto& [c, push] : d) {
       if (push.on_done) dropped.push_back(std::move(push.on_done));

@@ -43,6 +43,21 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
   }
   absl::StatusOr<std::vector<TensorSlot>> s = ValidateLayout(req.layout());
   if (!s.ok()) return Reject(v1::REJECT_REASON_BAD_LAYOUT, s.status());
+  if (policy_.config().scale_by_staleness) {
+    for (size_t i = 0; i < s->size(); ++i) {
+      if ((*s)[i].buffer) {
+        // A stale push's weight would scale the buffer's values, not
+        // only its say in the mean.
+        return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "layout.tensors[", i, "] ('", (*s)[i].name,
+                          "') is a buffer; the shard's "
+                          "--staleness_scaling=inverse would shrink it: "
+                          "expected parameters only, or "
+                          "--staleness_scaling=none")));
+      }
+    }
+  }
   *slots = *std::move(s);
   if (req.local_steps() > kMaxJobLocalSteps) {
     return Reject(v1::REJECT_REASON_INVALID_FIELD,

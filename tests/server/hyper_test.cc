@@ -230,8 +230,19 @@ TEST(GroupLayout, FirstDifferenceNamesGroupKindAndGroupValues) {
   b = GroupedLayout();
   b.mutable_groups(0)->set_weight_decay(0.2f);
   EXPECT_EQ(FirstLayoutDifference(a, b),
-            "layout.groups[0] is {lr_scale unset, weight_decay 0.1}, "
-            "expected {lr_scale unset, weight_decay 0.2}");
+            "layout.groups[0] is {lr_scale 1, weight_decay 0.1}, "
+            "expected {lr_scale 1, weight_decay 0.2}");
+  // A layout from before groups (a checkpoint, pserver_worker's) equals one
+  // that spells the default group out, but not one that changes it.
+  v1::ModelLayout plain = testing_util::SmallLayout();
+  v1::ModelLayout spelled = plain;
+  spelled.add_groups()->set_lr_scale(1.0f);
+  EXPECT_EQ(FirstLayoutDifference(spelled, plain), "");
+  EXPECT_EQ(FirstLayoutDifference(plain, spelled), "");
+  spelled.mutable_groups(0)->set_weight_decay(0.0f);
+  EXPECT_EQ(FirstLayoutDifference(spelled, plain),
+            "layout.groups[0] is {lr_scale 1, weight_decay 0}, expected "
+            "{lr_scale 1, weight_decay unset}");
 }
 
 // ---- The round's hyper-parameters -----------------------------------------
@@ -285,6 +296,18 @@ TEST(RoundHyper, BspRefusesADifferentValueNamingBothWorkers) {
   EXPECT_TRUE(h.Check(WithHyper(1, {{0.25f, 0.1f}}), false).ok());
   h.Clear();
   EXPECT_TRUE(h.Check(WithHyper(1, {{0.25f, 0.1f}}), true).ok());
+}
+
+TEST(RoundHyper, RelaxedRoundsKeepTheLatestStepsValues) {
+  RoundHyper h;
+  v1::PushRequest newer = WithHyper(0, {{0.1f, 0.0f}});
+  newer.set_step(7);
+  v1::PushRequest stale = WithHyper(1, {{0.9f, 0.0f}});
+  stale.set_step(5);
+  h.Record(newer);
+  h.Record(stale);  // computed on older weights: its rate is older too
+  OptimizerConfig c;
+  EXPECT_FLOAT_EQ(h.For(7, c, testing_util::SmallLayout())[0].lr, 0.1f);
 }
 
 TEST(RoundHyper, WithoutPushedValuesTheScheduleScaledPerGroup) {
@@ -490,6 +513,50 @@ TEST(ShardHyper, BuffersAreTheWorkersMeanAndPullExactly) {
     }
   }
   EXPECT_EQ(shard->Status().stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+}
+
+// A round dropped when a worker resumes past it (ClearRound) takes its
+// hyper-parameters with it: the next round is not compared with them.
+TEST(ShardHyper, ARoundDroppedByAResumeForgetsItsValues) {
+  ShardConfig c = testing_util::ExactSgdConfig(2);
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> shard = Registered(c, testing_util::SmallLayout(), x0);
+  ASSERT_NE(shard, nullptr);
+  auto push = [&](uint32_t w, uint64_t step, float lr) {
+    v1::PushRequest p =
+        PushRequestFor(w, step, Fp32Tensor(Gradient(kN, w, step, 0.1f)));
+    v1::HyperParams* h = p.add_hyper();
+    h->set_lr(lr);
+    return shard->Push(p);
+  };
+  ASSERT_TRUE(push(0, 0, 0.5f).ok());  // round 0 half done, lr 0.5
+  // Worker 1 comes back from another shard already at step 1.
+  v1::RegisterRequest again = testing_util::RegisterRequestFor(1, 2, x0);
+  again.set_resume_step(1);
+  absl::StatusOr<v1::RegisterResponse> r = shard->Register(again);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(shard->Status().current_step(), 1u);
+  // Round 1 with the next rate: not refused against round 0's.
+  absl::StatusOr<v1::PushResponse> p1 = push(1, 1, 0.25f);
+  EXPECT_TRUE(p1.ok()) << p1.status();
+}
+
+TEST(ShardHyper, BuffersAreRefusedUnderStalenessScaling) {
+  ShardConfig c = testing_util::ExactSgdConfig(2);
+  c.consistency.mode = Consistency::kSsp;
+  c.consistency.max_staleness = 2;
+  c.consistency.scale_by_staleness = true;
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(c, nullptr);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  v1::RegisterRequest r =
+      testing_util::RegisterRequestFor(0, 2, InitialWeights(kN));
+  r.mutable_layout()->mutable_tensors(1)->set_kind(v1::TENSOR_KIND_BUFFER);
+  absl::StatusOr<v1::RegisterResponse> resp = (*shard)->Register(r);
+  EXPECT_EQ(resp.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(resp.status().message().find("layout.tensors[1] ('b') is a "
+                                         "buffer"),
+            std::string::npos) << resp.status();
+  EXPECT_FALSE((*shard)->Status().model_registered());
 }
 
 }  // namespace
