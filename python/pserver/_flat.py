@@ -52,6 +52,11 @@ def module_buffers(module, taken):
             if b.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"buffer {name!r} is on {b.device}; "
                                  "expected a CPU or CUDA tensor")
+            if b.is_floating_point() and not torch.isfinite(b).all():
+                raise ValueError(
+                    f"buffer {name!r} holds a non-finite value; expected "
+                    "finite buffers (register constant masks with "
+                    "persistent=False, or pass buffers='none')")
             seen.add(id(b))
             out.append((name, b))
     return out
@@ -144,6 +149,16 @@ class FlatLayout:
     def params_into(self, flat):
         for p, (b, e) in zip(self.params, self.offsets):
             flat[b:e].copy_(p.detach().reshape(-1))
+
+    @torch.no_grad()
+    def loaded_into(self, flat):
+        """What load() gave the parameters, as fp32: the replica rounded to
+        each parameter's dtype (the replica itself for fp32 ones)."""
+        for p, (b, e) in zip(self.params, self.offsets):
+            src = self.weights[b:e]
+            if p.dtype != torch.float32:
+                src = src.to(p.dtype).float()
+            flat[b:e].copy_(src)
 
     @torch.no_grad()
     def values_into(self, flat):

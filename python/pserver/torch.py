@@ -82,8 +82,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     BatchNorm's running statistics) join the layout as buffers: each step
     every worker sends their values and gets back the mean over the round's
     workers ("broadcast": rank 0's values, exact up to float rounding unless
-    the worker count is a power of two), cast back to their dtype. They
-    travel in fp32 both ways.
+    the worker count is a power of two; it needs the shards' bsp rounds and
+    every worker in each round: in a round that went on without a worker
+    whose lease expired the mean divides rank 0's num_workers-fold value by
+    fewer, and a round without rank 0 zeroes the buffers), cast back to
+    their dtype. They travel in fp32 both ways.
 
     max_grad_norm=X clips this worker's whole gradient to L2 norm X (as
     torch.nn.utils.clip_grad_norm_, over the parameters with a gradient)
@@ -119,7 +122,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     At construction every worker registers; rank 0 installs its parameters
     and buffers, the others wait for it (up to retry_budget seconds), so on
     return every worker holds rank 0's values (or the model the shards
-    already held). state_dict() is torch's layout plus the client's record.
+    already held); frozen parameters (requires_grad=False) are not in the
+    layout and stay each worker's own. state_dict() is torch's layout plus the client's record.
     """
 
     def __init__(self, params, servers=None, worker_id=None,
@@ -216,6 +220,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              group_specs=hyper.specs(self.param_groups))
         # Checked before anything is loaded: a refusal leaves the
         # parameters as they were.
+        if flat.buffer_mode == "broadcast" and \
+                self.client.consistency != "bsp":
+            # A round of fewer pushes than workers divides rank 0's
+            # num_workers-fold contribution by fewer: not rank 0's values.
+            raise ValueError(
+                f"buffers is 'broadcast' and the shards' consistency is "
+                f"{self.client.consistency!r}; expected 'bsp' (pserver_server "
+                "--consistency=bsp), or buffers='average'")
         hyper.fill(self.param_groups, self.defaults,
                    self.client.shard_config)
         flat.load()
@@ -384,11 +396,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         hyper = self._hyper.to_send(self.param_groups)
         flat = self._flat
-        # The replica minus the local weights: what the local steps moved,
-        # pushed in place of a gradient.
+        # What the parameters were loaded as (the replica, rounded to a
+        # bf16/fp16 parameter's dtype) minus the local weights: what the
+        # local steps moved, pushed in place of a gradient. Rounding is not
+        # a move: the fp32 master stays off the low-precision grid.
         end = flat.param_end
+        base = torch.empty(end, dtype=torch.float32)
+        flat.loaded_into(base)
         flat.params_into(flat.grad)
-        torch.sub(flat.weights[:end], flat.grad[:end], out=flat.grad[:end])
+        torch.sub(base, flat.grad[:end], out=flat.grad[:end])
         flat.put_buffers(flat.grad)
         self._set_hyper(hyper)
         self.client.step(flat.grad, flat.weights, loss=_as_float(loss))

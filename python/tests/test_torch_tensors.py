@@ -244,3 +244,51 @@ def test_max_grad_norm_equals_clip_grad_norm_then_step(shards):
     for other in finals[1:]:
         for a, b in zip(finals[0], other):
             assert torch.equal(a, b)
+
+
+def test_buffer_modes_that_cannot_hold_are_refused(shards):
+    """broadcast needs bsp rounds (a round of fewer pushes divides rank 0's
+    num_workers-fold value by fewer); a non-finite persistent buffer (a
+    -inf mask) could never be pushed: both refused at construction, by
+    name."""
+    addrs = shards(1, 1, "--optimizer=adam", "--pull_codec=fp32",
+                   "--consistency=async")
+    net = BNNet()
+    with pytest.raises(ValueError, match="buffers is 'broadcast' and the "
+                       "shards' consistency is 'async'"):
+        make(net.parameters(), addrs, module=net, buffers="broadcast")
+    masked = BNNet()
+    masked.register_buffer("mask", torch.tensor([0.0, -float("inf")]))
+    with pytest.raises(ValueError, match="buffer 'mask' holds a non-finite "
+                       "value"):
+        make(masked.parameters(), addrs, module=masked)
+
+
+def test_local_steps_with_bf16_push_no_rounding_as_a_move(shards):
+    """With local steps, a bf16 model that did not move pushes a zero weight
+    change: once a real move has taken the fp32 master off the bf16 grid,
+    synchronisations without a local change leave it where it is instead of
+    pulling it onto the grid."""
+    # An outer lr of 0.5 takes the master off the bf16 grid.
+    addrs = shards(1, 1, "--optimizer=sgd", "--lr=0.5", "--momentum=0",
+                   "--pull_codec=fp32")
+    torch.manual_seed(5)
+    net = torch.nn.Linear(16, 16).to(torch.bfloat16)
+    inner = torch.optim.SGD(net.parameters(), lr=0.01)
+    opt = make(net.parameters(), addrs, local_steps=2, inner_optimizer=inner)
+    for _ in range(2):  # a real move: the master is off the grid now
+        for p in net.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+    moved = torch.empty(opt.client.num_params)
+    opt.client.copy_weights_into(moved)
+    assert not torch.equal(moved, moved.to(torch.bfloat16).float())
+    inner.param_groups[0]["lr"] = 0.0
+    for _ in range(4):  # two synchronisations without a local change
+        for p in net.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+    after = torch.empty_like(moved)
+    opt.client.copy_weights_into(after)
+    assert opt.client.global_step == 3
+    assert torch.equal(after, moved)

@@ -3,7 +3,6 @@ parameter groups, the standalone torch.optim.AdamW run, and the same script
 through pserver.launch with DistributedOptimizer (issue 27), on the small
 model for a few steps so that tests/bench/gpt_script_parity.sh cannot rot."""
 
-import inspect
 import json
 import os
 import pathlib
@@ -12,7 +11,7 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "python" / "examples"
@@ -100,17 +99,6 @@ def test_standalone_adamw_run_learns(tmp_path):
     assert run["frozen"] == ["ln_f.bias"]
 
 
-def new_optimizer_api():
-    """True when the built pserver.torch.DistributedOptimizer takes torch.optim
-    param-group dicts and lr/betas/eps/weight_decay (issue 27)."""
-    try:
-        import pserver.torch
-    except ImportError:
-        return False
-    params = inspect.signature(pserver.torch.DistributedOptimizer).parameters
-    return all(k in params for k in ("lr", "betas", "eps", "weight_decay"))
-
-
 def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
     """The script through pserver.launch (2 shards, 2 workers, fp32 both
     ways, --optimizer adam) against the same script standalone.
@@ -130,9 +118,6 @@ def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
       tests/bench/gpt_script_parity.sh's comparison).
     """
     need_corpus()
-    if not new_optimizer_api():
-        pytest.skip("pserver.torch.DistributedOptimizer takes no param groups "
-                    "and lr yet (issue 27)")
     import pserver
     from conftest import server_binary
     package_root = str(pathlib.Path(pserver.__file__).resolve().parents[1])
