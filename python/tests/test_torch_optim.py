@@ -9,10 +9,11 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
+
+from test_torch import in_threads
 
 import pserver
 import pserver.torch
@@ -62,25 +63,6 @@ def make(params, addrs, rank=0, world=1, **kw):
     return pserver.torch.DistributedOptimizer(
         params, servers=addrs, worker_id=rank, num_workers=world,
         push_codec=kw.pop("push_codec", "fp32"), **kw)
-
-
-def in_threads(*calls):
-    errors, threads = [], []
-
-    def run(f):
-        try:
-            f()
-        except BaseException as e:  # noqa: BLE001 (re-raised below)
-            errors.append(e)
-
-    for f in calls:
-        threads.append(threading.Thread(target=run, args=(f,)))
-        threads[-1].start()
-    for t in threads:
-        t.join(60)
-        assert not t.is_alive()
-    if errors:
-        raise errors[0]
 
 
 def layout_names(opt):

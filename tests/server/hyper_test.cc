@@ -162,6 +162,31 @@ TEST(GroupHyper, EachSegmentStepsWithItsGroupAndBuffersTakeTheMean) {
   for (uint64_t i = b; i < n; ++i) ASSERT_EQ(opt.m()[i], 0.0f);
 }
 
+TEST(GroupHyper, OneBitAdamStepsEachGroupWithItsValuesInBothStages) {
+  // Segments [0, 512) and [512, 1024): in group 1 at lr 0 nothing moves
+  // (before and after the freeze); group 0 steps exactly as a one-group
+  // optimizer over the whole slice with the same values.
+  const uint64_t n = 1024;
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kOneBitAdam;
+  c.freeze_step = 3;
+  c.lr = 0.02f;
+  c.weight_decay = 0.01f;
+  MomentOptimizer grouped(c, n, {{0, 512, 0, false}, {512, n, 1, false}});
+  MomentOptimizer whole(c, n, {{0, 512, 0, false}, {512, n, 0, false}});
+  std::vector<float> xg = InitialWeights(n), xw = xg;
+  const std::vector<float> x0 = xg;
+  for (uint64_t t = 0; t < 6; ++t) {
+    grouped.SetHyper({{0.02f, 0.01f}, {0.0f, 0.01f}});
+    std::vector<float> g = Gradient(n, 0, t, 0.1f);
+    grouped.Step(g, absl::MakeSpan(xg));
+    whole.Step(g, absl::MakeSpan(xw));
+  }
+  ASSERT_TRUE(grouped.frozen());
+  for (uint64_t i = 0; i < 512; ++i) ASSERT_EQ(xg[i], xw[i]) << i;
+  for (uint64_t i = 512; i < n; ++i) ASSERT_EQ(xg[i], x0[i]) << i;
+}
+
 TEST(GroupHyper, WithoutSetHyperEveryGroupTakesTheConfig) {
   OptimizerConfig c;
   c.kind = OptimizerKind::kSgd;
