@@ -49,6 +49,7 @@ SERVER_TESTS=(
   tests/server/metrics_test tests/server/checkpoint_test
   tests/server/lease_test tests/server/shard_components_test
   tests/server/shard_holes_test tests/server/model_install_test
+  tests/server/hyper_test
 )
 WORKER_TESTS=(tests/worker/worker_model_test tests/worker/client_test
   tests/worker/client_chunks_test)
