@@ -83,13 +83,15 @@ absl::StatusOr<std::vector<TensorSlot>> ValidateLayout(
     if (!v1::TensorKind_IsValid(t.kind())) {
       return absl::InvalidArgumentError(
           absl::StrCat("layout.tensors[", i, "].kind is ", t.kind(),
-                       "; expected TENSOR_KIND_PARAMETER or "
-                       "TENSOR_KIND_BUFFER"));
+                       "; expected TENSOR_KIND_PARAMETER, TENSOR_KIND_BUFFER "
+                       "or TENSOR_KIND_BROADCAST_BUFFER"));
     }
     const uint64_t rows =
         t.shape_size() >= 2 ? t.shape(t.shape_size() - 1) : 0;
+    const bool broadcast = t.kind() == v1::TENSOR_KIND_BROADCAST_BUFFER;
     slots.push_back(TensorSlot{t.name(), offset, size, rows, t.group(),
-                               t.kind() == v1::TENSOR_KIND_BUFFER});
+                               t.kind() == v1::TENSOR_KIND_BUFFER || broadcast,
+                               broadcast});
     offset += size;
   }
   return slots;
@@ -120,7 +122,11 @@ ShardRange ShardRangeFor(uint64_t total, uint32_t count, uint32_t index) {
 namespace {
 
 std::string KindName(v1::TensorKind kind) {
-  return kind == v1::TENSOR_KIND_BUFFER ? "buffer" : "parameter";
+  switch (kind) {
+    case v1::TENSOR_KIND_BUFFER: return "buffer";
+    case v1::TENSOR_KIND_BROADCAST_BUFFER: return "broadcast buffer";
+    default: return "parameter";
+  }
 }
 
 // Group g of `l` (a default group past its groups) with lr_scale set.
@@ -166,8 +172,7 @@ std::string FirstLayoutDifference(const v1::ModelLayout& got,
       return absl::StrCat("layout.tensors[", i, "] ('", a.name(),
                           "').group is ", a.group(), ", expected ", b.group());
     }
-    const bool a_buffer = a.kind() == v1::TENSOR_KIND_BUFFER;
-    if (a_buffer != (b.kind() == v1::TENSOR_KIND_BUFFER)) {
+    if (KindName(a.kind()) != KindName(b.kind())) {
       return absl::StrCat("layout.tensors[", i, "] ('", a.name(),
                           "').kind is ", KindName(a.kind()), ", expected ",
                           KindName(b.kind()));

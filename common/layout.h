@@ -36,7 +36,10 @@ struct TensorSlot {
   // block_topk's row_length); 0 for vectors and scalars.
   uint64_t row_length = 0;
   uint32_t group = 0;   // v1::TensorSpec.group
-  bool buffer = false;  // v1::TENSOR_KIND_BUFFER: averaged, not optimized
+  // v1::TENSOR_KIND_BUFFER or _BROADCAST_BUFFER: not optimized, the
+  // round's mean (broadcast: worker 0's values) instead.
+  bool buffer = false;
+  bool broadcast = false;  // v1::TENSOR_KIND_BROADCAST_BUFFER
 };
 
 // Most hyper-parameter groups a layout may name (v1::ModelLayout.groups).

@@ -118,8 +118,10 @@ std::function<void()> Round::EndSum(const Batch& batch) {
   return done;
 }
 
-void Round::WithMean(absl::FunctionRef<void(absl::Span<float>)> fn) {
-  sum_->WithMean(count_, fn);
+void Round::WithMean(
+    absl::FunctionRef<void(absl::Span<float>)> fn,
+    absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum) {
+  sum_->WithMean(count_, fn, keep_sum);
 }
 
 std::vector<std::function<void()>> Round::Clear() {
@@ -168,10 +170,16 @@ void RoundSum::Add(const Round::Batch& batch) {
   batch.a->valid->AccumulateInto(batch.a->weight, chunk);
 }
 
-void RoundSum::WithMean(const std::vector<uint32_t>& counts,
-                        absl::FunctionRef<void(absl::Span<float>)> fn) {
+void RoundSum::WithMean(
+    const std::vector<uint32_t>& counts,
+    absl::FunctionRef<void(absl::Span<float>)> fn,
+    absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum) {
   absl::MutexLock l(&mu_);
   float* acc = sum_.data();
+  std::vector<float> kept;  // small: broadcast buffers only
+  for (const auto& [b, e] : keep_sum) {
+    kept.insert(kept.end(), acc + b, acc + std::min<uint64_t>(e, sum_.size()));
+  }
   for (uint32_t c = 0; c < counts.size(); ++c) {
     const float inv =
         counts[c] == 0 ? 0.0f : 1.0f / static_cast<float>(counts[c]);
@@ -180,6 +188,12 @@ void RoundSum::WithMean(const std::vector<uint32_t>& counts,
                        [chunk, inv](uint64_t b, uint64_t e) {
                          for (uint64_t i = b; i < e; ++i) chunk[i] *= inv;
                        });
+  }
+  size_t at = 0;
+  for (const auto& [b, e] : keep_sum) {
+    const uint64_t end = std::min<uint64_t>(e, sum_.size());
+    std::copy(kept.begin() + at, kept.begin() + at + (end - b), acc + b);
+    at += end - b;
   }
   fn(absl::MakeSpan(sum_));
 }

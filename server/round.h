@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -122,7 +123,11 @@ class Round {
   // Runs fn on the mean (each chunk's sum / its contributors; a chunk no
   // worker contributed to is zero), which fn may then overwrite (scratch
   // until Clear()). REQUIRES: all_in(), contributors() > 0.
-  void WithMean(absl::FunctionRef<void(absl::Span<float>)> fn);
+  // Elements in `keep_sum` (sorted, disjoint [begin, end) ranges) stay the
+  // sum (broadcast buffers: one worker pushes, the rest push zeros).
+  void WithMean(
+      absl::FunctionRef<void(absl::Span<float>)> fn,
+      absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum = {});
   // Starts the next round: pushes dropped, sum zeroed. Returns the on_done
   // of pushes dropped unsummed.
   std::vector<std::function<void()>> Clear();
@@ -167,10 +172,12 @@ class RoundSum {
   // validated pushes (tokens) get into a round. The push must stay alive
   // until it returns.
   void Add(const Round::Batch& batch) ABSL_LOCKS_EXCLUDED(mu_);
-  // Divides chunk c by counts[c] (zero when 0) and runs fn on the mean,
-  // which fn may overwrite (the sum is scratch until Zero()).
+  // Divides chunk c by counts[c] (zero when 0), except the elements of
+  // `keep_sum`, and runs fn on the result, which fn may overwrite (the sum
+  // is scratch until Zero()).
   void WithMean(const std::vector<uint32_t>& counts,
-                absl::FunctionRef<void(absl::Span<float>)> fn)
+                absl::FunctionRef<void(absl::Span<float>)> fn,
+                absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum = {})
       ABSL_LOCKS_EXCLUDED(mu_);
   void Zero() ABSL_LOCKS_EXCLUDED(mu_);
 

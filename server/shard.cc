@@ -445,6 +445,14 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     }
   }
   round_.WithMean([&](absl::Span<float> mean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Broadcast buffers hold worker 0's values (the sum: the others pushed
+    // zeros), or, in a round without worker 0, stay as they were.
+    if (!broadcast_.empty() &&
+        !(round_.pushed_any(0) && !round_.passed_over(0))) {
+      for (const auto& [b, e] : broadcast_) {
+        std::copy(x_.begin() + b, x_.begin() + e, mean.begin() + b);
+      }
+    }
     const std::vector<GroupHyper> hyper =
         hyper_.For(step_, config_.optimizer, layout_);
     for (size_t g = 0; g < hyper.size(); ++g) {
@@ -478,7 +486,7 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     } else {
       replica_->AdvanceQuietly(x_, step_, mean);
     }
-  });
+  }, broadcast_);
   if (!policy_.relaxed()) hyper_.Clear();
   ++arrays_version_;
   catching_up_ = false;

@@ -380,6 +380,8 @@ class Shard {
   const std::unique_ptr<ReplicaTracker> replica_ ABSL_PT_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);
   RoundHyper hyper_ ABSL_GUARDED_BY(mu_);  // the round's hyper-parameters
+  // The slice's broadcast buffers (slice-local [begin, end), in order).
+  std::vector<std::pair<uint64_t, uint64_t>> broadcast_ ABSL_GUARDED_BY(mu_);
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
   // Stragglers and update blow-ups (server/round_diagnostics.h).
   RoundDiagnostics diagnostics_ ABSL_GUARDED_BY(mu_);

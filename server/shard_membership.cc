@@ -43,6 +43,17 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
   }
   absl::StatusOr<std::vector<TensorSlot>> s = ValidateLayout(req.layout());
   if (!s.ok()) return Reject(v1::REJECT_REASON_BAD_LAYOUT, s.status());
+  for (size_t i = 0; i < s->size(); ++i) {
+    if ((*s)[i].broadcast && policy_.relaxed()) {
+      // Worker 0's values need worker 0 in every round.
+      return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "layout.tensors[", i, "] ('", (*s)[i].name,
+                        "') is a broadcast buffer; the shard's --consistency "
+                        "is not bsp: expected --consistency=bsp, or an "
+                        "averaged buffer")));
+    }
+  }
   if (policy_.config().scale_by_staleness) {
     for (size_t i = 0; i < s->size(); ++i) {
       if ((*s)[i].buffer) {
@@ -340,6 +351,7 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
                                    config_.shard_index);
   // Tensor pieces inside this shard, for per-tensor optimizer rules.
   std::vector<LocalSegment> segments;
+  std::vector<std::pair<uint64_t, uint64_t>> broadcast;
   for (const TensorSlot& t : slots) {
     uint64_t b = std::max(t.offset, range.begin);
     uint64_t e = std::min(t.offset + t.size, range.end);
@@ -347,9 +359,11 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
       segments.push_back(
           {b - range.begin, e - range.begin, t.group, t.buffer});
     }
+    if (b < e && t.broadcast) broadcast.emplace_back(b - range.begin, e - range.begin);
   }
   layout_ = layout;
   slots_ = slots;
+  broadcast_ = std::move(broadcast);
   pull_plan_phase_ = -1;
   range_ = range;
   x_ = std::move(x);

@@ -143,10 +143,12 @@ void PyClient::Register(const std::vector<std::string>& names,
       const std::string& k = (*kinds)[i];
       if (k == "buffer") {
         t->set_kind(v1::TENSOR_KIND_BUFFER);
+      } else if (k == "broadcast") {
+        t->set_kind(v1::TENSOR_KIND_BROADCAST_BUFFER);
       } else if (k != "parameter") {
         throw py::value_error(absl::StrCat("kinds[", i, "] is '", k,
-                                           "'; expected 'parameter' or "
-                                           "'buffer'"));
+                                           "'; expected 'parameter', "
+                                           "'buffer' or 'broadcast'"));
       }
     }
   }

@@ -82,7 +82,7 @@ class PyClient {
   // installed its weights, so rank 0's initial weights are everyone's.
   // `out` (optional) receives the shards' weights.
   // `groups` (one per tensor: its hyper-parameter group, default 0),
-  // `kinds` ("parameter" or "buffer" per tensor) and `group_specs` (one
+  // `kinds` ("parameter", "buffer" or "broadcast" per tensor) and `group_specs` (one
   // dict per group: "lr_scale", "weight_decay", each float or None) shape
   // the layout's groups and tensor kinds (parameter_server.proto
   // ModelLayout); ValueError naming the entry for anything else.

@@ -99,8 +99,8 @@ class FlatLayout:
 
     @property
     def kinds(self):
-        return ["parameter"] * len(self.params) + ["buffer"] * len(
-            self.buffers)
+        kind = "broadcast" if self.buffer_mode == "broadcast" else "buffer"
+        return ["parameter"] * len(self.params) + [kind] * len(self.buffers)
 
     def copy_grad(self, i):
         """Parameter i's gradient into `grad` (zeros for None); ValueError
@@ -131,15 +131,15 @@ class FlatLayout:
                 self.copy_grad(i)  # raises, naming it
 
     def put_buffers(self, flat):
-        """The buffers' contributions to the shards' mean, into `flat`:
-        their values ("average"); rank 0's times the worker count and zeros
-        elsewhere ("broadcast", so the mean is rank 0's)."""
+        """The buffers' contributions to the round, into `flat`: their
+        values ("average": the shards take the mean); rank 0's values and
+        zeros elsewhere ("broadcast": broadcast buffers, whose round result
+        is the sum, i.e. rank 0's values exactly)."""
         for t, (b, e) in zip(self.buffers, self.offsets[len(self.params):]):
             dst = flat[b:e]
             if self.buffer_mode == "broadcast":
                 if self.worker_id == 0:
                     dst.copy_(t.reshape(-1))
-                    dst.mul_(self.num_workers)
                 else:
                     dst.zero_()
             else:

@@ -81,12 +81,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     "none": the module's persistent floating and integer buffers (e.g.
     BatchNorm's running statistics) join the layout as buffers: each step
     every worker sends their values and gets back the mean over the round's
-    workers ("broadcast": rank 0's values, exact up to float rounding unless
-    the worker count is a power of two; it needs the shards' bsp rounds and
-    every worker in each round: in a round that went on without a worker
-    whose lease expired the mean divides rank 0's num_workers-fold value by
-    fewer, and a round without rank 0 zeroes the buffers), cast back to
-    their dtype. They travel in fp32 both ways.
+    workers ("broadcast": rank 0's values exactly, the shards' broadcast
+    buffers; it needs the shards' bsp rounds, and a round that went on
+    without rank 0 leaves them as they were), cast back to their dtype.
+    They travel in fp32 both ways.
 
     max_grad_norm=X clips this worker's whole gradient to L2 norm X (as
     torch.nn.utils.clip_grad_norm_, over the parameters with a gradient)
@@ -220,14 +218,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              group_specs=hyper.specs(self.param_groups))
         # Checked before anything is loaded: a refusal leaves the
         # parameters as they were.
-        if flat.buffer_mode == "broadcast" and \
-                self.client.consistency != "bsp":
-            # A round of fewer pushes than workers divides rank 0's
-            # num_workers-fold contribution by fewer: not rank 0's values.
-            raise ValueError(
-                f"buffers is 'broadcast' and the shards' consistency is "
-                f"{self.client.consistency!r}; expected 'bsp' (pserver_server "
-                "--consistency=bsp), or buffers='average'")
         hyper.fill(self.param_groups, self.defaults,
                    self.client.shard_config)
         flat.load()

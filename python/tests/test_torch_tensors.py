@@ -5,6 +5,8 @@ max_grad_norm, against real pserver_server processes and torch."""
 import pytest
 import torch
 
+import pserver
+
 from test_torch_optim import in_threads, make
 
 FP32_ADAM = ("--optimizer=adam", "--pull_codec=fp32")
@@ -247,16 +249,17 @@ def test_max_grad_norm_equals_clip_grad_norm_then_step(shards):
 
 
 def test_buffer_modes_that_cannot_hold_are_refused(shards):
-    """broadcast needs bsp rounds (a round of fewer pushes divides rank 0's
-    num_workers-fold value by fewer); a non-finite persistent buffer (a
-    -inf mask) could never be pushed: both refused at construction, by
-    name."""
+    """broadcast needs bsp rounds (rank 0 in every round): the shards refuse
+    its layout; a non-finite persistent buffer (a -inf mask) could never be
+    pushed: both refused at construction, by name."""
     addrs = shards(1, 1, "--optimizer=adam", "--pull_codec=fp32",
                    "--consistency=async")
     net = BNNet()
-    with pytest.raises(ValueError, match="buffers is 'broadcast' and the "
-                       "shards' consistency is 'async'"):
+    with pytest.raises(pserver.Error, match=r"\('bn.running_mean'\) is a "
+                       "broadcast buffer; the shard's --consistency is not "
+                       "bsp") as refused:
         make(net.parameters(), addrs, module=net, buffers="broadcast")
+    assert refused.value.code == "FAILED_PRECONDITION"
     masked = BNNet()
     masked.register_buffer("mask", torch.tensor([0.0, -float("inf")]))
     with pytest.raises(ValueError, match="buffer 'mask' holds a non-finite "

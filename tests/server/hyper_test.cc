@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/layout.h"
 #include "common/rejection.h"
 #include "common/schedule.h"
@@ -584,5 +585,83 @@ TEST(ShardHyper, BuffersAreRefusedUnderStalenessScaling) {
   EXPECT_FALSE((*shard)->Status().model_registered());
 }
 
+
+// Broadcast buffers are worker 0's values exactly (3 workers: a mean would
+// not be exact), and a round without worker 0 leaves them as they were.
+TEST(ShardHyper, BroadcastBuffersAreWorkerZerosValuesOrStayPut) {
+  ShardConfig c = testing_util::ExactSgdConfig(3);
+  v1::ModelLayout layout = testing_util::SmallLayout();
+  layout.mutable_tensors(1)->set_kind(v1::TENSOR_KIND_BROADCAST_BUFFER);
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> shard = Registered(c, layout, x0);
+  ASSERT_NE(shard, nullptr);
+  auto push = [&](uint32_t w, uint64_t t, float value) {
+    std::vector<float> g = Gradient(kN, w, t, 0.1f);
+    for (uint64_t i = 768; i < kN; ++i) g[i] = w == 0 ? value + 0.1f * i : 0;
+    return shard->Push(PushRequestFor(w, t, Fp32Tensor(g)));
+  };
+  for (uint32_t w = 0; w < 3; ++w) ASSERT_TRUE(push(w, 0, 1.7f).ok());
+  std::vector<float> x = Snapshot(*shard, 1);
+  for (uint64_t i = 768; i < kN; ++i) {
+    ASSERT_EQ(x[i], 1.7f + 0.1f * i) << i;
+  }
+  // The parameters still step with the mean.
+  const std::vector<float> g0 = Gradient(kN, 0, 0, 0.1f),
+                           g1 = Gradient(kN, 1, 0, 0.1f),
+                           g2 = Gradient(kN, 2, 0, 0.1f);
+  EXPECT_NEAR(x[5], x0[5] - (g0[5] + g1[5] + g2[5]) / 3, 1e-6);
+  // Under ssp the layout is refused.
+  ShardConfig ssp = testing_util::ExactSgdConfig(2);
+  ssp.consistency.mode = Consistency::kSsp;
+  ssp.consistency.max_staleness = 1;
+  absl::StatusOr<std::unique_ptr<Shard>> relaxed = Shard::Create(ssp, nullptr);
+  ASSERT_TRUE(relaxed.ok());
+  v1::RegisterRequest r = testing_util::RegisterRequestFor(0, 2, x0);
+  *r.mutable_layout() = layout;
+  absl::Status refused = (*relaxed)->Register(r).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("is a broadcast buffer"),
+            std::string::npos) << refused;
+}
+
+TEST(ShardHyper, ARoundWithoutWorkerZeroLeavesBroadcastBuffersAsTheyWere) {
+  FakeClock clock;
+  ShardConfig c = testing_util::ExactSgdConfig(2);
+  c.lease_timeout = absl::Milliseconds(300);
+  ShardEnv env;
+  env.clock = &clock;
+  absl::StatusOr<std::unique_ptr<Shard>> made = Shard::Create(c, env);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Shard& shard = **made;
+  v1::ModelLayout layout = testing_util::SmallLayout();
+  layout.mutable_tensors(1)->set_kind(v1::TENSOR_KIND_BROADCAST_BUFFER);
+  const std::vector<float> x0 = InitialWeights(kN);
+  for (uint32_t w = 0; w < 2; ++w) {
+    v1::RegisterRequest r = testing_util::RegisterRequestFor(w, 2, x0);
+    *r.mutable_layout() = layout;
+    ASSERT_TRUE(shard.Register(r).ok());
+  }
+  auto push = [&](uint32_t w, uint64_t t) {
+    std::vector<float> g(kN, 0.01f);
+    for (uint64_t i = 768; i < kN; ++i) g[i] = w == 0 ? 5.0f : 0.0f;
+    return shard.Push(PushRequestFor(w, t, Fp32Tensor(g)));
+  };
+  ASSERT_TRUE(push(0, 0).ok());
+  ASSERT_TRUE(push(1, 0).ok());
+  ASSERT_EQ(Snapshot(shard, 1)[800], 5.0f);
+  // Round 1: worker 0 is silent past its lease; the round goes on without
+  // it, and the buffer keeps worker 0's last values instead of the zeros.
+  ASSERT_TRUE(push(1, 1).ok());
+  clock.Advance(absl::Milliseconds(301));
+  shard.CheckLeases();
+  ASSERT_EQ(shard.Status().current_step(), 2u);
+  absl::StatusOr<v1::PullResponse> r = shard.PullBlocking(
+      PullRequestFor(1, 2, -1, 0, /*want_snapshot=*/true), absl::Seconds(10));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<float> x = DecodeAll(r->weights());
+  ASSERT_EQ(x.size(), kN);
+  for (uint64_t i = 768; i < kN; ++i) ASSERT_EQ(x[i], 5.0f) << i;
+  EXPECT_FLOAT_EQ(x[0], x0[0] - 0.02f);  // the parameters stepped twice
+}
 }  // namespace
 }  // namespace pserver
