@@ -127,9 +127,16 @@ TEST(ClientConsistency, AsyncRunsEveryWorkerAtItsOwnPace) {
                                      << runs[w].status;
   }
   // The fast workers stay within the shards' delta history (a few pushes
-  // behind); the slow one may fall further behind, and then gets snapshots.
-  EXPECT_EQ(runs[1].snapshots, 2u);
-  EXPECT_EQ(runs[2].snapshots, 2u);
+  // behind) and take deltas; the slow one may fall further behind, and then
+  // gets snapshots. On a loaded machine a fast worker too falls past the
+  // history now and then (a third snapshot in 2 of 15 runs with both cores
+  // busy, before and after issue 27): a few more than Register's two, not
+  // one a step, which is what a broken delta path would give.
+  for (uint32_t w = 1; w < 3; ++w) {
+    EXPECT_GE(runs[w].snapshots, 2u) << "worker " << w;
+    EXPECT_LE(runs[w].snapshots, 2 + runs[w].pushes / 8)
+        << "worker " << w << " pushed " << runs[w].pushes << " times";
+  }
   // Every push is a shard step of its own: steps advance by more than one
   // per Step() as the other workers push meanwhile.
   EXPECT_GT(runs[1].max_jump, 1u);
