@@ -32,6 +32,20 @@ class Net(torch.nn.Module):
         return self.fc2(torch.tanh(self.fc1(x))) * self.frozen.sum()
 
 
+def finish(procs):
+    """Waits for the worker processes (killing any still running when a
+    wait fails) and asserts each exited 0, showing its output if not."""
+    try:
+        outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, text in zip(procs, outputs):
+        assert p.returncode == 0, text
+
+
 def in_threads(*calls):
     """Runs the calls at once (each worker blocks in its round); re-raises."""
     errors, threads = [], []
@@ -128,15 +142,7 @@ def test_two_worker_processes_train_an_mlp(shards, tmp_path):
             [sys.executable, str(HERE / "torch_worker.py"),
              str(tmp_path / f"w{rank}.pt"), str(steps)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    try:
-        outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, text in zip(procs, outputs):
-        assert p.returncode == 0, text
+    finish(procs)
     w = [torch.load(tmp_path / f"w{r}.pt") for r in range(2)]
     for k, v in w[0]["created"].items():
         assert torch.equal(w[0]["after_register"][k], v)

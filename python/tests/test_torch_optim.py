@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from test_torch import in_threads
+from test_torch import finish, in_threads
 
 import pserver
 import pserver.torch
@@ -216,15 +216,7 @@ def test_two_worker_processes_equal_adamw_on_the_mean_gradient(shards,
          str(tmp_path / f"w{r}.pt"), str(steps)],
         env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT) for r in range(2)]
-    try:
-        outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, text in zip(procs, outputs):
-        assert p.returncode == 0, text
+    finish(procs)
     w = [torch.load(tmp_path / f"w{r}.pt") for r in range(2)]
     for k in w[0]["final"]:
         assert torch.equal(w[0]["final"][k], w[1]["final"][k]), k
