@@ -75,19 +75,11 @@ const Codec* BlockTopKWithRows(const Codec& base, uint64_t rows) {
   return it->second.get();
 }
 
-const Codec* Fp32Codec() {
-  static const Codec* const codec = [] {
-    absl::StatusOr<std::unique_ptr<Codec>> c =
-        MakeCodec(v1::CODEC_FP32, v1::CodecParams());
-    return c.ok() ? c->release() : nullptr;
-  }();
-  return codec;
-}
-
 std::vector<const Codec*> WithExactBuffers(
     const std::vector<TensorSlot>& slots, std::vector<const Codec*> codecs) {
   for (size_t i = 0; i < slots.size() && i < codecs.size(); ++i) {
-    if (slots[i].buffer) codecs[i] = Fp32Codec();
+    // fp32 has no parameters: the shared default instance is the codec.
+    if (slots[i].buffer) codecs[i] = DecoderFor(v1::CODEC_FP32);
   }
   return codecs;
 }

@@ -92,9 +92,6 @@ class CodecPlan {
 // process exits. `base` itself when that codec cannot be built.
 const Codec* BlockTopKWithRows(const Codec& base, uint64_t rows);
 
-// The fp32 codec, one instance alive until the process exits.
-const Codec* Fp32Codec();
-
 // `codecs` (one per slot, as CodecPlan::ForSlice takes them) with fp32 for
 // every buffer tensor (TensorSlot::buffer): buffers travel exactly whatever
 // the stream's or a schedule's codec.

@@ -1,9 +1,10 @@
 #include "server/round_hyper.h"
 
-#include <cmath>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/hyper_params.h"
 #include "common/layout.h"
 #include "common/rejection.h"
 
@@ -35,25 +36,8 @@ bool Same(const google::protobuf::RepeatedPtrField<v1::HyperParams>& a,
 }  // namespace
 
 absl::Status RoundHyper::Validate(const v1::PushRequest& req, int groups) {
-  if (!req.hyper().empty() && req.hyper_size() != groups) {
-    return Reject(v1::REJECT_REASON_INVALID_FIELD,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "hyper has ", req.hyper_size(), " entries; expected 0 "
-                      "or ", groups, " (one per layout group)")));
-  }
-  for (int g = 0; g < req.hyper_size(); ++g) {
-    const v1::HyperParams& h = req.hyper(g);
-    for (auto [field, value] : {std::pair<const char*, float>{"lr", h.lr()},
-                                {"weight_decay", h.weight_decay()}}) {
-      if (!std::isfinite(value) || value < 0.0f) {
-        return Reject(v1::REJECT_REASON_INVALID_FIELD,
-                      absl::InvalidArgumentError(absl::StrCat(
-                          "hyper[", g, "].", field, " is ", value,
-                          "; expected a finite value >= 0")));
-      }
-    }
-  }
-  return absl::OkStatus();
+  absl::Status s = ValidateHyperParams(req.hyper(), groups);
+  return s.ok() ? s : Reject(v1::REJECT_REASON_INVALID_FIELD, std::move(s));
 }
 
 absl::Status RoundHyper::Check(const v1::PushRequest& req, bool strict) const {

@@ -455,9 +455,7 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
     }
     const std::vector<GroupHyper> hyper =
         hyper_.For(step_, config_.optimizer, layout_);
-    for (size_t g = 0; g < hyper.size(); ++g) {
-      metrics_->SetLearningRate(static_cast<uint32_t>(g), hyper[g].lr);
-    }
+    PublishLearningRates(hyper);
     optimizer_->SetHyper(hyper);
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));

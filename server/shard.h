@@ -241,9 +241,9 @@ class Shard {
   absl::Status RestoreFrom(ShardState state) ABSL_LOCKS_EXCLUDED(mu_);
   ShardState CaptureState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FastForward(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The learning-rate gauges as the shard's schedule sets them for round
-  // step_ (until a round says what it stepped with).
-  void PublishScheduledLr() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The learning-rate gauges, one per group: what a round stepped with, or
+  // (after an install or restore) what the schedule gives round step_.
+  void PublishLearningRates(const std::vector<GroupHyper>& hyper);
   // Sums queued pushes in worker-id order, releasing mu_ while decoding;
   // completes the round when the last is in. Returns the pulls to answer.
   std::vector<Ready> Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -44,29 +44,23 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
   absl::StatusOr<std::vector<TensorSlot>> s = ValidateLayout(req.layout());
   if (!s.ok()) return Reject(v1::REJECT_REASON_BAD_LAYOUT, s.status());
   for (size_t i = 0; i < s->size(); ++i) {
-    if ((*s)[i].broadcast && policy_.relaxed()) {
-      // Worker 0's values need worker 0 in every round.
+    const TensorSlot& t = (*s)[i];
+    // Worker 0's values need worker 0 in every round; a stale push's
+    // weight would scale a buffer's values, not only its say in the mean.
+    const char* why =
+        t.broadcast && policy_.relaxed()
+            ? "a broadcast buffer; the shard's --consistency is not bsp: "
+              "expected --consistency=bsp, or an averaged buffer"
+        : t.buffer && policy_.config().scale_by_staleness
+            ? "a buffer; the shard's --staleness_scaling=inverse would "
+              "shrink it: expected parameters only, or "
+              "--staleness_scaling=none"
+            : nullptr;
+    if (why != nullptr) {
       return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
                     absl::FailedPreconditionError(absl::StrCat(
-                        "layout.tensors[", i, "] ('", (*s)[i].name,
-                        "') is a broadcast buffer; the shard's --consistency "
-                        "is not bsp: expected --consistency=bsp, or an "
-                        "averaged buffer")));
-    }
-  }
-  if (policy_.config().scale_by_staleness) {
-    for (size_t i = 0; i < s->size(); ++i) {
-      if ((*s)[i].buffer) {
-        // A stale push's weight would scale the buffer's values, not
-        // only its say in the mean.
-        return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
-                      absl::FailedPreconditionError(absl::StrCat(
-                          "layout.tensors[", i, "] ('", (*s)[i].name,
-                          "') is a buffer; the shard's "
-                          "--staleness_scaling=inverse would shrink it: "
-                          "expected parameters only, or "
-                          "--staleness_scaling=none")));
-      }
+                        "layout.tensors[", i, "] ('", t.name, "') is ",
+                        why)));
     }
   }
   *slots = *std::move(s);
@@ -386,12 +380,10 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   PublishLiveness();
   metrics_->SetModelElements(range.size());
   metrics_->SetStage(optimizer_->stage());
-  PublishScheduledLr();
+  PublishLearningRates(RoundHyper().For(step_, config_.optimizer, layout_));
 }
 
-void Shard::PublishScheduledLr() {
-  const std::vector<GroupHyper> hyper =
-      RoundHyper().For(step_, config_.optimizer, layout_);
+void Shard::PublishLearningRates(const std::vector<GroupHyper>& hyper) {
   for (size_t g = 0; g < hyper.size(); ++g) {
     metrics_->SetLearningRate(static_cast<uint32_t>(g), hyper[g].lr);
   }

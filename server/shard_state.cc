@@ -171,7 +171,7 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   metrics_->SetStage(optimizer_->stage());
   metrics_->SetSchedulePhase(PhaseAt(step_));
   metrics_->SetWorkersRegistered(config_.num_workers);
-  PublishScheduledLr();
+  PublishLearningRates(RoundHyper().For(step_, config_.optimizer, layout_));
   return absl::OkStatus();
 }
 

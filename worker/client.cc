@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/codec.h"
 #include "common/fp32_tensor.h"
+#include "common/hyper_params.h"
 #include "common/mix.h"
 #include "common/tensor_codecs.h"
 #include "common/rejection.h"
@@ -301,25 +302,14 @@ absl::Status Client::SetHyper(std::vector<v1::HyperParams> hyper) {
     return absl::FailedPreconditionError(
         "SetHyper during a step; call it before Step or StartStep");
   }
-  const int groups = GroupCount(layout_);
-  if (!hyper.empty() && static_cast<int>(hyper.size()) != groups) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hyper has ", hyper.size(), " entries; expected 0 or ", groups,
-        " (one per parameter group)"));
+  google::protobuf::RepeatedPtrField<v1::HyperParams> values(
+      std::make_move_iterator(hyper.begin()),
+      std::make_move_iterator(hyper.end()));
+  if (absl::Status s = ValidateHyperParams(values, GroupCount(layout_));
+      !s.ok()) {
+    return s;
   }
-  for (size_t g = 0; g < hyper.size(); ++g) {
-    for (auto [field, value] :
-         {std::pair<const char*, float>{"lr", hyper[g].lr()},
-          {"weight_decay", hyper[g].weight_decay()}}) {
-      if (!std::isfinite(value) || value < 0.0f) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("hyper[", g, "].", field, " is ", value,
-                         "; expected a finite value >= 0"));
-      }
-    }
-  }
-  hyper_.Clear();
-  for (v1::HyperParams& h : hyper) *hyper_.Add() = std::move(h);
+  hyper_ = std::move(values);
   return absl::OkStatus();
 }
 

@@ -151,14 +151,18 @@ class FlatLayout:
             flat[b:e].copy_(p.detach().reshape(-1))
 
     @torch.no_grad()
-    def loaded_into(self, flat):
-        """What load() gave the parameters, as fp32: the replica rounded to
-        each parameter's dtype (the replica itself for fp32 ones)."""
+    def moved_into(self, flat):
+        """How far each parameter moved since load(), as fp32, into `flat`:
+        what load() gave it (the replica rounded to its dtype) minus its
+        value now. Rounding is not a move, so a bf16/fp16 parameter that
+        did not change gives zeros."""
         for p, (b, e) in zip(self.params, self.offsets):
             src = self.weights[b:e]
             if p.dtype != torch.float32:
                 src = src.to(p.dtype).float()
             flat[b:e].copy_(src)
+            flat[b:e].sub_(p.detach().reshape(-1).to(flat.device,
+                                                     torch.float32))
 
     @torch.no_grad()
     def values_into(self, flat):

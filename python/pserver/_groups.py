@@ -78,6 +78,30 @@ def hyper_value(value, where):
     return v
 
 
+def _check_owned(group, owned, name, tail, kind=None):
+    """ValueError when an entry the shards own (`owned`: entry -> (their
+    value, their flags)) is given in `group` with another value: "<name(key)>
+    is <given>; the shards' is <value> (pserver_server <flags><tail>". With
+    the shards' optimizer `kind`, also for an owned-elsewhere entry (betas
+    for sgd) that this optimizer has not."""
+    for key in _ALL_OWNED:
+        given = group.get(key)
+        if given is None:
+            continue
+        if key not in owned:
+            if kind is None:
+                continue
+            other = ", ".join(f"{k}: pserver_server {f}"
+                              for k, (_, f) in owned.items())
+            raise ValueError(
+                f"{name(key)} is {given!r}; the shards run "
+                f"--optimizer={kind}, which has no {key} ({other})")
+        value, flags = owned[key]
+        if not _same(given, value):
+            raise ValueError(f"{name(key)} is {given!r}; the shards' is "
+                             f"{value!r} (pserver_server {flags}{tail}")
+
+
 def split(params, module):
     """params as torch.optim takes them -> [(group dict without 'params',
     [(name, tensor), ...])], every tensor given (frozen ones included).
@@ -219,7 +243,8 @@ class GroupHyper:
                 value = tidy(config[key])
             owned[key] = (value, flags)
         for g, group in enumerate(groups):
-            self._check_owned(group, owned, kind, f"param group {g}")
+            _check_owned(group, owned, lambda k: f"param group {g}: {k}",
+                         " set it; give the same or leave it out)", kind)
         self.owned = owned
         lr, wd = tidy(config["lr"]), tidy(config["weight_decay"])
         for group in [*groups, defaults]:
@@ -235,25 +260,6 @@ class GroupHyper:
                 group["weight_decay"] = wd
         self.baseline = [(g["lr"], g["weight_decay"]) for g in groups]
 
-    @staticmethod
-    def _check_owned(group, owned, kind, where):
-        for key in _ALL_OWNED:
-            given = group.get(key)
-            if given is None:
-                continue
-            if key not in owned:
-                other = ", ".join(f"{k}: pserver_server {f}"
-                                  for k, (_, f) in owned.items())
-                raise ValueError(
-                    f"{where}: {key} is {given!r}; the shards run "
-                    f"--optimizer={kind}, which has no {key} ({other})")
-            value, flags = owned[key]
-            if not _same(given, value):
-                raise ValueError(
-                    f"{where}: {key} is {given!r}; the shards' is {value!r} "
-                    f"(pserver_server {flags} set it; give the same or "
-                    "leave it out)")
-
     def check(self, groups):
         """[(lr, weight_decay)] of every group, checked: ValueError naming
         the group and entry for a value that is not finite or negative, or
@@ -265,14 +271,11 @@ class GroupHyper:
             lr = hyper_value(group.get("lr"), f"{where}['lr']")
             wd = hyper_value(group.get("weight_decay"),
                              f"{where}['weight_decay']")
-            for key, (value, flags) in self.owned.items():
-                if key in group and not _same(group[key], value):
-                    raise ValueError(
-                        f"{where}['{key}'] is {group[key]!r}; the shards' "
-                        f"is {value!r} (pserver_server {flags}) and they "
-                        f"do not schedule it: a scheduler that cycles "
-                        "momentum (OneCycleLR, CyclicLR) needs "
-                        "cycle_momentum=False")
+            _check_owned(group, self.owned,
+                         lambda k, where=where: f"{where}['{k}']",
+                         ") and they do not schedule it: a scheduler that "
+                         "cycles momentum (OneCycleLR, CyclicLR) needs "
+                         "cycle_momentum=False")
             values.append((lr, wd))
         return values
 
@@ -292,9 +295,5 @@ class GroupHyper:
             where = f"state_dict param group {g}"
             for key in ("lr", "weight_decay"):
                 hyper_value(group.get(key), f"{where}: {key}")
-            for key, (value, flags) in self.owned.items():
-                if group.get(key) is not None and not _same(group[key],
-                                                            value):
-                    raise ValueError(
-                        f"{where}: {key} is {group[key]!r}; the shards' is "
-                        f"{value!r} (pserver_server {flags})")
+            _check_owned(group, self.owned,
+                         lambda k, where=where: f"{where}: {k}", ")")

@@ -386,15 +386,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         hyper = self._hyper.to_send(self.param_groups)
         flat = self._flat
-        # What the parameters were loaded as (the replica, rounded to a
-        # bf16/fp16 parameter's dtype) minus the local weights: what the
-        # local steps moved, pushed in place of a gradient. Rounding is not
-        # a move: the fp32 master stays off the low-precision grid.
-        end = flat.param_end
-        base = torch.empty(end, dtype=torch.float32)
-        flat.loaded_into(base)
-        flat.params_into(flat.grad)
-        torch.sub(base, flat.grad[:end], out=flat.grad[:end])
+        # What the local steps moved, pushed in place of a gradient.
+        flat.moved_into(flat.grad)
         flat.put_buffers(flat.grad)
         self._set_hyper(hyper)
         self.client.step(flat.grad, flat.weights, loss=_as_float(loss))

@@ -17,6 +17,7 @@
 #include "server/moment_optimizer.h"
 #include "server/round_hyper.h"
 #include "server/shard.h"
+#include "tests/server/ref_adam.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_util/temp_dir.h"
 
@@ -109,22 +110,12 @@ TEST(LrSchedule, AScheduleFileReplacesTheFlags) {
 
 // ---- Groups and buffers in the optimizer ----------------------------------
 
-// torch.optim.Adam(W) in double: bias correction, decoupled weight decay.
-struct RefAdamW {
-  std::vector<double> x, m, v;
-  int t = 0;
-  void Step(const float* g, double lr, double wd, double b1 = 0.9,
-            double b2 = 0.999, double eps = 1e-8) {
-    ++t;
-    for (size_t i = 0; i < x.size(); ++i) {
-      m[i] = b1 * m[i] + (1 - b1) * g[i];
-      v[i] = b2 * v[i] + (1 - b2) * double{g[i]} * g[i];
-      const double mh = m[i] / (1 - std::pow(b1, t));
-      const double vh = v[i] / (1 - std::pow(b2, t));
-      x[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * x[i]);
-    }
-  }
-};
+// torch.optim.AdamW in double, at weights x0.
+testing_util::RefAdam AdamW(absl::Span<const float> x0) {
+  testing_util::RefAdam r = testing_util::RefAdam::At(x0);
+  r.bias = true;
+  return r;
+}
 
 TEST(GroupHyper, EachSegmentStepsWithItsGroupAndBuffersTakeTheMean) {
   // Large enough that the pool splits the slice; the segments cross chunks.
@@ -137,18 +128,17 @@ TEST(GroupHyper, EachSegmentStepsWithItsGroupAndBuffersTakeTheMean) {
   MomentOptimizer opt(c, n, {{0, a, 0, false}, {a, b, 1, false},
                              {b, n, 0, true}});
   std::vector<float> x = InitialWeights(n);
-  RefAdamW r0, r1;
-  r0.x.assign(x.begin(), x.begin() + a);
-  r1.x.assign(x.begin() + a, x.begin() + b);
-  r0.m.assign(a, 0), r0.v.assign(a, 0);
-  r1.m.assign(b - a, 0), r1.v.assign(b - a, 0);
+  testing_util::RefAdam r0 = AdamW(absl::MakeConstSpan(x).subspan(0, a));
+  testing_util::RefAdam r1 = AdamW(absl::MakeConstSpan(x).subspan(a, b - a));
   for (uint64_t t = 0; t < 5; ++t) {
     const float lr0 = 0.01f * (t + 1), lr1 = 0.003f;
     opt.SetHyper({{lr0, 0.1f}, {lr1, 0.0f}});
     std::vector<float> g = Gradient(n, 0, t, 0.1f);
     opt.Step(g, absl::MakeSpan(x));
-    r0.Step(g.data(), lr0, 0.1);
-    r1.Step(g.data() + a, lr1, 0.0);
+    r0.lr = lr0, r0.wd = 0.1;
+    r0.Step(g);
+    r1.lr = lr1, r1.wd = 0.0;
+    r1.Step(absl::MakeConstSpan(g).subspan(a));
     for (uint64_t i = b; i < n; ++i) {
       ASSERT_EQ(x[i], g[i]) << "buffer element " << i << " round " << t;
     }
@@ -393,9 +383,8 @@ TEST(ShardHyper, PushedValuesStepEachGroupAsAdamW) {
   const std::vector<float> x0 = InitialWeights(kN);
   std::unique_ptr<Shard> shard = Registered(c, GroupedLayout(), x0);
   ASSERT_NE(shard, nullptr);
-  RefAdamW ref;
-  ref.x.assign(x0.begin(), x0.begin() + 768);
-  ref.m.assign(768, 0), ref.v.assign(768, 0);
+  testing_util::RefAdam ref = AdamW(absl::MakeConstSpan(x0).subspan(0, 768));
+  ref.wd = 0.1;
   for (uint64_t t = 0; t < 3; ++t) {
     const float lr = 0.01f / (t + 1);
     std::vector<float> mean(kN, 0.0f);
@@ -410,7 +399,8 @@ TEST(ShardHyper, PushedValuesStepEachGroupAsAdamW) {
       absl::StatusOr<v1::PushResponse> r = shard->Push(p);
       ASSERT_TRUE(r.ok()) << r.status();
     }
-    ref.Step(mean.data(), lr, 0.1);
+    ref.lr = lr;
+    ref.Step(mean);
   }
   std::vector<float> x = Snapshot(*shard, 3);
   ASSERT_EQ(x.size(), kN);

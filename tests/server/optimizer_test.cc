@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/server/ref_adam.h"
 
 namespace pserver {
 namespace {
@@ -32,30 +33,10 @@ std::vector<float> Weights(uint64_t n) {
   return x;
 }
 
-// Plain Adam in double, DeepSpeed conventions: no bias correction (unless
-// asked), eps outside the sqrt, decoupled weight decay.
-struct RefAdam {
-  std::vector<double> x, m, v;
-  double lr, b1, b2, eps, wd;
-  bool bias = false;
-  int t = 0;
-  void Step(const std::vector<float>& g) {
-    ++t;
-    for (size_t i = 0; i < x.size(); ++i) {
-      m[i] = b1 * m[i] + (1 - b1) * g[i];
-      v[i] = b2 * v[i] + (1 - b2) * double{g[i]} * g[i];
-      double mh = bias ? m[i] / (1 - std::pow(b1, t)) : m[i];
-      double vh = bias ? v[i] / (1 - std::pow(b2, t)) : v[i];
-      x[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * x[i]);
-    }
-  }
-};
+using testing_util::RefAdam;
 
 RefAdam MakeRef(const OptimizerConfig& c, const std::vector<float>& x0) {
-  RefAdam r;
-  r.x.assign(x0.begin(), x0.end());
-  r.m.assign(x0.size(), 0);
-  r.v.assign(x0.size(), 0);
+  RefAdam r = RefAdam::At(x0);
   r.lr = c.lr;
   r.b1 = c.beta1;
   r.b2 = c.beta2;
