@@ -78,15 +78,17 @@ def hyper_value(value, where):
     return v
 
 
-def _check_owned(group, owned, name, tail, kind=None):
+def _check_owned(group, owned, name, tail, kind=None, none_given=False):
     """ValueError when an entry the shards own (`owned`: entry -> (their
     value, their flags)) is given in `group` with another value: "<name(key)>
     is <given>; the shards' is <value> (pserver_server <flags><tail>". With
     the shards' optimizer `kind`, also for an owned-elsewhere entry (betas
-    for sgd) that this optimizer has not."""
+    for sgd) that this optimizer has not. `none_given`: an owned entry
+    present as None counts as given (and differs)."""
     for key in _ALL_OWNED:
         given = group.get(key)
-        if given is None:
+        if given is None and not (none_given and key in owned
+                                  and key in group):
             continue
         if key not in owned:
             if kind is None:
@@ -275,7 +277,7 @@ class GroupHyper:
                          lambda k, where=where: f"{where}['{k}']",
                          ") and they do not schedule it: a scheduler that "
                          "cycles momentum (OneCycleLR, CyclicLR) needs "
-                         "cycle_momentum=False")
+                         "cycle_momentum=False", none_given=True)
             values.append((lr, wd))
         return values
 
