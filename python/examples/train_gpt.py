@@ -65,9 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=16,
                    help="global batch (windows per step, over all workers)")
-    p.add_argument("--size", choices=("default", "small"), default="default",
-                   help="gpt.GPTConfig() (1.85M parameters) or "
-                   "GPTConfig.small() (121K)")
+    p.add_argument("--size", choices=("default", "bench", "small"),
+                   default="default",
+                   help="gpt.GPTConfig() (1.85M parameters), "
+                   "GPTConfig.bench() (1.03M) or GPTConfig.small() (121K)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak")
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
@@ -89,7 +90,57 @@ def parse_args(argv=None):
     p.add_argument("--eval-batches", type=int, default=20,
                    help="validation batches of 32 windows")
     p.add_argument("--json", default="", help="rank 0 writes the run here")
-    return p.parse_args(argv)
+    ps = p.add_argument_group("with --pserver")
+    ps.add_argument("--push-codec", default="fp32",
+                    help="the workers' push codec (fp32, bf16, quantize, "
+                    "onebit, topk, ...)")
+    ps.add_argument("--warmup-codec", default="",
+                    help="push codec before 1-bit Adam's freeze (default: "
+                    "the client's)")
+    ps.add_argument("--k-fraction", type=float, default=0.0,
+                    help="topk: the fraction kept (default: the client's)")
+    ps.add_argument("--bits", type=int, default=0,
+                    help="quantize: bits per value (default: the client's)")
+    ps.add_argument("--local-steps", type=int, default=1,
+                    help="H > 1: DiLoCo, H steps of the script's AdamW on "
+                    "each worker (the inner optimizer, with the schedule and "
+                    "clipping), then the weight change is pushed and the "
+                    "shards' optimizer (the outer one, e.g. --optimizer sgd "
+                    "--nesterov=true --lr 0.7) steps")
+    ps.add_argument("--client-option", action="append", default=[],
+                    metavar="KEY=VALUE",
+                    help="another pserver.Client option (e.g. block_size=64, "
+                    "ef_decay=0.9), repeatable")
+    args = p.parse_args(argv)
+    if not args.pserver and (args.local_steps != 1 or args.client_option):
+        p.error("--local-steps and --client-option need --pserver")
+    return args
+
+
+def client_options(args):
+    """DistributedOptimizer's Client options from the --pserver flags."""
+    opts = {"push_codec": args.push_codec}
+    if args.warmup_codec:
+        opts["warmup_codec"] = args.warmup_codec
+    if args.k_fraction:
+        opts["k_fraction"] = args.k_fraction
+    if args.bits:
+        opts["bits"] = args.bits
+    for item in args.client_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            sys.exit(f"train_gpt.py: --client-option {item!r}; expected "
+                     "KEY=VALUE")
+        for conv in (int, float):
+            try:
+                value = conv(value)
+                break
+            except ValueError:
+                pass
+        else:
+            value = {"true": True, "false": False}.get(value, value)
+        opts[key] = value
+    return opts
 
 
 def main(argv=None):
@@ -106,7 +157,8 @@ def main(argv=None):
         sys.exit(f"train_gpt.py: --batch {args.batch} is not a multiple of "
                  f"the {world} workers")
     batch = args.batch // world
-    cfg = gpt.GPTConfig() if args.size == "default" else gpt.GPTConfig.small()
+    cfg = {"default": gpt.GPTConfig, "bench": gpt.GPTConfig.bench,
+           "small": gpt.GPTConfig.small}[args.size]()
     train, val = gpt.load_corpus(args.corpus_dir, args.max_bytes)
 
     torch.manual_seed(args.seed)
@@ -114,15 +166,32 @@ def main(argv=None):
     model.ln_f.bias.requires_grad_(False)
     groups = gpt.configure_param_groups(model, args.weight_decay)
     betas = (args.beta1, args.beta2)
-    if args.pserver:
+    # module=model: the layout's tensor names are the model's (tok.weight,
+    # blocks.0.attn.qkv.weight, ...), the names per-tensor codecs of a
+    # compression schedule (--client-option schedule=FILE) refer to.
+    if args.pserver and args.local_steps > 1:
+        # DiLoCo: the script's AdamW (groups, schedule, clipping) is the
+        # inner optimizer; the shards' optimizer, with its own --lr and
+        # weight decay, is the outer one over every trainable parameter.
+        inner = torch.optim.AdamW(groups, lr=args.lr, betas=betas,
+                                  eps=args.eps, weight_decay=args.weight_decay)
+        opt = pserver.torch.DistributedOptimizer(
+            [p for p in model.parameters() if p.requires_grad],
+            local_steps=args.local_steps, inner_optimizer=inner,
+            module=model, buffers="none", **client_options(args), **where)
+        scheduled = inner
+    elif args.pserver:
         opt = pserver.torch.DistributedOptimizer(
             groups, lr=args.lr, betas=betas, eps=args.eps,
-            weight_decay=args.weight_decay, push_codec="fp32", **where)
+            weight_decay=args.weight_decay, module=model, buffers="none",
+            **client_options(args), **where)
+        scheduled = opt
     else:
         opt = torch.optim.AdamW(groups, lr=args.lr, betas=betas, eps=args.eps,
                                 weight_decay=args.weight_decay)
+        scheduled = opt
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, warmup_cosine(args.warmup, args.steps, args.min_lr_ratio))
+        scheduled, warmup_cosine(args.warmup, args.steps, args.min_lr_ratio))
 
     say = print if rank == 0 else (lambda *a, **k: None)
     params = sum(p.numel() for p in model.parameters())
@@ -131,6 +200,7 @@ def main(argv=None):
         f"{'pserver' if args.pserver else 'torch.optim.AdamW'}", flush=True)
     curve, val_curve = [], []
     start = time.monotonic()
+    grad_norm = None
     for step in range(args.steps):
         x, y = gpt.get_batch(train, step, rank, world, batch, cfg.context,
                              args.seed)
@@ -139,14 +209,19 @@ def main(argv=None):
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         if args.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        lr = opt.param_groups[0]["lr"]
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                       args.clip).item()
+        lr = scheduled.param_groups[0]["lr"]
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
         done = step + 1
         if done % args.log_every == 0 or done == args.steps:
-            curve.append([done, loss.item(), lr])
+            # With --pserver: the norm of this worker's error-feedback
+            # residuals (what its codec still owes the shards) beside the
+            # gradient's norm before clipping.
+            residual = opt.client.residual_norm if args.pserver else None
+            curve.append([done, loss.item(), lr, grad_norm, residual])
             say(f"step {done}/{args.steps} loss {loss.item():.4f} "
                 f"lr {lr:.3g}", flush=True)
         if (rank == 0 and args.eval_every and done % args.eval_every == 0
@@ -154,7 +229,15 @@ def main(argv=None):
             val_curve.append([done, gpt.evaluate(model, val, cfg.context,
                                                  args.eval_batches)])
             say(f"step {done} val_loss {val_curve[-1][1]:.4f}", flush=True)
+    if args.pserver and args.local_steps > 1:
+        opt.synchronize()  # the last partial round (steps % H local steps)
     seconds = time.monotonic() - start
+    stats = opt.stats() if args.pserver else {}
+    if args.pserver:
+        say(f"worker {rank}: pushed {stats['push_payload_bytes']} bytes, "
+            f"pulled {stats['pull_payload_bytes']} (+ "
+            f"{stats.get('variance_payload_bytes', 0)} of frozen variance)",
+            flush=True)
     if rank != 0:
         return
     val_loss = gpt.evaluate(model, val, cfg.context, args.eval_batches)
@@ -169,7 +252,9 @@ def main(argv=None):
                        "frozen": ["ln_f.bias"], "final_val_loss": val_loss,
                        "seconds": seconds,
                        "seconds_per_step": seconds / args.steps,
-                       "train_curve": curve, "val_curve": val_curve},
+                       "train_curve": curve, "val_curve": val_curve,
+                       "client_stats": {k: v for k, v in stats.items()
+                                        if isinstance(v, (int, float))}},
                       f, indent=1)
 
 

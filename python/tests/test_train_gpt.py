@@ -88,9 +88,12 @@ def run_standalone(tmp_path, *extra):
 def test_standalone_adamw_run_learns(tmp_path):
     need_corpus()
     run = run_standalone(tmp_path)
-    losses = [loss for _, loss, _ in run["train_curve"]]
-    lrs = [lr for _, _, lr in run["train_curve"]]
-    assert [s for s, _, _ in run["train_curve"]] == [10, 20, 30, 40]
+    curve = run["train_curve"]  # [step, loss, lr, grad norm, residual]
+    losses = [c[1] for c in curve]
+    lrs = [c[2] for c in curve]
+    assert [c[0] for c in curve] == [10, 20, 30, 40]
+    assert all(c[3] > 0 for c in curve), curve  # before clipping
+    assert all(c[4] is None for c in curve), curve  # no pserver, no residual
     # Byte-level, untrained: ln 256 = 5.55 nats.
     assert losses[-1] < losses[0] - 0.3, losses
     assert run["final_val_loss"] < 3.8, run
@@ -158,3 +161,72 @@ def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
     assert abs(rel) < 1e-5, (ps["final_val_loss"], same_math)
     rel = ps["final_val_loss"] / ref["final_val_loss"] - 1
     assert abs(rel) < 0.02, (ps["final_val_loss"], ref["final_val_loss"])
+
+
+def run_launched(tmp_path, shard_flags, script_flags):
+    import pserver
+    from conftest import server_binary
+    package_root = str(pathlib.Path(pserver.__file__).resolve().parents[1])
+    env = dict(ENV, PYTHONPATH=os.pathsep.join(
+        [package_root, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "pserver.launch", "--server-bin",
+         server_binary(), "--run-dir", str(tmp_path / "run"), "--shards", "2",
+         "--workers", "2", *shard_flags, str(SCRIPT), "--pserver", *SHORT,
+         *script_flags, "--json", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=120)
+    text = p.stdout.decode()
+    assert p.returncode == 0, text
+    return json.loads(out.read_text())
+
+
+def test_local_steps_push_the_weight_change_every_h_steps(tmp_path):
+    """--local-steps 16 over 40 steps: rounds at steps 16 and 32 and the
+    last partial one (8 steps) that the script's synchronize() pushes; each
+    an 8-bit quantized weight change (lm_fidelity.sh's diloco rows)."""
+    need_corpus()
+    run = run_launched(
+        tmp_path, ["--optimizer", "sgd", "--nesterov=true", "--lr", "0.7",
+                   "--pull-codec", "quantize", "--pull_bits=8"],
+        ["--local-steps", "16", "--push-codec", "quantize", "--bits", "8"])
+    s = run["client_stats"]
+    trainable = run["parameters"] - 64  # ln_f.bias is frozen
+    assert s["steps"] == 3, s
+    assert s["push_fp32_bytes"] == 3 * 4 * trainable, s
+    # 8 bits a value plus the blocks' scales: about a quarter of fp32.
+    assert s["push_payload_bytes"] < s["push_fp32_bytes"] / 3.5, s
+    assert run["final_val_loss"] < 5.0, run
+
+
+def test_schedule_names_the_models_tensors(tmp_path):
+    """With module=model the layout's names are the model's, so a schedule's
+    per-tensor codec for blocks.0.fc.weight is accepted (a name outside the
+    layout is refused at Register) and 1-bit pushes after the freeze move
+    far fewer bytes than fp32."""
+    need_corpus()
+    sched = tmp_path / "sched.json"
+    sched.write_text(json.dumps({"phases": [
+        {"name": "warmup", "end_step": 10,
+         "push": {"codec": "quantize", "params": {"bits": 8}},
+         "pull": {"codec": "quantize", "params": {"bits": 8}}},
+        {"name": "compression", "begin_step": 10,
+         "push": {"codec": "onebit"}, "pull": {"codec": "onebit"},
+         "tensors": [{"tensor": "blocks.0.fc.weight",
+                      "push": {"codec": "bf16"}}]}]}))
+    run = run_launched(
+        tmp_path, ["--optimizer", "onebit_adam", "--freeze-step", "10",
+                   "--bias_correction=true", "--onebit_momentum=worker",
+                   "--pull-codec", "onebit", "--schedule", str(sched)],
+        ["--push-codec", "onebit", "--client-option", f"schedule={sched}"])
+    s = run["client_stats"]
+    assert s["steps"] == 40, s
+    trainable = run["parameters"] - 64  # ln_f.bias is frozen
+    fc = 64 * 256  # blocks.0.fc.weight
+    # At least 10 rounds of 8-bit values and 30 of fc in bf16; 1-bit for
+    # fc too would be about 1.7 MB in all, under this bound.
+    assert s["push_payload_bytes"] > 10 * trainable + 30 * 2 * fc, s
+    assert s["push_payload_bytes"] < s["push_fp32_bytes"] / 6, s
+    assert s["variance_payload_bytes"] > 0, s
+    assert all(c[4] is not None for c in run["train_curve"]), run

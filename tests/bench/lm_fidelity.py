@@ -79,24 +79,36 @@ SEEDS = [1, 2, 3]
 POWERSGD_RANK = 4  # PowerSGD starts at step RECIPE["warmup"]
 
 ONEBIT = "--optimizer onebit_adam --freeze-step 200 --bias_correction=true"
+# The recipes of ps_onebit and ps_topk (issue 28 section 2): the workers'
+# momentum compressed, its decay 0.5 after the freeze, 8-bit quantize both
+# ways until the freeze (a schedule both sides read).
+WORKER_MOMENTUM = "--onebit_momentum=worker --compression_beta1=0.5"
+SCHEDULES = ROOT / "deploy" / "schedules"
+ONEBIT_SCHEDULE = SCHEDULES / "q8_then_onebit.txtpb"
+TOPK_SCHEDULE = SCHEDULES / "q8_then_topk_pullq.txtpb"
 DILOCO = "--optimizer sgd --nesterov=true --momentum=0.9 --lr 0.7 --weight_decay=0"
 # name -> how. "ps" rows: shard flags for the launcher (every shard also
 # gets --beta1/--beta2 of the recipe: DistributedOptimizer refuses betas
 # other than the shards'), then train_gpt.py's flags after --pserver and the
-# recipe. "needs": a driver flag the row cannot run without (skipped when
-# empty); its value is appended to the shard flags after "needs_flag".
+# recipe.
 ROWS = {
     "adamw": {"kind": "adamw"},
     "ddp_fp32": {"kind": "ddp", "hook": "fp32"},
     "ddp_powersgd": {"kind": "ddp", "hook": "powersgd"},
     "ps_fp32": {"kind": "ps", "shard": "--optimizer adam --pull-codec fp32",
                 "script": "--push-codec fp32"},
-    "ps_onebit": {"kind": "ps", "shard": f"{ONEBIT} --pull-codec onebit",
-                  "script": "--push-codec onebit --warmup-codec bf16"},
+    "ps_onebit": {"kind": "ps",
+                  "shard": f"{ONEBIT} {WORKER_MOMENTUM} --pull-codec onebit "
+                           f"--schedule {ONEBIT_SCHEDULE}",
+                  "script": "--push-codec onebit --client-option "
+                            f"schedule={ONEBIT_SCHEDULE}"},
     "ps_topk": {"kind": "ps",
-                "shard": f"{ONEBIT} --pull-codec topk --pull-k-fraction 0.01",
-                "script": "--push-codec topk --warmup-codec bf16 "
-                          "--k-fraction 0.01"},
+                "shard": f"{ONEBIT} {WORKER_MOMENTUM} --pull-codec "
+                         "topk_quantize --pull_k_fraction=0.03 --pull_bits=4 "
+                         f"--schedule {TOPK_SCHEDULE}",
+                "script": "--push-codec topk --k-fraction 0.01 "
+                          f"--client-option schedule={TOPK_SCHEDULE} "
+                          "--client-option momentum_masking=true"},
     "diloco_h16_q8": {"kind": "ps",
                       "shard": f"{DILOCO} --pull-codec quantize --pull_bits=8",
                       "script": "--local-steps 16 --push-codec quantize --bits 8"},
@@ -107,10 +119,22 @@ ROWS = {
                       "script": "--local-steps 64 --push-codec quantize --bits 8"},
     "diloco_h64_onebit": {"kind": "ps", "shard": f"{DILOCO} --pull-codec onebit",
                           "script": "--local-steps 64 --push-codec onebit"},
-    # Optional: ps_onebit with a tuned compression schedule (placeholder).
-    "ps_tuned": {"kind": "ps", "shard": f"{ONEBIT} --pull-codec onebit",
-                 "script": "--push-codec onebit --warmup-codec bf16",
-                 "needs": "tuned_schedule", "needs_flag": "--schedule"},
+    # Not in the default table: the attribution of the 1-bit gap (section 2),
+    # each the first 1-bit recipe (the shard's momentum at 1-bit Adam's 0.9,
+    # bf16 warmup pushes, 1-bit pulls from the start) with one part changed.
+    "onebit_first": {"kind": "ps", "shard": f"{ONEBIT} --pull-codec onebit",
+                     "script": "--push-codec onebit --warmup-codec bf16"},
+    "onebit_frozen_only": {"kind": "ps", "shard": f"{ONEBIT} --pull-codec fp32",
+                           "script": "--push-codec fp32"},
+    "onebit_push_only": {"kind": "ps", "shard": f"{ONEBIT} --pull-codec fp32",
+                         "script": "--push-codec onebit --warmup-codec bf16"},
+    "onebit_pull_only": {"kind": "ps", "shard": f"{ONEBIT} --pull-codec onebit",
+                         "script": "--push-codec fp32"},
+    "onebit_q8warmup": {"kind": "ps",
+                        "shard": f"{ONEBIT} --pull-codec onebit "
+                                 f"--schedule {ONEBIT_SCHEDULE}",
+                        "script": "--push-codec onebit --client-option "
+                                  f"schedule={ONEBIT_SCHEDULE}"},
 }
 DEFAULT_RUNS = ["adamw", "ddp_fp32", "ddp_powersgd", "ps_fp32", "ps_onebit",
                 "ps_topk", "diloco_h16_q8", "diloco_h16_onebit",
@@ -120,10 +144,6 @@ DEFAULT_RUNS = ["adamw", "ddp_fp32", "ddp_powersgd", "ps_fp32", "ps_onebit",
 PARITY = 0.005  # ps_fp32: |loss / adamw - 1| <= 0.5%
 TARGETS = [("ps_onebit", 0.01, 15), ("ps_topk", 0.02, 20)]
 LOCAL_TARGETS = [(0.01, 200), (0.02, 1000)]  # the best local-steps row
-
-
-class Skip(Exception):
-    pass
 
 
 def recipe(name, args):
@@ -140,13 +160,6 @@ def recipe(name, args):
     elif row["kind"] == "ps":
         shard = ["--beta1", str(args.beta1), "--beta2", str(args.beta2),
                  *shlex.split(row["shard"])]
-        if row.get("needs"):
-            value = getattr(args, row["needs"])
-            if not value:
-                raise Skip(f"needs --{row['needs'].replace('_', '-')} FILE")
-            if not os.path.isfile(value):
-                raise Skip(f"no file {value}")
-            shard += [row["needs_flag"], str(pathlib.Path(value).resolve())]
         r.update(shards=SHARDS, shard_flags=shard,
                  script_flags=shlex.split(row["script"]))
     return r
@@ -369,11 +382,7 @@ def differences(there, here):
 def run_table(args):
     results, failures = [], []
     for name in args.runs:
-        try:
-            rec = recipe(name, args)
-        except Skip as e:
-            print(f"lm_fidelity: {name}: skipped: {e}", file=sys.stderr)
-            continue
+        rec = recipe(name, args)
         for seed in args.seeds:
             work = args.work / name / str(seed)
             r = load_result(work)
@@ -792,9 +801,6 @@ def parse():
                    help="another pserver row (run after RUNS), e.g. "
                    "--extra-row ps_q4 '--optimizer adam --pull-codec quantize "
                    "--pull_bits=4' '--push-codec quantize --bits 4'")
-    p.add_argument("--tuned-schedule", default="", metavar="FILE",
-                   help="ps_tuned's shard --schedule (ps_tuned is skipped "
-                   "without it)")
     p.add_argument("--work", default=str(ROOT / "results/lm_fidelity/runs"),
                    help="each run's folder, WORK/<row>/<seed>/ (default "
                    "%(default)s); complete runs there are reused")

@@ -20,7 +20,7 @@
 # tests/bench/results), WORK (each run's folder, WORK/<row>/<seed>/, default
 # results/lm_fidelity/runs; complete runs there are reused, so an
 # interrupted table continues with the same WORK). Every other argument goes
-# to lm_fidelity.py (--size, --lr, --extra-row, --tuned-schedule, ...).
+# to lm_fidelity.py (--size, --lr, --extra-row, ...).
 # Threads: one per process, OpenBLAS's Haswell kernel unless
 # OPENBLAS_CORETYPE says otherwise (as fidelity.sh). Needs a build with the
 # Python package (tests/run.sh does it).
