@@ -1,6 +1,20 @@
-"""Where a worker finds its shards and its rank: torchrun-style variables."""
+"""Where a worker finds its shards and its rank (torchrun-style variables),
+and the Client options a launcher's recipe gives it."""
 
+import json
 import os
+
+CLIENT_OPTIONS_ENV = "PSERVER_CLIENT_OPTIONS"
+# pserver.Client's keyword options that PSERVER_CLIENT_OPTIONS may set
+# (python/native/module.cc); servers, worker_id, num_workers and local_steps
+# are DistributedOptimizer's own.
+CLIENT_OPTIONS = (
+    "push_codec", "warmup_codec", "block_size", "k_fraction", "bits",
+    "ef_decay", "seed", "rpc_timeout", "pull_timeout", "retry_budget",
+    "metrics_listen", "tls_ca", "tls_cert", "tls_key", "auth_token_file",
+    "momentum_masking", "schedule", "run_length")
+_JSON_TYPES = {list: "an array", str: "a string", bool: "a boolean",
+               int: "a number", float: "a number", type(None): "null"}
 
 
 def _int_env(name, env):
@@ -48,3 +62,34 @@ def init(servers=None, worker_id=None, num_workers=None, env=None):
                          "0 <= worker_id < num_workers")
     return {"servers": servers, "worker_id": worker_id,
             "num_workers": num_workers}
+
+
+def client_options(env=None):
+    """The pserver.Client options in PSERVER_CLIENT_OPTIONS (a JSON object,
+    e.g. {"push_codec": "topk", "k_fraction": 0.01}; what python3 -m
+    pserver.launch --recipe sets) from `env` (default os.environ), as a dict;
+    {} when unset or empty. Raises ValueError naming the variable (and the
+    key) for text that is not JSON, JSON that is not an object, and a key
+    that is not one of CLIENT_OPTIONS. The values' types are Client's to
+    check. Contacts no shard."""
+    env = os.environ if env is None else env
+    text = env.get(CLIENT_OPTIONS_ENV, "")
+    if not text.strip():
+        return {}
+    expected = ('expected a JSON object of pserver.Client options, e.g. '
+                '{"push_codec": "topk", "k_fraction": 0.01}')
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{CLIENT_OPTIONS_ENV} is not JSON ({e}); "
+                         f"{expected}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{CLIENT_OPTIONS_ENV} is "
+                         f"{_JSON_TYPES.get(type(value), 'not an object')}; "
+                         f"{expected}")
+    for key in value:
+        if key not in CLIENT_OPTIONS:
+            raise ValueError(f"{CLIENT_OPTIONS_ENV} has the key {key!r}, "
+                             "which is not a pserver.Client option; expected "
+                             f"keys among {', '.join(CLIENT_OPTIONS)}")
+    return value

@@ -25,6 +25,17 @@ Launcher options:
   --run-dir DIR       logs and the pid list (default: a new /tmp/pserver-run-*)
   --python PATH       interpreter for the script (default: this one)
   --start-timeout S   seconds a shard gets to listen (default 30)
+  --recipe NAME[:F]   a measured compression recipe for language models
+                      (pserver/recipes.py): lm-onebit or lm-topk, with 1-bit
+                      Adam's variance frozen at round F (default 200; freeze
+                      at about twice the learning rate's warmup). Writes its
+                      schedule to <run dir>/recipe_NAME.txtpb, puts its
+                      shard flags before yours (a flag you give again wins:
+                      the daemon takes the last one) and gives the workers
+                      PSERVER_CLIENT_OPTIONS, a JSON object of pserver.Client
+                      options that DistributedOptimizer uses for those the
+                      script does not pass. Not with --schedule or
+                      --freeze_step (use NAME:F).
   --                  ends the options; the script comes next
 Every other option before the script is a pserver_server flag given to every
 shard, as --name=value or --name value (dashes become underscores:
@@ -36,6 +47,7 @@ unless given. --metrics-listen HOST:PORT gives shard i the port PORT + i
 """
 
 import ctypes
+import json
 import os
 import pathlib
 import re
@@ -45,6 +57,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from pserver import recipes
 
 _OWN_SERVER_FLAGS = ("listen", "port_file", "shard_index", "num_shards",
                      "num_workers")
@@ -89,9 +103,10 @@ def parse_args(argv):
     """Returns a dict of the launcher's settings; raises UsageError."""
     opts = {"shards": 2, "workers": 4, "server_bin": None, "run_dir": None,
             "python": sys.executable, "start_timeout": 30.0,
-            "server_flags": [], "script": None, "script_args": []}
+            "recipe": None, "server_flags": [], "script": None,
+            "script_args": []}
     own = {"--shards", "--workers", "--server-bin", "--run-dir", "--python",
-           "--start-timeout"}
+           "--start-timeout", "--recipe"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -122,6 +137,12 @@ def parse_args(argv):
                 except ValueError:
                     raise UsageError(f"{name} is {value!r}; expected "
                                      "seconds") from None
+            elif key == "recipe":
+                try:
+                    opts[key] = recipes.parse(value)
+                except ValueError as e:
+                    # "recipe 'x' is unknown; ..." -> "--recipe 'x' is ..."
+                    raise UsageError(f"--{e}") from None
             else:
                 opts[key] = value
             continue
@@ -138,11 +159,46 @@ def parse_args(argv):
     for f in opts["server_flags"]:
         if f.startswith("--metrics_listen="):
             _shard_metrics(f.split("=", 1)[1], opts["shards"] - 1)  # checks
+    if opts["recipe"] is not None:
+        _check_recipe_flags(opts["recipe"], opts["server_flags"])
     opts["script"] = argv[i]
     opts["script_args"] = argv[i + 1:]
     if not os.path.isfile(opts["script"]):
         raise UsageError(f"script {opts['script']!r} is not a file")
     return opts
+
+
+def _check_recipe_flags(chosen, server_flags):
+    """The recipe's schedule switches codecs at its freeze: a --schedule or
+    --freeze_step of the user's would break that agreement."""
+    recipe, _ = chosen
+    for f in server_flags:
+        flag, _, value = f.partition("=")
+        if flag == "--schedule":
+            raise UsageError(
+                f"{f} with --recipe {recipe.name}: the recipe writes its own "
+                "schedule; drop --schedule, or drop --recipe and give the "
+                "shards and workers your schedule")
+        if flag == "--freeze_step":
+            raise UsageError(
+                f"{f} with --recipe {recipe.name}: the recipe's schedule "
+                "switches codecs at its freeze; use --recipe "
+                f"{recipe.name}:{value if value.isdigit() else 'F'} "
+                "instead")
+
+
+def apply_recipe(opts, run_dir):
+    """Writes the recipe's schedule into run_dir, puts its shard flags
+    before the user's (pserver_server, an absl binary, takes the last of a
+    repeated flag, so the user's win) and sets opts["client_options"].
+    Returns the line to print."""
+    recipe, freeze = opts["recipe"]
+    path = (pathlib.Path(run_dir) / f"recipe_{recipe.name}.txtpb").resolve()
+    path.write_text(recipe.schedule_text(freeze))
+    flags = recipe.shard_flags(freeze, path)
+    opts["server_flags"] = flags + opts["server_flags"]
+    opts["client_options"] = recipe.client_options(path)
+    return f"recipe {recipe.name} (freeze {freeze}): {' '.join(flags)}"
 
 
 def find_server(explicit):
@@ -265,6 +321,9 @@ class Cluster:
                        PSERVER_SERVERS=",".join(addrs),
                        PYTHONPATH=os.pathsep.join(
                            p for p in (package_root, path) if p))
+            if self.opts.get("client_options") is not None:
+                env["PSERVER_CLIENT_OPTIONS"] = json.dumps(
+                    self.opts["client_options"])
             cmd = [self.opts["python"], self.opts["script"],
                    *self.opts["script_args"]]
             if rank == 0:
@@ -350,6 +409,8 @@ def main(argv=None):
             os.makedirs(run_dir, exist_ok=True)
         else:
             run_dir = tempfile.mkdtemp(prefix="pserver-run-")
+        if opts["recipe"] is not None:
+            _say(apply_recipe(opts, run_dir))
     except (UsageError, OSError) as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ import torch
 
 from pserver import _flat, _groups
 from pserver._native import Client
+from pserver.env import client_options as _env_client_options
 from pserver.env import init
 
 
@@ -115,7 +116,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     run_length, seed, rpc_timeout, pull_timeout, retry_budget,
     metrics_listen, tls_ca, tls_cert, tls_key, auth_token_file: see
     docs/python.md). servers/worker_id/num_workers default to
-    pserver.init() (PSERVER_SERVERS, RANK, WORLD_SIZE).
+    pserver.init() (PSERVER_SERVERS, RANK, WORLD_SIZE). Client options the
+    caller does not pass (push_codec included) come from PSERVER_CLIENT_OPTIONS
+    when it is set: a JSON object of Client options, what python3 -m
+    pserver.launch --recipe NAME gives the workers. Given by neither,
+    push_codec is "onebit" and the others are Client's defaults. A value that
+    is not JSON, not an object, or has a key that is not a Client option
+    raises ValueError naming PSERVER_CLIENT_OPTIONS, before any shard is
+    contacted.
 
     At construction every worker registers; rank 0 installs its parameters
     and buffers, the others wait for it (up to retry_budget seconds), so on
@@ -125,10 +133,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params, servers=None, worker_id=None,
-                 num_workers=None, push_codec="onebit", overlap=False,
+                 num_workers=None, push_codec=None, overlap=False,
                  local_steps=1, inner_optimizer=None, *, lr=None,
                  weight_decay=None, betas=None, eps=None, module=None,
                  buffers=None, max_grad_norm=None, **client_options):
+        # Explicit arguments win over the launcher's recipe.
+        from_env = _env_client_options()
+        if push_codec is None:
+            push_codec = from_env.get("push_codec", "onebit")
+        from_env.pop("push_codec", None)
+        client_options = {**from_env, **client_options}
         if (not isinstance(local_steps, int) or isinstance(local_steps, bool)
                 or not 1 <= local_steps <= 100000):
             raise ValueError(f"local_steps is {local_steps!r}; expected an "

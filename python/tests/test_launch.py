@@ -1,8 +1,10 @@
 """python3 -m pserver.launch: starts real shards and worker processes, exits
 with the script's status, and leaves no process behind (on success, on a
 failing rank, on SIGTERM and SIGINT, when a shard dies,
-even when the launcher is SIGKILLed); bad arguments exit 2 with one line."""
+even when the launcher is SIGKILLed); bad arguments exit 2 with one line;
+--recipe configures both sides."""
 
+import json
 import os
 import pathlib
 import signal
@@ -17,6 +19,7 @@ from conftest import server_binary
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = str(HERE / "launch_worker.py")
+RECIPE_WORKER = str(HERE / "recipe_worker.py")
 PACKAGE_ROOT = str(pathlib.Path(pserver.__file__).resolve().parents[1])
 
 
@@ -212,6 +215,18 @@ def test_a_signal_tears_everything_down(tmp_path, sig):
      "--metrics-listen is 'nohost'; expected HOST:PORT"),
     (["--metrics-listen", "127.0.0.1:65535", WORKER],
      "--metrics-listen port 65535 + shard 1 is past 65535"),
+    (["--recipe", "lm-foo", WORKER], "--recipe 'lm-foo' is unknown; "
+     "expected one of lm-onebit, lm-topk (NAME or NAME:FREEZE)"),
+    (["--recipe=lm-topk:0", WORKER], "--recipe 'lm-topk:0': freeze is '0'; "
+     "expected an integer >= 1"),
+    (["--recipe", "lm-onebit:1e3", WORKER], "freeze is '1e3'; expected an "
+     "integer >= 1"),
+    (["--recipe", "lm-topk", "--schedule", "mine.txtpb", WORKER],
+     "--schedule=mine.txtpb with --recipe lm-topk: the recipe writes its "
+     "own schedule"),
+    (["--freeze-step", "300", "--recipe", "lm-onebit", WORKER],
+     "--freeze_step=300 with --recipe lm-onebit: the recipe's schedule "
+     "switches codecs at its freeze; use --recipe lm-onebit:300 instead"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
     p = launcher(tmp_path / "run", *args)
@@ -231,3 +246,63 @@ def test_a_missing_server_binary_is_one_line(tmp_path):
     text = p.stdout.decode()
     assert p.returncode == 2 and text.count("\n") == 1, text
     assert "no pserver_server at" in text, text
+
+
+@pytest.mark.parametrize("name,deployed", [
+    ("lm-onebit", "q8_then_onebit.txtpb"),
+    ("lm-topk", "q8_then_topk_pullq.txtpb")])
+def test_a_recipe_schedule_is_the_measured_one(name, deployed):
+    """At the default freeze, each recipe's schedule is the deploy/schedules
+    file that tests/bench/lm_fidelity.py measured (comments aside)."""
+    from pserver import recipes
+
+    def tokens(text):
+        return " ".join(line.split("#")[0] for line in
+                        text.splitlines()).split()
+
+    repo = HERE.parents[1]
+    recipe, freeze = recipes.parse(name)
+    assert freeze == 200
+    got = tokens(recipe.schedule_text(freeze))
+    assert got == tokens((repo / "deploy" / "schedules" /
+                          deployed).read_text())
+    assert "end_step: 7" in recipes.parse(f"{name}:7")[0].schedule_text(7)
+
+
+def test_a_recipe_configures_the_shards_and_the_workers(tmp_path):
+    """--recipe lm-topk:5 with an unchanged script: the shards run 1-bit
+    Adam (a flag given after the recipe's wins), the workers get the
+    recipe's client options, leave 8-bit quantize at round 5 for 1% TopK
+    pushes, and fetch the frozen variance."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    p = launcher(run_dir, "--shards", "2", "--workers", "2",
+                 "--recipe", "lm-topk:5", "--bias-correction=false",
+                 RECIPE_WORKER, str(out), "12")
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 0, text
+    schedule = (run_dir / "recipe_lm-topk.txtpb").resolve()
+    assert (f"launch: recipe lm-topk (freeze 5): --optimizer=onebit_adam "
+            "--freeze_step=5 --bias_correction=true --onebit_momentum=worker "
+            "--compression_beta1=0.5 --pull_codec=topk_quantize "
+            "--pull_k_fraction=0.03 --pull_bits=4 "
+            f"--schedule={schedule}\n") in text, text
+    assert "begin_step: 5" in schedule.read_text()
+    assert (f"optimizer onebit_adam (momentum on the workers), pull codec "
+            f"topk_quantize, schedule {schedule} (2 phases)") in \
+        (run_dir / "shard1.log").read_text()
+    for rank in range(2):
+        seen = json.loads((out / f"rank{rank}.json").read_text())
+        assert json.loads(seen["env"]) == {
+            "push_codec": "topk", "k_fraction": 0.01,
+            "momentum_masking": True, "schedule": str(schedule)}
+        assert seen["shard_config"]["optimizer"] == "onebit_adam"
+        assert seen["shard_config"]["bias_correction"] is False  # the user's
+        assert seen["global_step"] == 12 and seen["schedule_phase"] == 1
+        stats = seen["stats"]
+        assert stats["variance_payload_bytes"] > 0, stats  # frozen at 5
+        # 5 rounds of 8-bit quantize (1/4 of fp32), then 7 of 1% TopK: about
+        # 0.11 of fp32; 8-bit all along would be 0.25, fp32 or bf16 more.
+        assert stats["push_payload_bytes"] < 0.16 * stats["push_fp32_bytes"], \
+            stats
+    no_process_left(run_dir)

@@ -220,6 +220,79 @@ def test_init_reads_torchrun_variables_and_arguments_override():
         pserver.init(env=dict(env, RANK="3"))
 
 
+class _Constructed(Exception):
+    """Raised by a stand-in for pserver.Client with the options it got."""
+
+
+def _client_options_given(monkeypatch, value, **kwargs):
+    """The options DistributedOptimizer hands to Client with
+    PSERVER_CLIENT_OPTIONS=value (None: unset); no shard is contacted."""
+    def fake_client(servers, worker_id, num_workers, **options):
+        raise _Constructed(options)
+
+    if value is None:
+        monkeypatch.delenv("PSERVER_CLIENT_OPTIONS", raising=False)
+    else:
+        monkeypatch.setenv("PSERVER_CLIENT_OPTIONS", value)
+    monkeypatch.setattr(pserver.torch, "Client", fake_client)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(_Constructed) as got:
+        pserver.torch.DistributedOptimizer(
+            model.parameters(), servers=["127.0.0.1:1"], worker_id=0,
+            num_workers=1, **kwargs)
+    return got.value.args[0]
+
+
+def test_client_options_from_the_environment_fill_what_is_not_given(
+        monkeypatch):
+    """PSERVER_CLIENT_OPTIONS (python3 -m pserver.launch --recipe) supplies
+    the Client options the script does not pass; explicit ones win, and
+    without it the defaults are as before."""
+    assert _client_options_given(monkeypatch, None) == {
+        "push_codec": "onebit", "local_steps": 1}
+    assert _client_options_given(monkeypatch, "") == {
+        "push_codec": "onebit", "local_steps": 1}
+    recipe = ('{"push_codec": "topk", "k_fraction": 0.01, '
+              '"momentum_masking": true, "schedule": "/run/s.txtpb"}')
+    assert _client_options_given(monkeypatch, recipe) == {
+        "push_codec": "topk", "k_fraction": 0.01, "momentum_masking": True,
+        "schedule": "/run/s.txtpb", "local_steps": 1}
+    assert _client_options_given(
+        monkeypatch, recipe, push_codec="fp32", k_fraction=0.05) == {
+        "push_codec": "fp32", "k_fraction": 0.05, "momentum_masking": True,
+        "schedule": "/run/s.txtpb", "local_steps": 1}
+    assert _client_options_given(monkeypatch, '{"seed": 3}') == {
+        "push_codec": "onebit", "seed": 3, "local_steps": 1}
+
+
+@pytest.mark.parametrize("value,message", [
+    ("push_codec=topk", "PSERVER_CLIENT_OPTIONS is not JSON .*; expected a "
+     "JSON object of pserver.Client options"),
+    ('["topk"]', "PSERVER_CLIENT_OPTIONS is an array; expected a JSON "
+     "object"),
+    ('{"push_codec": "topk", "lr": 0.1}', "PSERVER_CLIENT_OPTIONS has the "
+     "key 'lr', which is not a pserver.Client option; expected keys among "
+     "push_codec, "),
+    ('{"local_steps": 4}', "the key 'local_steps', which is not"),
+])
+def test_bad_client_options_in_the_environment_are_refused(
+        monkeypatch, value, message):
+    with pytest.raises(ValueError, match=message):
+        _client_options_given(monkeypatch, value)
+
+
+def test_the_environment_s_client_options_are_client_s():
+    """pserver.env.CLIENT_OPTIONS is Client's keyword options but those
+    DistributedOptimizer sets itself (read from Client's signature)."""
+    import re
+    from pserver.env import CLIENT_OPTIONS
+    signature = pserver.Client.__init__.__doc__.split("\n")[0]
+    names = re.findall(r"(\w+): ", signature)
+    assert names[0] == "self"
+    own = {"self", "servers", "worker_id", "num_workers", "local_steps"}
+    assert sorted(CLIENT_OPTIONS) == sorted(set(names) - own)
+
+
 def test_client_takes_cpu_tensors_and_refuses_others(shards):
     addrs = shards(1, 1, "--optimizer=sgd", "--momentum=0", "--lr=0.5",
                    "--pull_codec=fp32")

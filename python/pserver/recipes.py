@@ -1,0 +1,124 @@
+"""Named compression recipes: python3 -m pserver.launch --recipe NAME[:FREEZE].
+
+A recipe is what both sides of a compressed run need and must agree on: the
+shards' flags, the workers' pserver.Client options (the launcher hands them
+to DistributedOptimizer through PSERVER_CLIENT_OPTIONS) and a compression
+schedule file that both read. Each was measured for transformer training
+with pserver.torch.DistributedOptimizer (tests/bench/lm_fidelity.py, rows
+ps_onebit and ps_topk; figures in tests/bench/results/lm_fidelity.md):
+
+  lm-onebit  1-bit Adam with the workers' momentum compressed (its decay 0.5
+             after the freeze): 8-bit quantize both ways until the variance
+             freezes at round FREEZE, 1-bit pushes and pulls after
+             (deploy/schedules/q8_then_onebit.txtpb).
+  lm-topk    the same optimizer; after the freeze, pushes of the top 1% of
+             each worker's momentum (momentum-factor masking on the workers)
+             and pulls of the top 3% of the weights' change at 4-bit values
+             (deploy/schedules/q8_then_topk_pullq.txtpb).
+
+FREEZE is 1-bit Adam's --freeze_step (the shards keep the variance of that
+round for the rest of the run) and the round at which the schedule leaves
+8-bit quantize. The default, 200, is what was measured: twice the 100-round
+learning-rate warmup of a 2000-step run. Advice: freeze at about twice the
+learning rate's warmup, about 10% of the run.
+"""
+
+import re
+
+DEFAULT_FREEZE = 200
+_MAX_FREEZE = 2**63 - 1  # pserver_server's --freeze_step is a uint64
+
+# 1-bit Adam as both recipes run it: bias-corrected (torch.optim.Adam's
+# convention; onebit_adam's default is DeepSpeed's, without), the workers
+# keeping and compressing the momentum, whose decay is 0.5 after the freeze.
+_ONEBIT_ADAM = ("--optimizer=onebit_adam", "--bias_correction=true",
+                "--onebit_momentum=worker", "--compression_beta1=0.5")
+# Until the freeze: 8-bit quantize both ways.
+_Q8 = ("quantize", {"bits": 8})
+
+
+class Recipe:
+    """One named recipe: shard flags and client options without the freeze
+    and the schedule (which take FREEZE and the file's path), and the
+    codecs, (name, params), of its two schedule phases."""
+
+    def __init__(self, name, summary, shard_flags, client_options, warmup,
+                 compression):
+        self.name = name
+        self.summary = summary
+        self._shard_flags = tuple(shard_flags)
+        self._client_options = dict(client_options)
+        self._phases = (("warmup", warmup), ("compression", compression))
+
+    def shard_flags(self, freeze, schedule_path):
+        """pserver_server's flags, as --name=value."""
+        return [self._shard_flags[0], f"--freeze_step={freeze}",
+                *self._shard_flags[1:], f"--schedule={schedule_path}"]
+
+    def client_options(self, schedule_path):
+        """pserver.Client's options (JSON-serialisable)."""
+        return {**self._client_options, "schedule": str(schedule_path)}
+
+    def schedule_text(self, freeze):
+        """The compression schedule in protobuf text format
+        (pserver.v1.CompressionSchedule): phase "warmup" ends at round
+        `freeze`, phase "compression" begins there."""
+        lines = [f"# python3 -m pserver.launch --recipe "
+                 f"{self.name}:{freeze} (pserver/recipes.py).",
+                 "# The same file goes to the shards (--schedule) and the "
+                 "workers (schedule=)."]
+        for (name, (push, pull)), bound in zip(
+                self._phases, (f"end_step: {freeze}",
+                               f"begin_step: {freeze}")):
+            lines += ["phases {", f'  name: "{name}"', f"  {bound}",
+                      f"  push {_codec_text(push)}",
+                      f"  pull {_codec_text(pull)}", "}"]
+        return "\n".join(lines) + "\n"
+
+
+def _codec_text(codec):
+    name, params = codec
+    if not params:
+        return f'{{ codec: "{name}" }}'
+    fields = " ".join(f"{k}: {v!r}" for k, v in params.items())
+    return f'{{ codec: "{name}" params {{ {fields} }} }}'
+
+
+RECIPES = {r.name: r for r in (
+    Recipe("lm-onebit",
+           "1-bit Adam, 8-bit quantize until the freeze, 1-bit both ways "
+           "after",
+           [*_ONEBIT_ADAM, "--pull_codec=onebit"],
+           {"push_codec": "onebit"},
+           warmup=(_Q8, _Q8),
+           compression=(("onebit", {}), ("onebit", {}))),
+    Recipe("lm-topk",
+           "1-bit Adam, 8-bit quantize until the freeze, then top 1% pushes "
+           "and top 3% 4-bit pulls",
+           [*_ONEBIT_ADAM, "--pull_codec=topk_quantize",
+            "--pull_k_fraction=0.03", "--pull_bits=4"],
+           {"push_codec": "topk", "k_fraction": 0.01,
+            "momentum_masking": True},
+           warmup=(_Q8, _Q8),
+           compression=(("topk", {"k_fraction": 0.01}),
+                        ("topk_quantize", {"k_fraction": 0.03, "bits": 4}))),
+)}
+
+
+def parse(spec):
+    """"NAME" or "NAME:FREEZE" -> (Recipe, freeze). Raises ValueError naming
+    what is wrong and what is expected."""
+    name, sep, freeze_text = spec.partition(":")
+    recipe = RECIPES.get(name)
+    if recipe is None:
+        raise ValueError(f"recipe {name!r} is unknown; expected one of "
+                         f"{', '.join(RECIPES)} (NAME or NAME:FREEZE)")
+    if not sep:
+        return recipe, DEFAULT_FREEZE
+    if (not re.fullmatch(r"[0-9]+", freeze_text)
+            or not 1 <= int(freeze_text) <= _MAX_FREEZE):
+        raise ValueError(f"recipe {spec!r}: freeze is {freeze_text!r}; "
+                         "expected an integer >= 1 (the round at which 1-bit "
+                         "Adam's variance freezes, e.g. "
+                         f"{name}:{DEFAULT_FREEZE})")
+    return recipe, int(freeze_text)
