@@ -541,9 +541,11 @@ def settings_lines(rows, results):
     for r in rows:
         rec = r["recipe"]
         if rec["kind"] == "ps":
-            shard = shlex.join(rec["shard_flags"][4:])  # after the betas
-            lines.append(f"| {r['row']} | `{shard}` | "
-                         f"`--pserver {shlex.join(rec['script_flags'])}` |")
+            # Paths inside the repository as the repository names them.
+            here = str(ROOT) + os.sep
+            shard = shlex.join(rec["shard_flags"][4:]).replace(here, "")
+            script = shlex.join(rec["script_flags"]).replace(here, "")
+            lines.append(f"| {r['row']} | `{shard}` | `--pserver {script}` |")
         elif rec["kind"] == "ddp":
             lines.append(f"| {r['row']} | DDP over gloo, {rec['hook']} hook | - |")
         else:
@@ -551,7 +553,8 @@ def settings_lines(rows, results):
     lines.append("")
     lines.append("MB: 10^6 bytes per worker over the whole run. pserver: "
                  "encoded payloads the client counted (pushes; pulls plus the "
-                 "frozen variance), framing not counted. DDP: every allreduce "
+                 "frozen variance and the initial weights' one fp32 pull at "
+                 "registration), framing not counted. DDP: every allreduce "
                  "of its comm hook x 2(N-1)/N, each way. Wall s: the training "
                  "loop of one run (its validation passes included), on a "
                  "machine whose cores every process of a run shares.")
