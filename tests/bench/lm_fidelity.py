@@ -87,6 +87,11 @@ SCHEDULES = ROOT / "deploy" / "schedules"
 ONEBIT_SCHEDULE = SCHEDULES / "q8_then_onebit.txtpb"
 TOPK_SCHEDULE = SCHEDULES / "q8_then_topk_pullq.txtpb"
 DILOCO = "--optimizer sgd --nesterov=true --momentum=0.9 --lr 0.7 --weight_decay=0"
+# A worker is silent towards the shards for a whole round of local steps;
+# 64 of them (plus rank 0's validation passes) take longer than the default
+# 30 s lease when several runs share the 2 cores, and a worker dropped by
+# its lease rejoins from a snapshot, which changes the run.
+LONG_LEASE = "--lease_timeout_seconds=600"
 # name -> how. "ps" rows: shard flags for the launcher (every shard also
 # gets --beta1/--beta2 of the recipe: DistributedOptimizer refuses betas
 # other than the shards'), then train_gpt.py's flags after --pserver and the
@@ -115,9 +120,11 @@ ROWS = {
     "diloco_h16_onebit": {"kind": "ps", "shard": f"{DILOCO} --pull-codec onebit",
                           "script": "--local-steps 16 --push-codec onebit"},
     "diloco_h64_q8": {"kind": "ps",
-                      "shard": f"{DILOCO} --pull-codec quantize --pull_bits=8",
+                      "shard": f"{DILOCO} {LONG_LEASE} --pull-codec quantize "
+                               "--pull_bits=8",
                       "script": "--local-steps 64 --push-codec quantize --bits 8"},
-    "diloco_h64_onebit": {"kind": "ps", "shard": f"{DILOCO} --pull-codec onebit",
+    "diloco_h64_onebit": {"kind": "ps",
+                          "shard": f"{DILOCO} {LONG_LEASE} --pull-codec onebit",
                           "script": "--local-steps 64 --push-codec onebit"},
     # Not in the default table: the attribution of the 1-bit gap (section 2),
     # each the first 1-bit recipe (the shard's momentum at 1-bit Adam's 0.9,
