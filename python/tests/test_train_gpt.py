@@ -102,6 +102,25 @@ def test_standalone_adamw_run_learns(tmp_path):
     assert run["frozen"] == ["ln_f.bias"]
 
 
+def run_launched(tmp_path, shard_flags, script_flags):
+    import pserver
+    from conftest import server_binary
+    package_root = str(pathlib.Path(pserver.__file__).resolve().parents[1])
+    env = dict(ENV, PYTHONPATH=os.pathsep.join(
+        [package_root, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "pserver.launch", "--server-bin",
+         server_binary(), "--run-dir", str(tmp_path / "run"), "--shards", "2",
+         "--workers", "2", *shard_flags, str(SCRIPT), "--pserver", *SHORT,
+         *script_flags, "--json", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=120)
+    text = p.stdout.decode()
+    assert p.returncode == 0, text
+    return json.loads(out.read_text())
+
+
 def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
     """The script through pserver.launch (2 shards, 2 workers, fp32 both
     ways, --optimizer adam) against the same script standalone.
@@ -121,22 +140,8 @@ def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
       tests/bench/gpt_script_parity.sh's comparison).
     """
     need_corpus()
-    import pserver
-    from conftest import server_binary
-    package_root = str(pathlib.Path(pserver.__file__).resolve().parents[1])
-    env = dict(ENV, PYTHONPATH=os.pathsep.join(
-        [package_root, os.environ.get("PYTHONPATH", "")]))
-    out = tmp_path / "pserver.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "pserver.launch", "--server-bin",
-         server_binary(), "--run-dir", str(tmp_path / "run"), "--shards", "2",
-         "--workers", "2", "--optimizer", "adam", "--pull-codec", "fp32",
-         str(SCRIPT), "--pserver", *SHORT, "--json", str(out)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        timeout=120)
-    text = p.stdout.decode()
-    assert p.returncode == 0, text
-    ps = json.loads(out.read_text())
+    ps = run_launched(tmp_path, ["--optimizer", "adam", "--pull-codec",
+                                 "fp32"], [])
     assert ps["workers"] == 2 and ps["batch_per_worker"] == 4
     ref = run_standalone(tmp_path)
     # The learning rates the scheduler set on the workers are the
@@ -161,25 +166,6 @@ def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
     assert abs(rel) < 1e-5, (ps["final_val_loss"], same_math)
     rel = ps["final_val_loss"] / ref["final_val_loss"] - 1
     assert abs(rel) < 0.02, (ps["final_val_loss"], ref["final_val_loss"])
-
-
-def run_launched(tmp_path, shard_flags, script_flags):
-    import pserver
-    from conftest import server_binary
-    package_root = str(pathlib.Path(pserver.__file__).resolve().parents[1])
-    env = dict(ENV, PYTHONPATH=os.pathsep.join(
-        [package_root, os.environ.get("PYTHONPATH", "")]))
-    out = tmp_path / "run.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "pserver.launch", "--server-bin",
-         server_binary(), "--run-dir", str(tmp_path / "run"), "--shards", "2",
-         "--workers", "2", *shard_flags, str(SCRIPT), "--pserver", *SHORT,
-         *script_flags, "--json", str(out)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        timeout=120)
-    text = p.stdout.decode()
-    assert p.returncode == 0, text
-    return json.loads(out.read_text())
 
 
 def test_local_steps_push_the_weight_change_every_h_steps(tmp_path):
