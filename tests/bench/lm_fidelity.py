@@ -277,15 +277,8 @@ def _ddp_rank(rank, rec, seed, port, work):
         ddp = DistributedDataParallel(model)
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
 
-    counted = [0]
-    real_all_reduce = dist.all_reduce
-
-    def counting_all_reduce(tensor, *a, **k):
-        counted[0] += tensor.numel() * tensor.element_size()
-        return real_all_reduce(tensor, *a, **k)
-
-    # The hooks call torch.distributed.all_reduce through the module.
-    dist.all_reduce = counting_all_reduce
+    import ddp_bytes
+    counted = ddp_bytes.count_allreduces()
 
     groups = gpt.configure_param_groups(model, c["weight_decay"])
     opt = torch.optim.AdamW(groups, lr=c["lr"], betas=(c["beta1"], c["beta2"]),
@@ -321,11 +314,11 @@ def _ddp_rank(rank, rec, seed, port, work):
         val_loss = gpt.evaluate(model, val, cfg.context, d.eval_batches)
         val_curve.append([steps, val_loss])
         print(f"final_val_loss {val_loss:.6f}", flush=True)
-        sent = int(counted[0] * 2 * (WORKERS - 1) / WORKERS)
+        sent = int(counted.bytes * 2 * (WORKERS - 1) / WORKERS)
         r = {"final_val_loss": val_loss, "seconds": seconds,
              "seconds_per_step": seconds / steps, "train_curve": curve,
              "val_curve": val_curve, "bytes_up": sent, "bytes_down": sent,
-             "allreduce_bytes": counted[0],
+             "allreduce_bytes": counted.bytes,
              "parameters": sum(p.numel() for p in model.parameters())}
         with open(os.path.join(work, "train.json"), "w") as f:
             json.dump(r, f, indent=1)

@@ -177,15 +177,8 @@ def _ddp_rank(rank, args, port, out):
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    counted = [0]
-    real_all_reduce = dist.all_reduce
-
-    def counting_all_reduce(tensor, *a, **k):
-        counted[0] += tensor.numel() * tensor.element_size()
-        return real_all_reduce(tensor, *a, **k)
-
-    # The hooks call torch.distributed.all_reduce through the module.
-    dist.all_reduce = counting_all_reduce
+    import ddp_bytes
+    counted = ddp_bytes.count_allreduces()
 
     w = WORKLOADS[args.workload](args)
     net = w.model()  # the same seed on every rank: the same initial weights
@@ -222,11 +215,11 @@ def _ddp_rank(rank, args, port, out):
         opt.zero_grad()
     seconds = time.monotonic() - start
     ring = 2 * (WORKERS - 1) / WORKERS
-    sent = int(counted[0] * ring)
+    sent = int(counted.bytes * ring)
     if rank == 0:
         result = dict(w.score(net), steps=w.steps, seconds=seconds,
                       bytes_up=sent, bytes_down=sent,
-                      allreduce_bytes=counted[0],
+                      allreduce_bytes=counted.bytes,
                       parameters=sum(p.numel() for p in net.parameters()))
         with open(out, "w") as f:
             json.dump(result, f)
