@@ -530,6 +530,7 @@ def main():
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [args.package_root, os.environ.get("PYTHONPATH", "")])
     out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     work_root = pathlib.Path(args.work) if args.work else out / "runs"
     work_root.mkdir(parents=True, exist_ok=True)
     results = []
