@@ -25,10 +25,22 @@ With 2 workers, clip_grad_norm_ clips each worker's gradient before the
 shards average them (per-worker clipping), not the mean gradient as the
 standalone run does; tests/bench/gpt_clip_sim.py measures what that changes.
 
+Through PyTorch DDP over gloo instead (--ddp fp32, fp16 or powersgd: the
+comm hook), one process per rank started as torchrun starts them (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each taking its share of the global
+batch as with --pserver; DDP averages the gradients before clipping:
+
+    torchrun --nproc_per_node 2 python/examples/train_gpt.py --ddp fp32
+
 Rank 0 prints the training loss (its own share of the batch) every
 --log-every steps, and at the end `final_val_loss X` (nats per byte on the
 validation split, gpt.evaluate) and `seconds_per_step X`; --json FILE writes
-the settings and the loss curve.
+the settings and the loss curves. With --eval-every N rank 0 also evaluates
+every N steps; val_curve holds [step, val_loss, train_seconds], where
+train_seconds is the wall clock since the training loop began less the time
+rank 0 spent evaluating. --stop-at-loss X ends the run at the first
+evaluation at or below X, --max-seconds S at the first one past S seconds
+of training (tests/bench/time_to_loss.sh's time to a target loss).
 """
 
 import argparse
@@ -43,6 +55,11 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import gpt  # noqa: E402
+
+POWERSGD_RANK = 4  # --ddp powersgd: matrix_approximation_rank
+# --ddp: how long a rank waits in a collective (rank 0's evaluations keep
+# the others waiting in the next one).
+DDP_TIMEOUT_SECONDS = 1800
 
 
 def warmup_cosine(warmup, steps, min_ratio=0.1):
@@ -62,6 +79,14 @@ def parse_args(argv=None):
     p.add_argument("--pserver", action="store_true",
                    help="train through pserver.torch.DistributedOptimizer "
                    "(run under python3 -m pserver.launch)")
+    p.add_argument("--ddp", choices=("fp32", "fp16", "powersgd"), default="",
+                   help="train with torch DistributedDataParallel over gloo "
+                   "(run under torchrun, or with RANK, WORLD_SIZE, "
+                   "MASTER_ADDR and MASTER_PORT set), the gradients averaged "
+                   "by this comm hook: fp32 default_hooks.allreduce_hook, "
+                   "fp16 default_hooks.fp16_compress_hook, powersgd "
+                   f"powerSGD_hook of rank {POWERSGD_RANK} from step "
+                   "--warmup (one bucket)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=16,
                    help="global batch (windows per step, over all workers)")
@@ -89,6 +114,23 @@ def parse_args(argv=None):
                    "workers wait meanwhile)")
     p.add_argument("--eval-batches", type=int, default=20,
                    help="validation batches of 32 windows")
+    p.add_argument("--stop-at-loss", type=float, default=0.0, metavar="X",
+                   help="end the run at the first evaluation (--eval-every, "
+                   "or the final one) whose validation loss is <= X: rank 0 "
+                   "writes --json (reached: true, with the step and "
+                   "train_seconds) and exits 0 at once. With --ddp every "
+                   "rank stops there too (rank 0 broadcasts its decision "
+                   "after each evaluation). With --pserver the other "
+                   "workers cannot be told: they wait for rank 0's next "
+                   "push until the shards' lease drops it, then train on "
+                   "without it, so whoever started them should stop them "
+                   "when rank 0 exits (tests/bench/time_to_loss.sh does). "
+                   "0: off")
+    p.add_argument("--max-seconds", type=float, default=0.0, metavar="S",
+                   help="end the run, as --stop-at-loss does but with "
+                   "reached: false, at the first evaluation after S seconds "
+                   "of training (train_seconds: rank 0's evaluations not "
+                   "counted). 0: off")
     p.add_argument("--json", default="", help="rank 0 writes the run here")
     ps = p.add_argument_group("with --pserver")
     ps.add_argument("--push-codec", default="fp32",
@@ -112,8 +154,17 @@ def parse_args(argv=None):
                     help="another pserver.Client option (e.g. block_size=64, "
                     "ef_decay=0.9), repeatable")
     args = p.parse_args(argv)
+    if args.pserver and args.ddp:
+        p.error(f"--ddp {args.ddp} and --pserver exclude each other: the "
+                "gradients go either to DDP's allreduce or to pserver's "
+                "shards; give one")
     if not args.pserver and (args.local_steps != 1 or args.client_option):
         p.error("--local-steps and --client-option need --pserver")
+    if args.stop_at_loss < 0 or args.max_seconds < 0:
+        p.error("--stop-at-loss and --max-seconds must be >= 0 (0: off)")
+    if (args.stop_at_loss or args.max_seconds) and args.eval_every <= 0:
+        p.error("--stop-at-loss and --max-seconds are checked at each "
+                "evaluation; give --eval-every N too")
     return args
 
 
@@ -143,6 +194,59 @@ def client_options(args):
     return opts
 
 
+def wrap_ddp(model, hook, powersgd_start, seed, powersgd_rank=POWERSGD_RANK):
+    """model in DistributedDataParallel, the process group initialised,
+    its gradients averaged by --ddp's `hook` (the same arithmetic as DDP's
+    own allreduce for fp32, through a hook whose all_reduce calls
+    tests/bench/ddp_bytes.py can count). Returns the wrapper."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    # gloo cannot broadcast the bool causal masks; every rank computes them.
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, [n for n, b in model.named_buffers() if b.dtype == torch.bool])
+    if hook == "powersgd":
+        # One bucket: PowerSGD chains allreduces per bucket, and with several
+        # buckets in flight gloo ranks may order them differently and abort
+        # (tests/bench/torch_fidelity.py).
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1024)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=powersgd_start, random_seed=seed)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, {
+            "fp32": default_hooks.allreduce_hook,
+            "fp16": default_hooks.fp16_compress_hook}[hook])
+    return ddp
+
+
+class _Stop:
+    """Rank 0's decision after an evaluation: go on, or stop (and why)."""
+    CODES = (None, "target", "max_seconds")
+
+    @staticmethod
+    def decide(args, val_loss, train_seconds):
+        if args.stop_at_loss and val_loss <= args.stop_at_loss:
+            return "target"
+        if args.max_seconds and train_seconds >= args.max_seconds:
+            return "max_seconds"
+        return None
+
+    @classmethod
+    def share(cls, reason):
+        """--ddp: rank 0's reason on every rank (a collective: every rank
+        calls it after the same step)."""
+        import torch.distributed as dist
+        flag = torch.tensor([cls.CODES.index(reason)], dtype=torch.int32)
+        dist.broadcast(flag, src=0)
+        return cls.CODES[int(flag.item())]
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -151,6 +255,13 @@ def main(argv=None):
         import pserver.torch
         where = pserver.init()
         rank, world = where["worker_id"], where["num_workers"]
+    elif args.ddp:
+        import datetime
+        import torch.distributed as dist
+        dist.init_process_group(
+            "gloo", init_method="env://",
+            timeout=datetime.timedelta(seconds=DDP_TIMEOUT_SECONDS))
+        rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
     if args.batch % world:
@@ -192,19 +303,37 @@ def main(argv=None):
         scheduled = opt
     sched = torch.optim.lr_scheduler.LambdaLR(
         scheduled, warmup_cosine(args.warmup, args.steps, args.min_lr_ratio))
+    # --ddp: the forward and backward passes go through the wrapper (whose
+    # hook averages the gradients); evaluation and clipping use the model.
+    forward = (wrap_ddp(model, args.ddp, args.warmup, args.seed)
+               if args.ddp else model)
 
     say = print if rank == 0 else (lambda *a, **k: None)
     params = sum(p.numel() for p in model.parameters())
+    how = ("pserver" if args.pserver else f"DDP ({args.ddp}) over gloo"
+           if args.ddp else "torch.optim.AdamW")
     say(f"{params} parameters, {world} worker(s) of {batch} windows of "
-        f"{cfg.context} bytes, {args.steps} steps, "
-        f"{'pserver' if args.pserver else 'torch.optim.AdamW'}", flush=True)
+        f"{cfg.context} bytes, {args.steps} steps, {how}", flush=True)
     curve, val_curve = [], []
     start = time.monotonic()
+    evaluating = 0.0  # rank 0's seconds in evaluate(), not training time
+
+    def evaluate():
+        """(val_loss, train_seconds when the evaluation began)."""
+        nonlocal evaluating
+        began = time.monotonic()
+        train_seconds = began - start - evaluating
+        loss = gpt.evaluate(model, val, cfg.context, args.eval_batches)
+        evaluating += time.monotonic() - began
+        return loss, train_seconds
+
     grad_norm = None
+    stop = None
+    done = 0
     for step in range(args.steps):
         x, y = gpt.get_batch(train, step, rank, world, batch, cfg.context,
                              args.seed)
-        logits = model(x)
+        logits = forward(x)
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
@@ -224,12 +353,18 @@ def main(argv=None):
             curve.append([done, loss.item(), lr, grad_norm, residual])
             say(f"step {done}/{args.steps} loss {loss.item():.4f} "
                 f"lr {lr:.3g}", flush=True)
-        if (rank == 0 and args.eval_every and done % args.eval_every == 0
-                and done != args.steps):
-            val_curve.append([done, gpt.evaluate(model, val, cfg.context,
-                                                 args.eval_batches)])
-            say(f"step {done} val_loss {val_curve[-1][1]:.4f}", flush=True)
-    if args.pserver and args.local_steps > 1:
+        if args.eval_every and done % args.eval_every == 0 \
+                and done != args.steps:
+            if rank == 0:
+                val_curve.append([done, *evaluate()])
+                say(f"step {done} val_loss {val_curve[-1][1]:.4f}", flush=True)
+                stop = _Stop.decide(args, *val_curve[-1][1:])
+            if args.ddp and (args.stop_at_loss or args.max_seconds):
+                # The other ranks wait here for rank 0's evaluation.
+                stop = _Stop.share(stop)
+            if stop:
+                break
+    if args.pserver and args.local_steps > 1 and not stop:
         opt.synchronize()  # the last partial round (steps % H local steps)
     seconds = time.monotonic() - start
     stats = opt.stats() if args.pserver else {}
@@ -238,24 +373,44 @@ def main(argv=None):
             f"pulled {stats['pull_payload_bytes']} (+ "
             f"{stats.get('variance_payload_bytes', 0)} of frozen variance)",
             flush=True)
-    if rank != 0:
-        return
-    val_loss = gpt.evaluate(model, val, cfg.context, args.eval_batches)
-    val_curve.append([args.steps, val_loss])
-    print(f"final_val_loss {val_loss:.6f}", flush=True)
-    print(f"seconds_per_step {seconds / args.steps:.4f}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"script": "train_gpt.py", "settings": vars(args),
-                       "workers": world, "batch_per_worker": batch,
-                       "model": dataclasses.asdict(cfg), "parameters": params,
-                       "frozen": ["ln_f.bias"], "final_val_loss": val_loss,
-                       "seconds": seconds,
-                       "seconds_per_step": seconds / args.steps,
-                       "train_curve": curve, "val_curve": val_curve,
-                       "client_stats": {k: v for k, v in stats.items()
-                                        if isinstance(v, (int, float))}},
-                      f, indent=1)
+    if rank == 0:
+        if not stop:  # every step done
+            val_curve.append([args.steps, *evaluate()])
+            stop = ("target" if _Stop.decide(args, val_curve[-1][1], 0)
+                    else "steps")
+        _, val_loss, train_seconds = val_curve[-1]
+        reached = stop == "target" if args.stop_at_loss else None
+        print(f"final_val_loss {val_loss:.6f}", flush=True)
+        print(f"seconds_per_step {seconds / done:.4f}", flush=True)
+        if stop != "steps":
+            print(f"{'reached --stop-at-loss' if reached else '--max-seconds'}"
+                  f" at step {done} after {train_seconds:.1f} s of training",
+                  flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"script": "train_gpt.py", "settings": vars(args),
+                           "workers": world, "batch_per_worker": batch,
+                           "model": dataclasses.asdict(cfg),
+                           "parameters": params, "frozen": ["ln_f.bias"],
+                           "final_val_loss": val_loss,
+                           "seconds": seconds,
+                           "seconds_per_step": seconds / done,
+                           # The loop's wall clock less rank 0's
+                           # evaluations, at the last evaluation.
+                           "train_seconds": train_seconds,
+                           "steps_done": done, "stopped": stop,
+                           "reached": reached,
+                           "reached_step": done if reached else None,
+                           "reached_train_seconds":
+                               train_seconds if reached else None,
+                           "train_curve": curve, "val_curve": val_curve,
+                           "client_stats": {k: v for k, v in stats.items()
+                                            if isinstance(v, (int, float))}},
+                          f, indent=1)
+    if args.ddp:
+        import torch.distributed as dist
+        dist.barrier()  # rank 0's final evaluation and --json
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

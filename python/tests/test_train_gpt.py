@@ -216,3 +216,108 @@ def test_schedule_names_the_models_tensors(tmp_path):
     assert s["push_payload_bytes"] < s["push_fp32_bytes"] / 6, s
     assert s["variance_payload_bytes"] > 0, s
     assert all(c[4] is not None for c in run["train_curve"]), run
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(tmp_path, hook, *extra, world=2):
+    """train_gpt.py --ddp HOOK as torchrun would start it: `world` ranks on
+    loopback. Returns rank 0's --json and each rank's output."""
+    out = tmp_path / f"ddp_{hook}.json"
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, str(SCRIPT), *SHORT, "--ddp", hook, *extra,
+         "--json", str(out)],
+        env=dict(ENV, RANK=str(r), WORLD_SIZE=str(world),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for r in range(world)]
+    texts = []
+    try:
+        for p in procs:
+            texts.append(p.communicate(timeout=120)[0].decode())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, text) in enumerate(zip(procs, texts)):
+        assert p.returncode == 0, f"rank {r}:\n{text}"
+    return json.loads(out.read_text()), texts
+
+
+def test_ddp_fp32_is_the_standalone_run(tmp_path):
+    """--ddp fp32 with 2 ranks: each rank's half of the global batch, the
+    gradients averaged by DDP's allreduce before clipping, so it is the
+    standalone run up to the order of the sums (measured: the same loss to
+    all printed digits)."""
+    need_corpus()
+    ddp, _ = run_ddp(tmp_path, "fp32")
+    ref = run_standalone(tmp_path)
+    assert ddp["workers"] == 2 and ddp["batch_per_worker"] == 4
+    rel = ddp["final_val_loss"] / ref["final_val_loss"] - 1
+    assert abs(rel) < 1e-4, (ddp["final_val_loss"], ref["final_val_loss"])
+
+
+def test_ddp_ranks_stop_together_at_the_target_loss(tmp_path):
+    """--stop-at-loss under --ddp: rank 0 broadcasts its decision after each
+    evaluation, so rank 1 leaves the loop at the same step (had it not, it
+    would wait in the next allreduce and the run would time out)."""
+    need_corpus()
+    ref = run_standalone(tmp_path, "--eval-every", "10")
+    # Between the losses of the first and second evaluation: reached at 20.
+    first, second = ref["val_curve"][0][1], ref["val_curve"][1][1]
+    target = (first + second) / 2
+    ddp, texts = run_ddp(tmp_path, "fp32", "--eval-every", "10",
+                         "--stop-at-loss", str(target))
+    assert ddp["reached"] is True and ddp["stopped"] == "target", ddp
+    assert ddp["reached_step"] == 20 == ddp["steps_done"], ddp
+    assert "step 30/40" not in texts[0], texts[0]
+
+
+def test_stop_at_loss_and_max_seconds_end_the_run_early(tmp_path):
+    """Standalone: val_curve is [step, loss, train_seconds] with the
+    training seconds increasing; --stop-at-loss stops at the first
+    evaluation at or below it; --max-seconds (tiny here) at the first
+    evaluation, not reached; an unreachable target runs every step."""
+    need_corpus()
+    full = run_standalone(tmp_path, "--eval-every", "10",
+                          "--stop-at-loss", "0.5")
+    curve = full["val_curve"]
+    assert [c[0] for c in curve] == [10, 20, 30, 40], curve
+    seconds = [c[2] for c in curve]
+    assert all(0 < a < b for a, b in zip(seconds, seconds[1:])), curve
+    assert full["reached"] is False and full["stopped"] == "steps", full
+    assert full["reached_step"] is None and full["steps_done"] == 40
+    assert full["train_seconds"] == seconds[-1] <= full["seconds"]
+
+    target = (curve[0][1] + curve[1][1]) / 2
+    early = run_standalone(tmp_path, "--eval-every", "10",
+                           "--stop-at-loss", str(target))
+    assert early["reached"] is True and early["stopped"] == "target", early
+    assert early["reached_step"] == 20 == early["steps_done"], early
+    assert early["reached_train_seconds"] == early["val_curve"][-1][2]
+    assert [c[0] for c in early["val_curve"]] == [10, 20]
+    assert early["final_val_loss"] == early["val_curve"][-1][1] <= target
+
+    capped = run_standalone(tmp_path, "--eval-every", "10",
+                            "--max-seconds", "1e-6")
+    assert capped["stopped"] == "max_seconds", capped
+    assert capped["reached"] is None and capped["steps_done"] == 10, capped
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ddp", "fp32", "--pserver"], "--ddp fp32 and --pserver exclude"),
+    (["--stop-at-loss", "2"], "give --eval-every N"),
+])
+def test_contradictory_flags_are_refused(flags, message, capsys):
+    import train_gpt
+    with pytest.raises(SystemExit) as refused:
+        train_gpt.parse_args(flags)
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err

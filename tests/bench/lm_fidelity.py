@@ -76,7 +76,7 @@ RECIPE = {"size": "bench", "steps": 2000, "batch": 16, "warmup": 100,
 WORKERS = 2
 SHARDS = 2
 SEEDS = [1, 2, 3]
-POWERSGD_RANK = 4  # PowerSGD starts at step RECIPE["warmup"]
+POWERSGD_RANK = train_gpt.POWERSGD_RANK  # from step RECIPE["warmup"]
 
 ONEBIT = "--optimizer onebit_adam --freeze-step 200 --bias_correction=true"
 # The recipes of ps_onebit and ps_topk (issue 28 section 2): the workers'
@@ -242,10 +242,6 @@ def _ddp_rank(rank, rec, seed, port, work):
     log = open(os.path.join(work, f"rank{rank}.log"), "w")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-    from torch.nn.parallel import DistributedDataParallel
-
     c = rec["common"]
     d = train_gpt.parse_args([])  # the script's other defaults
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -259,23 +255,8 @@ def _ddp_rank(rank, rec, seed, port, work):
     torch.manual_seed(seed)
     model = gpt.GPT(cfg)
     model.ln_f.bias.requires_grad_(False)
-    # gloo cannot broadcast the bool causal masks; every rank computes them.
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-        model, [n for n, b in model.named_buffers() if b.dtype == torch.bool])
-    if rec["hook"] == "powersgd":
-        # One bucket: PowerSGD chains allreduces per bucket, and with several
-        # buckets in flight gloo ranks may order them differently and abort
-        # (tests/bench/torch_fidelity.py).
-        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
-        ddp = DistributedDataParallel(model, bucket_cap_mb=1024)
-        state = powerSGD_hook.PowerSGDState(
-            process_group=None,
-            matrix_approximation_rank=rec["powersgd_rank"],
-            start_powerSGD_iter=rec["powersgd_start"], random_seed=seed)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    else:
-        ddp = DistributedDataParallel(model)
-        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    ddp = train_gpt.wrap_ddp(model, rec["hook"], rec.get("powersgd_start"),
+                             seed, rec.get("powersgd_rank", POWERSGD_RANK))
 
     import ddp_bytes
     counted = ddp_bytes.count_allreduces()
@@ -448,10 +429,12 @@ def summarise(results):
     out = []
     for name, rs in rows.items():
         vals = [r["final_val_loss"] for r in rs]
-        # The mean curve at the steps every seed evaluated.
-        steps = set.intersection(*({s for s, _ in r["val_curve"]} for r in rs))
-        curve = [[s, statistics.mean(v for r in rs for t, v in r["val_curve"]
-                                     if t == s)] for s in sorted(steps)]
+        # The mean curve at the steps every seed evaluated (entries are
+        # [step, loss] or train_gpt.py's [step, loss, train_seconds]).
+        steps = set.intersection(*({e[0] for e in r["val_curve"]}
+                                   for r in rs))
+        curve = [[s, statistics.mean(e[1] for r in rs for e in r["val_curve"]
+                                     if e[0] == s)] for s in sorted(steps)]
         out.append({
             "row": name, "kind": rs[0]["recipe"]["kind"],
             "recipe": rs[0]["recipe"], "seeds": [r["seed"] for r in rs],
