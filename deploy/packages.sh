@@ -4,7 +4,7 @@
 # The C++ libraries and daemons (all that deploy/Dockerfile builds, with
 # -DPSERVER_BUILD_PYTHON=OFF).
 PSERVER_DAEMON_BUILD_PACKAGES=(
-  cmake ninja-build g++ pkg-config
+  cmake ninja-build g++ pkg-config libgoogle-perftools-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libopenblas-dev prometheus-cpp-dev zlib1g-dev
 )

@@ -17,6 +17,7 @@
 #include "common/daemon/command_line.h"
 #include "common/daemon/daemon_flags.h"
 #include "common/file_io.h"
+#include "common/process_stats.h"
 #include "prometheus/registry.h"
 #include "server/shard_server.h"
 
@@ -301,7 +302,7 @@ int Run() {
   std::fprintf(stderr,
                "pserver_server: shard %u/%u listening on port %d (metrics "
                "port %s), %u workers, %s rounds, optimizer %s%s, pull codec "
-               "%s%s, %s\n",
+               "%s%s, %s, malloc %s\n",
                config.shard_index, config.num_shards, (*server)->port(),
                MetricsPortText(exposer->get()).c_str(), config.num_workers,
                DescribeConsistency(config.consistency).c_str(),
@@ -318,7 +319,8 @@ int Run() {
                                   " phases)")
                          .c_str(),
                SecuritySummary(options.security, TransportSecurity::kServer)
-                   .c_str());
+                   .c_str(),
+               std::string(AllocatorName()).c_str());
   if (std::string port_file = absl::GetFlag(FLAGS_port_file);
       !port_file.empty()) {
     // Atomic, so readers never see a partial file.

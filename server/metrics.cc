@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/grpc_status.h"
+#include "common/process_stats.h"
 #include "common/rejection.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -253,7 +254,8 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
       .Name("pserver_build_info")
       .Help("Always 1; labels name the build.")
       .Register(registry)
-      .Add({{"version", "0.1.0"}, {"component", "server"}})
+      .Add({{"version", "0.1.0"}, {"component", "server"},
+            {"malloc", std::string(AllocatorName())}})
       .Set(1);
   for (v1::RejectReason r : AllRejectReasons()) {
     if (static_cast<size_t>(r) >= rejected_children_.size()) {

@@ -21,6 +21,7 @@
 #include "common/daemon/command_line.h"
 #include "common/daemon/daemon_flags.h"
 #include "common/gradient_file.h"
+#include "common/process_stats.h"
 #include "prometheus/registry.h"
 #include "worker/client.h"
 #include "worker/metrics.h"
@@ -245,7 +246,12 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
                        [](std::string* o, const StepRecord& x) {
                          absl::StrAppend(o, x.pull_bytes);
                        })
-      << "]}\n";
+      << "], \"step_minor_faults\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppend(o, x.minor_faults);
+                       })
+      << "], \"malloc\": \"" << AllocatorName() << "\"}\n";
 }
 
 int Run() {

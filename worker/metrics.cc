@@ -1,6 +1,9 @@
 #include "worker/metrics.h"
 
+#include <string>
 #include <utility>
+
+#include "common/process_stats.h"
 
 namespace pserver {
 namespace {
@@ -94,7 +97,8 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       .Name("pserver_build_info")
       .Help("Always 1; labels name the build.")
       .Register(r)
-      .Add({{"version", "0.1.0"}, {"component", "worker"}})
+      .Add({{"version", "0.1.0"}, {"component", "worker"},
+            {"malloc", std::string(AllocatorName())}})
       .Set(1);
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/process_stats.h"
 #include "worker/diagnostics.h"
 #include "worker/workloads.h"
 
@@ -219,6 +220,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   absl::Time start = absl::Now();
   uint64_t pushed = client->stats().push_payload_bytes;
   uint64_t pulled = client->stats().pull_payload_bytes;
+  uint64_t faulted = MinorPageFaults();
   auto evaluate = [&](int64_t epoch, int64_t step) {
     std::optional<EvalResult> e = model.Evaluate(client->weights());
     if (!e.has_value()) return;
@@ -288,10 +290,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
                                    : "by --push_codec/--warmup_codec");
     }
     const ClientStats& now = client->stats();
+    const uint64_t faults = MinorPageFaults();
     result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
-                               now.pull_payload_bytes - pulled});
+                               now.pull_payload_bytes - pulled,
+                               faults - faulted});
     pushed = now.push_payload_bytes;
     pulled = now.pull_payload_bytes;
+    faulted = faults;
     metrics->ObserveStep(seconds, done, result.last_loss);
     StepSample sample;
     sample.step = first;

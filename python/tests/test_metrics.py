@@ -95,7 +95,8 @@ def test_scrape_matches_stats_and_passes_promtool(shards):
     assert m["pserver_worker_error_feedback_norm"] == pytest.approx(
         opt.client.residual_norm, rel=1e-6)
     assert m["pserver_worker_error_feedback_norm"] > 0
-    assert m['pserver_build_info{component="worker",version="0.1.0"}'] == 1
+    assert m['pserver_build_info{component="worker",malloc="glibc",'
+             'version="0.1.0"}'] == 1
     assert not re.search(r"[{,]worker", text)  # never a worker-id label
 
     promtool = shutil.which("promtool")

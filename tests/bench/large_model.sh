@@ -12,6 +12,14 @@
 #   peak RSS    of the shard and of the worker (VmHWM, /usr/bin/time), as a
 #               multiple of the model's fp32 bytes; targets (issue 10): shard
 #               <= 5x its slice (x, m, v, x_hat, sum), worker <= 4x the model
+#   faults/step minor page faults per step: the worker's median over the
+#               steps after the first (its summary's step_minor_faults); the
+#               shard's whole-run faults beyond one per page of its peak RSS
+#               (the first touch), per step. A step that hands its buffers
+#               back to the kernel re-faults them every step, which costs
+#               more than the step's work on some machines: read step times
+#               beside these and beside the allocator the daemons report
+#               (their malloc, PSERVER_MALLOC at configure time).
 # and the median over the runs. The machine is shared: read medians.
 #
 #   tests/bench/large_model.sh [--results] [BUILD_DIR]   # PARAMS STEPS REPEAT
@@ -33,14 +41,14 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$DIR"' EXIT
 
 run() {  # run NAME CODEC REP
   local name=$1 codec=$2 rep=$3 tag="$1.$3"
-  /usr/bin/time -f "%M" -o "$DIR/$tag.server.rss" \
+  /usr/bin/time -f "%M %R" -o "$DIR/$tag.server.rss" \
     "$BUILD/server/pserver_server" --num_workers=1 --optimizer=adam \
     --pull_codec="$codec" --listen=127.0.0.1:0 --metrics_listen= \
     --port_file="$DIR/$tag.port" 2>"$DIR/$tag.server.log" &
   local spid=$!
   for _ in $(seq 600); do [[ -s "$DIR/$tag.port" ]] && break; sleep 0.05; done
   [[ -s "$DIR/$tag.port" ]] || { cat "$DIR/$tag.server.log" >&2; exit 1; }
-  /usr/bin/time -f "%M" -o "$DIR/$tag.worker.rss" \
+  /usr/bin/time -f "%M %R" -o "$DIR/$tag.worker.rss" \
     "$BUILD/worker/pserver_worker" --servers="127.0.0.1:$(cat "$DIR/$tag.port")" \
     --model=synthetic --synthetic_params="$PARAMS" --synthetic_tensors=8 \
     --steps="$STEPS" --push_codec="$codec" --warmup_codec="$codec" \
@@ -62,14 +70,19 @@ done
 import json, statistics, sys, os
 d, params, repeat, results, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
 model = params * 4
-rows, lines = {}, []
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+            if l.startswith("model name")), "?")
+rows, lines = {}, ["machine: %s, %d cores, kernel %s" % (cpu, os.cpu_count(), os.uname().release)]
 for codec in ("fp32", "onebit"):
     for rep in range(1, repeat + 1):
         tag = f"{codec}.{rep}"
         s = json.load(open(f"{d}/{tag}.json"))
-        srss = int(open(f"{d}/{tag}.server.rss").read().split()[-1]) * 1024
-        wrss = int(open(f"{d}/{tag}.worker.rss").read().split()[-1]) * 1024
+        skb, sflt = map(int, open(f"{d}/{tag}.server.rss").read().split()[-2:])
+        wkb = int(open(f"{d}/{tag}.worker.rss").read().split()[-2])
+        srss, wrss = skb * 1024, wkb * 1024
         steps = s["step_seconds"]
+        wflt = s.get("step_minor_faults", [])
+        malloc = s.get("malloc", "?")
         push_t = s["encode_seconds"] + s["push_seconds"]
         rows.setdefault(codec, []).append(dict(
             step=statistics.median(steps[1:]) if len(steps) > 1 else steps[0],
@@ -77,10 +90,14 @@ for codec in ("fp32", "onebit"):
             push_wire=s["push_bytes"] / push_t / 1e9,
             pull_fp32=s["pull_fp32_bytes"] / s["pull_seconds"] / 1e9,
             pull_wire=s["pull_bytes"] / s["pull_seconds"] / 1e9,
-            server=srss / model, worker=wrss / model))
-fmt = "%-7s %-6s %8s %22s %22s %12s %12s"
+            server=srss / model, worker=wrss / model,
+            wfaults=statistics.median(wflt[1:]) if len(wflt) > 1 else float("nan"),
+            sfaults=max(0, sflt - skb // 4) / len(steps)))
+fmt = "%-7s %-6s %8s %22s %22s %12s %12s %19s"
+lines.append("daemons' malloc: %s (the worker's summary)" % malloc)
 lines.append(fmt % ("codec", "run", "s/step", "push GB/s fp32 (wire)",
-                    "pull GB/s fp32 (wire)", "shard RSS", "worker RSS"))
+                    "pull GB/s fp32 (wire)", "shard RSS", "worker RSS",
+                    "faults/step w, s"))
 for codec, rs in rows.items():
     for i, r in enumerate(rs + [None]):
         if r is None:
@@ -91,7 +108,8 @@ for codec, rs in rows.items():
         lines.append(fmt % (codec, label, "%.3f" % r["step"],
                             "%.2f (%.3f)" % (r["push_fp32"], r["push_wire"]),
                             "%.2f (%.3f)" % (r["pull_fp32"], r["pull_wire"]),
-                            "%.1fx" % r["server"], "%.1fx" % r["worker"]))
+                            "%.1fx" % r["server"], "%.1fx" % r["worker"],
+                            "%.0f, %.0f" % (r["wfaults"], r["sfaults"])))
 med = {c: statistics.median(x["step"] for x in rs) for c, rs in rows.items()}
 lines.append("")
 lines.append("targets (issue 10, 100M): fp32 <= 1.2 s/step, 1-bit <= 0.3 s/step, "

@@ -130,6 +130,14 @@ for sig in TERM INT; do
         sed '1,/^\r$/d' "$WORK/scrape.http" >"$WORK/scrape.txt"
         grep -q '^pserver_build_info{' "$WORK/scrape.txt" ||
           fail "/metrics has no pserver_build_info"
+        # The allocator the build chose is the one the daemon runs on (a
+        # linker that drops the unreferenced tcmalloc would leave glibc's).
+        cache="$(dirname "$BIN")/../CMakeCache.txt"
+        if grep -qx 'PSERVER_MALLOC:STRING=tcmalloc' "$cache" 2>/dev/null &&
+           ! grep -q '^CMAKE_CXX_FLAGS:STRING=.*-fsanitize' "$cache"; then
+          grep -q '^pserver_build_info{.*malloc="tcmalloc"' "$WORK/scrape.txt" ||
+            fail "built with PSERVER_MALLOC=tcmalloc, but /metrics says: $(grep '^pserver_build_info' "$WORK/scrape.txt")"
+        fi
         grep -q '^pserver_server_step{shard="0"} 0' "$WORK/scrape.txt" ||
           fail "/metrics has no pserver_server_step"
         if command -v promtool >/dev/null; then
