@@ -4,7 +4,7 @@
 # namespace with a veth onto one Linux bridge (in a hub namespace of its
 # own); every host's link is shaped with tc tbf in both directions (egress on
 # the hub's end of the veth = into the host, egress inside the host = out of
-# it), RATE each way. On it:
+# it), RATE each way (tests/bench/netns_lib.sh). On it:
 #   fp32    pserver, --optimizer=adam, fp32 pushes and pulls
 #   onebit  pserver, 1-bit Adam as deploy/local.sh runs it (--optimizer=
 #           onebit_adam, bf16 pushes in its warmup, then 1-bit pushes; 1-bit
@@ -74,12 +74,12 @@ PYTHON="${PYTHON:-/usr/bin/python3}"
 SERVER="$BUILD/server/pserver_server"
 WORKER="$BUILD/worker/pserver_worker"
 HERE="$ROOT/tests/bench"
+# shellcheck source-path=SCRIPTDIR source=netns_lib.sh
+source "$HERE/netns_lib.sh"
+NETNS_PROG=network.sh
 
 # Preconditions, each with one line saying what is wrong.
-[[ $(id -u) -eq 0 ]] || die "needs root (network namespaces and tc); run it with sudo"
-for tool in ip tc; do
-  command -v "$tool" >/dev/null || die "'$tool' not found; install iproute2 (apt-get install iproute2)"
-done
+netns_check_tools
 for n in PARAMS TENSORS STEPS DROP FREEZE_STEP RUN_TIMEOUT; do
   [[ "${!n}" =~ ^[0-9]+$ && "${!n}" -gt 0 ]] || die "$n is '${!n}'; expected a positive integer"
 done
@@ -88,12 +88,10 @@ done
 [[ "$K_FRACTION" =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] ||
   die "K_FRACTION is '$K_FRACTION'; expected a fraction in (0, 1] like 0.01"
 [[ -n "${RUNS// /}" ]] || die "RUNS is empty; expected some of fp32 onebit topk ddp_fp32 ddp_fp16 ddp_powersgd"
-[[ "$RATE" =~ ^([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit)$ ]] ||
+RATE_BPS=$(netns_rate_bps "$RATE") ||
   die "RATE is '$RATE'; expected a number with bit, kbit, mbit or gbit (like 1gbit)"
-RATE_BPS=$(awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" 'BEGIN {
-  m = (u == "gbit") ? 1e9 : (u == "mbit") ? 1e6 : (u == "kbit") ? 1e3 : 1; printf "%.0f", n * m }')
 (( RATE_BPS >= 1000000 )) || die "RATE is '$RATE'; expected at least 1mbit"
-BURST="${BURST:-$(( RATE_BPS / 8 / 500 > 65536 ? RATE_BPS / 8 / 500 : 65536 ))}"
+BURST="${BURST:-$(netns_default_burst "$RATE_BPS")}"
 [[ "$BURST" =~ ^[0-9]+$ ]] || die "BURST is '$BURST'; expected bytes, a positive integer"
 for r in $RUNS; do
   case "$r" in
@@ -113,100 +111,15 @@ OUT="${OUT:-$DIR}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
-TAG="pnb$$"          # every name made here starts with it (veth names <= 15 chars)
-HUB="$TAG-hub"
-NAMESPACES=()
-PIDS=()              # processes started and not yet reaped
-cleanup() {
-  local code=$? pid ns alive
-  trap - EXIT INT TERM
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for _ in $(seq 50); do
-    alive=0; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [[ $alive == 0 ]] && break; sleep 0.1
-  done
-  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  # Anything else still running in our namespaces was started by this script.
-  for ns in "${NAMESPACES[@]}"; do
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
-  done
-  wait 2>/dev/null || true
-  # Deleting a namespace deletes the veth ends in it, their peers and the
-  # bridge in the hub.
-  for ns in "${NAMESPACES[@]}"; do ip netns delete "$ns" 2>/dev/null || true; done
-  if [[ $code -ne 0 ]]; then
-    echo "network.sh: failed; logs in $DIR, the last lines:" >&2
-    for f in "$DIR"/*/*.log; do [[ -f "$f" ]] && { echo "== $f"; tail -5 "$f"; }; done >&2
-  fi
-  exit "$code"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-fail() { echo "network.sh: $*" >&2; exit 1; }
-
-# wait_pids SECONDS WHAT PID...: every PID exits 0 within SECONDS, or fail.
-wait_pids() {
-  local limit=$1 what=$2 pid code
-  shift 2
-  local deadline=$((SECONDS + limit))
-  for pid in "$@"; do
-    while kill -0 "$pid" 2>/dev/null; do
-      (( SECONDS < deadline )) || fail "$what: still running after $limit s (raise RUN_TIMEOUT)"
-      sleep 0.2
-    done
-    code=0; wait "$pid" || code=$?
-    [[ $code -eq 0 ]] || fail "$what: a process exited with code $code"
-  done
-}
-# stop_pids PID...: SIGTERM, 15 s to exit, then SIGKILL; all reaped after.
-stop_pids() {
-  local pid
-  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for _ in $(seq 150); do
-    local alive=0
-    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [[ $alive == 0 ]] && break; sleep 0.1
-  done
-  for pid in "$@"; do kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-}
-
-if ip netns list | grep -q "^$HUB\b"; then
-  die "namespace $HUB exists already (left by a run killed with SIGKILL?); remove the $TAG-* namespaces with ip netns delete"
-fi
-ip netns add "$HUB" 2>/dev/null || die "ip netns add failed (no permission for network namespaces here)"
-NAMESPACES+=("$HUB")
-ip -n "$HUB" link set lo up
-ip -n "$HUB" link add name br0 type bridge
-ip -n "$HUB" link set br0 up
+NETNS_LOG_DIR="$DIR"
+netns_start "pnb$$"  # every name made here starts with it
 
 SHARD_IP=(198.18.1.10 198.18.1.11)
 WORKER_IP=(198.18.1.20 198.18.1.21 198.18.1.22 198.18.1.23)
-HOSTS=(s0 s1 w0 w1 w2 w3)
-shape() {  # shape NS DEV: tbf at RATE as the root qdisc of DEV in NS
-  tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst "$BURST" latency "$TBF_LATENCY"
-}
-host() {  # host NAME ADDRESS: a namespace on the bridge, its link shaped both ways
-  local ns="$TAG-$1"
-  ip netns add "$ns"; NAMESPACES+=("$ns")
-  ip -n "$ns" link set lo up
-  ip link add name "$TAG$1" netns "$HUB" type veth peer name eth0 netns "$ns"
-  ip -n "$HUB" link set "$TAG$1" master br0 up
-  ip -n "$ns" addr add "$2/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  shape "$HUB" "$TAG$1"  # into the host
-  shape "$ns" eth0       # out of the host
-}
-for s in 0 1; do host "s$s" "${SHARD_IP[$s]}"; done
-for w in 0 1 2 3; do host "w$w" "${WORKER_IP[$w]}"; done
+for s in 0 1; do netns_host "s$s" "${SHARD_IP[$s]}"; done
+for w in 0 1 2 3; do netns_host "w$w" "${WORKER_IP[$w]}"; done
+netns_shape "$RATE" "$BURST" "$TBF_LATENCY"
 
-# tc_bytes FILE: bytes each host's link has carried so far, "HOST in|out N".
-tc_bytes() {
-  local h
-  for h in "${HOSTS[@]}"; do
-    echo "$h in $(tc -n "$HUB" -s qdisc show dev "$TAG$h" | sed -n 's/^ *Sent \([0-9]*\) bytes.*/\1/p' | head -1)"
-    echo "$h out $(tc -n "$TAG-$h" -s qdisc show dev eth0 | sed -n 's/^ *Sent \([0-9]*\) bytes.*/\1/p' | head -1)"
-  done >"$1"
-}
 # scrape NS URL FILE: the metrics page, fetched from inside NS.
 scrape() {
   ip netns exec "$1" "$PYTHON" -c 'import sys, urllib.request
