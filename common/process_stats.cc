@@ -3,13 +3,24 @@
 #include <dlfcn.h>
 #include <sys/resource.h>
 
+#include <cstdlib>
+#include <cstring>
+
 namespace pserver {
 
 std::string_view AllocatorName() {
-  // Each exports an entry point glibc's malloc does not have.
-  if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return "tcmalloc";
-  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
-  return "glibc";
+  // The library the process's malloc symbol resolves to: a preloaded
+  // allocator wins over a linked one, and both over glibc's.
+  void* const entry = dlsym(RTLD_DEFAULT, "malloc");
+  Dl_info info{};
+  if (entry != nullptr && dladdr(entry, &info) != 0 &&
+      info.dli_fname != nullptr) {
+    if (std::strstr(info.dli_fname, "tcmalloc") != nullptr) return "tcmalloc";
+    if (std::strstr(info.dli_fname, "jemalloc") != nullptr) return "jemalloc";
+    if (std::strstr(info.dli_fname, "libc.so") != nullptr) return "glibc";
+    return "other";
+  }
+  return "unknown";
 }
 
 uint64_t MinorPageFaults() {
