@@ -18,10 +18,11 @@
 # /usr/bin/time for a worker that exited before the window closed) and the
 # share of the machine's cores all of them used; per shards x
 # codec the round time's and the busiest shard's CPU growth per added worker
-# (least-squares slopes over WORKERS). Configurations whose processes kept
-# 80% of the cores busy are marked CPU-bound, and every round is projected
-# to dedicated hosts (docs/benchmarks.md, "Scaling: workers and shards",
-# gives the model). A table on stdout, scaling.md, scaling.json and
+# (least-squares slopes over WORKERS). Configurations whose processes (with
+# other programs') kept 80% of the cores busy are marked CPU-bound, and the
+# model of docs/benchmarks.md ("Scaling: workers and shards") is checked
+# against every round and projects it to dedicated hosts. A table on
+# stdout, scaling.md, scaling.json and
 # scaling.svg (round time against workers, measured solid, projected
 # dashed); tests/bench/scaling_report.py computes the figures.
 #
