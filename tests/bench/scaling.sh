@@ -16,20 +16,21 @@
 # payload bytes in and out per round (/proc/PID/stat and the shards'
 # /metrics counters), the workers' CPU seconds per step (/proc/PID/stat, or
 # /usr/bin/time for a worker that exited before the window closed) and the
-# share of the machine's cores all of them used; per shards x
-# codec the round time's and the busiest shard's CPU growth per added worker
+# share of the machine's cores all of them used; per shards x codec the
+# round time's and the busiest shard's CPU growth per added worker
 # (least-squares slopes over WORKERS). Configurations whose processes (with
 # other programs') kept 80% of the cores busy are marked CPU-bound, and the
 # model of docs/benchmarks.md ("Scaling: workers and shards") is checked
 # against every round and projects it to dedicated hosts. A table on
-# stdout, scaling.md, scaling.json and
-# scaling.svg (round time against workers, measured solid, projected
-# dashed); tests/bench/scaling_report.py computes the figures.
+# stdout, scaling.md, scaling.json and scaling.svg (round time against
+# workers, measured solid, projected dashed); tests/bench/scaling_report.py
+# computes the figures.
 #
-# The default sweep (36 configurations) takes about 21 minutes on the 2-core
-# machine of tests/bench/results/README.md: its parts measured on 2026-11-27
-# (workers 1-8 in 6 min; 16 and 32 in 9 min at 40 steps, 15 min at 100)
-# with about 15% of the cores busy with other work.
+# The default sweep (36 configurations) should take about 21 minutes on the
+# 2-core machine of tests/bench/results/README.md, estimated from its parts
+# measured on 2026-11-27 with about 15% of the cores busy with other work:
+# workers 1-8 at 80 steps in 5.1 min, 16 and 32 at 40 steps in 8.9 min, and
+# each further step costs the two parts about 2 s and 6 s.
 #
 #   tests/bench/scaling.sh                  # results in a new /tmp/pserver-scaling.* folder
 #   tests/bench/scaling.sh --results        # into tests/bench/results/
