@@ -26,6 +26,29 @@ double SquaredNorm(absl::Span<const float> v) {
   return (a0 + a1) + (a2 + a3);
 }
 
+// dst = src and SquaredNorm(src) in one pass over src (the residual of a
+// large model is read once per step instead of twice).
+double CopyWithSquaredNorm(absl::Span<const float> src, absl::Span<float> dst) {
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  size_t i = 0;
+  for (; i + 4 <= src.size(); i += 4) {
+    const float v0 = src[i], v1 = src[i + 1], v2 = src[i + 2], v3 = src[i + 3];
+    dst[i] = v0;
+    dst[i + 1] = v1;
+    dst[i + 2] = v2;
+    dst[i + 3] = v3;
+    a0 += static_cast<double>(v0) * v0;
+    a1 += static_cast<double>(v1) * v1;
+    a2 += static_cast<double>(v2) * v2;
+    a3 += static_cast<double>(v3) * v3;
+  }
+  for (; i < src.size(); ++i) {
+    dst[i] = src[i];
+    a0 += static_cast<double>(src[i]) * src[i];
+  }
+  return (a0 + a1) + (a2 + a3);
+}
+
 }  // namespace
 
 absl::Status EncodeWithFeedback(const Codec& codec, absl::Span<const float> g,
@@ -102,7 +125,7 @@ absl::Status ErrorFeedback::EncodeAtWith(const Codec& codec, uint64_t offset,
   absl::Status s =
       EncodeWithFeedback(codec, g, e, decay_, seed, out, next);
   if (!s.ok()) return s;
-  std::copy(next.begin(), next.end(), e.begin());
+  const double next_sq = CopyWithSquaredNorm(next, e);
   // Record the piece's squared norm; pieces cut differently before (another
   // chunking) are forgotten.
   auto it = piece_sq_.find(offset);
@@ -117,7 +140,7 @@ absl::Status ErrorFeedback::EncodeAtWith(const Codec& codec, uint64_t offset,
     piece_sq_.erase(first, last);
     it = piece_sq_.emplace(offset, std::make_pair(g.size(), 0.0)).first;
   }
-  it->second.second = SquaredNorm(next);
+  it->second.second = next_sq;
   return absl::OkStatus();
 }
 
