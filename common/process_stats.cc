@@ -18,9 +18,14 @@ std::string_view AllocatorName() {
     if (std::strstr(info.dli_fname, "tcmalloc") != nullptr) return "tcmalloc";
     if (std::strstr(info.dli_fname, "jemalloc") != nullptr) return "jemalloc";
     if (std::strstr(info.dli_fname, "libc.so") != nullptr) return "glibc";
-    return "other";
   }
-  return "unknown";
+  // A non-PIE executable that takes malloc's address (CPython does) makes
+  // its own PLT entry the symbol's address, naming the executable. Then
+  // tell by the entry points each allocator adds: pserver never links
+  // jemalloc, so one present was preloaded and wins over a linked tcmalloc.
+  if (dlsym(RTLD_DEFAULT, "mallctl") != nullptr) return "jemalloc";
+  if (dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return "tcmalloc";
+  return "glibc";
 }
 
 uint64_t MinorPageFaults() {

@@ -12,8 +12,7 @@
 namespace pserver {
 
 // The allocator malloc resolves to in this process, found at run time (so a
-// preloaded one is named too): "tcmalloc", "jemalloc", "glibc", or "other"
-// / "unknown" when the library is none of those or cannot be found.
+// preloaded one is named too): "tcmalloc", "jemalloc" or "glibc".
 std::string_view AllocatorName();
 
 // Minor page faults of the whole process so far (getrusage's ru_minflt).
