@@ -169,6 +169,18 @@ EXTRA_SERVER[topk_pullq_c05]="${EXTRA_SERVER[topk_pullq]}"
 EXTRA_SERVER[topk2_pullq_c03]="${EXTRA_SERVER[topk_pullq]}"
 EXTRA_WORKER[topk_pullq_c05]="${EXTRA_WORKER[topk_pullq]}"
 EXTRA_WORKER[topk2_pullq_c03]="--bits=8 ${TOPK_WORKER_FLAGS:-}"
+# The other points of the decay sweeps (results/fidelity_8seeds.md):
+# topk_pullq_c03 (0.3 with masking), topk2_pullq_c05 (0.5 without), and
+# onebit_c05, onebit_adam's decay of 0.5 with onebit_b09's freeze at 600.
+OPTS[topk_pullq_c03]="${OPTS[topk_pullq]} --compression-beta1 0.3"
+OPTS[topk2_pullq_c05]="${OPTS[topk_pullq]} --compression-beta1 0.5"
+EXTRA_SERVER[topk_pullq_c03]="${EXTRA_SERVER[topk_pullq]}"
+EXTRA_SERVER[topk2_pullq_c05]="${EXTRA_SERVER[topk_pullq]}"
+EXTRA_WORKER[topk_pullq_c03]="${EXTRA_WORKER[topk_pullq]}"
+EXTRA_WORKER[topk2_pullq_c05]="${EXTRA_WORKER[topk2_pullq_c03]}"
+OPTS[onebit_c05]="${OPTS[onebit_b09]} --compression-beta1 0.5"
+EXTRA_SERVER[onebit_c05]="${EXTRA_SERVER[onebit_b09]}"
+EXTRA_WORKER[onebit_c05]="${EXTRA_WORKER[onebit_b09]}"
 
 # Consistency modes (issue 14, docs/consistency.md): the onebit_b09 (as
 # measured there) and adam_fp32 recipes with the shards' rounds under ssp (s = 0, 1, 4) and
