@@ -1,4 +1,4 @@
-#include "common/codec_profile.h"
+#include "tune/codec_profile.h"
 
 #include <algorithm>
 #include <cmath>

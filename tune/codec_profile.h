@@ -16,8 +16,8 @@
 //   std::vector<absl::Span<const float>> steps = ...;  // one tensor, W steps
 //   absl::StatusOr<CodecProfile> p = ProfileCodec(*codec, steps, {});
 //   p->ef_window_error();
-#ifndef PSERVER_COMMON_CODEC_PROFILE_H_
-#define PSERVER_COMMON_CODEC_PROFILE_H_
+#ifndef PSERVER_TUNE_CODEC_PROFILE_H_
+#define PSERVER_TUNE_CODEC_PROFILE_H_
 
 #include <cstdint>
 #include <string>
@@ -114,4 +114,4 @@ std::vector<CodecCandidate> CodecSweep();
 
 }  // namespace pserver
 
-#endif  // PSERVER_COMMON_CODEC_PROFILE_H_
+#endif  // PSERVER_TUNE_CODEC_PROFILE_H_

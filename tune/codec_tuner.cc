@@ -1,4 +1,4 @@
-#include "common/codec_tuner.h"
+#include "tune/codec_tuner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,10 +1,10 @@
 // The auto-tuner's choice (issue 13, part 2): per tensor of a model, one codec
 // out of a list of candidates, from their profiles on captured gradients
-// (common/codec_profile.h), either the most compressing one within a target
+// (tune/codec_profile.h), either the most compressing one within a target
 // error or the most accurate allocation within a byte budget; and the
 // compression schedule (common/schedule.h) that names those codecs per
-// tensor. The profiles come from common/tuner_measure.h; pserver_tune
-// (worker/tune_main.cc) reads the capture and writes the files; this file
+// tensor. The profiles come from tune/tuner_measure.h; pserver_tune
+// (tune/tune_main.cc) reads the capture and writes the files; this file
 // does no I/O.
 //
 // Windows. A capture holds one or more windows of consecutive steps (e.g.
@@ -21,8 +21,8 @@
 //   o.target_error = 0.05;
 //   absl::StatusOr<TuneResult> r = TuneCodecs(cands, *m, o);
 //   std::string json = *ScheduleToJson(TunedSchedule(cands, *r, nullptr));
-#ifndef PSERVER_COMMON_CODEC_TUNER_H_
-#define PSERVER_COMMON_CODEC_TUNER_H_
+#ifndef PSERVER_TUNE_CODEC_TUNER_H_
+#define PSERVER_TUNE_CODEC_TUNER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -32,8 +32,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "common/codec_profile.h"
-#include "common/tuner_measure.h"
+#include "tune/codec_profile.h"
+#include "tune/tuner_measure.h"
 #include "pserver/v1/schedule.pb.h"
 
 namespace pserver {
@@ -123,4 +123,4 @@ absl::StatusOr<std::string> ScheduleToJson(const v1::CompressionSchedule& s);
 
 }  // namespace pserver
 
-#endif  // PSERVER_COMMON_CODEC_TUNER_H_
+#endif  // PSERVER_TUNE_CODEC_TUNER_H_

@@ -1,4 +1,4 @@
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 
 #include <sys/stat.h>
 

@@ -21,8 +21,8 @@
 //   (*w)->Append(step, gradient);  // flat, TotalElements(layout) floats
 //   (*w)->Close();
 //   absl::StatusOr<GradientCapture> c = ReadGradientFile(path);
-#ifndef PSERVER_COMMON_GRADIENT_FILE_H_
-#define PSERVER_COMMON_GRADIENT_FILE_H_
+#ifndef PSERVER_TUNE_GRADIENT_FILE_H_
+#define PSERVER_TUNE_GRADIENT_FILE_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -147,4 +147,4 @@ class StepRanges {
 
 }  // namespace pserver
 
-#endif  // PSERVER_COMMON_GRADIENT_FILE_H_
+#endif  // PSERVER_TUNE_GRADIENT_FILE_H_

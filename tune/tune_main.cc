@@ -20,13 +20,13 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/codec_profile.h"
-#include "common/codec_tuner.h"
+#include "tune/codec_profile.h"
+#include "tune/codec_tuner.h"
 #include "common/daemon/command_line.h"
 #include "common/file_io.h"
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 #include "common/layout.h"
-#include "worker/tune_report.h"
+#include "tune/tune_report.h"
 
 ABSL_FLAG(std::string, gradients, "",
           "required: gradient capture file (pserver_worker "

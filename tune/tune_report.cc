@@ -1,4 +1,4 @@
-#include "worker/tune_report.h"
+#include "tune/tune_report.h"
 
 #include <algorithm>
 #include <cmath>

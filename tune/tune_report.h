@@ -1,16 +1,16 @@
 // What pserver_tune prints and writes besides the schedule: the table of the
 // chosen codecs, the machine-readable JSON of every candidate's figures, and
 // an SVG plot of error against bytes per step. Pure functions of the tuner's
-// results (common/codec_tuner.h); the caller writes the files.
-#ifndef PSERVER_WORKER_TUNE_REPORT_H_
-#define PSERVER_WORKER_TUNE_REPORT_H_
+// results (tune/codec_tuner.h); the caller writes the files.
+#ifndef PSERVER_TUNE_TUNE_REPORT_H_
+#define PSERVER_TUNE_TUNE_REPORT_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/types/span.h"
-#include "common/codec_profile.h"
-#include "common/codec_tuner.h"
+#include "tune/codec_profile.h"
+#include "tune/codec_tuner.h"
 
 namespace pserver {
 
@@ -44,4 +44,4 @@ std::string TuneSvg(absl::Span<const CodecCandidate> candidates,
 
 }  // namespace pserver
 
-#endif  // PSERVER_WORKER_TUNE_REPORT_H_
+#endif  // PSERVER_TUNE_TUNE_REPORT_H_

@@ -1,4 +1,4 @@
-#include "common/tuner_measure.h"
+#include "tune/tuner_measure.h"
 
 #include <algorithm>
 #include <memory>

@@ -1,12 +1,12 @@
-// What the auto-tuner (common/codec_tuner.h) chooses from: the candidate
-// codecs and their profiles (common/codec_profile.h) on every tensor of a
+// What the auto-tuner (tune/codec_tuner.h) chooses from: the candidate
+// codecs and their profiles (tune/codec_profile.h) on every tensor of a
 // gradient capture, window by window. No I/O: the caller reads the capture.
 //
 //   absl::StatusOr<std::vector<StepWindow>> w = SplitStepWindows(capture, 0);
 //   std::vector<CodecCandidate> cands = DefaultTunerCandidates();
 //   auto m = MeasureCandidates(capture, *w, cands, ProfileOptions{});
-#ifndef PSERVER_COMMON_TUNER_MEASURE_H_
-#define PSERVER_COMMON_TUNER_MEASURE_H_
+#ifndef PSERVER_TUNE_TUNER_MEASURE_H_
+#define PSERVER_TUNE_TUNER_MEASURE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "common/codec_profile.h"
-#include "common/gradient_file.h"
+#include "tune/codec_profile.h"
+#include "tune/gradient_file.h"
 
 namespace pserver {
 
@@ -62,4 +62,4 @@ absl::StatusOr<std::vector<TensorMeasurement>> MeasureCandidates(
 
 }  // namespace pserver
 
-#endif  // PSERVER_COMMON_TUNER_MEASURE_H_
+#endif  // PSERVER_TUNE_TUNER_MEASURE_H_

@@ -20,7 +20,7 @@
 #include "common/schedule.h"
 #include "common/daemon/command_line.h"
 #include "common/daemon/daemon_flags.h"
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 #include "common/process_stats.h"
 #include "prometheus/registry.h"
 #include "worker/client.h"
@@ -116,7 +116,7 @@ ABSL_FLAG(std::string, summary_json, "",
 ABSL_FLAG(std::string, capture_gradients, "",
           "if set, write the raw gradients (before momentum, error feedback "
           "and compression) of the --capture_steps to this file "
-          "(common/gradient_file.h; tests/bench/codec_profile reads it)");
+          "(tune/gradient_file.h; tests/bench/codec_profile reads it)");
 ABSL_FLAG(std::string, capture_deltas, "",
           "if set, write the change of this worker's weights over each of "
           "the --capture_steps (the pulled update) to this file, in the "

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 #include "worker/client.h"
 #include "worker/inner_adam.h"
 #include "worker/metrics.h"
@@ -60,7 +60,7 @@ struct TrainerOptions {
   // worker a straggler on purpose, for benchmarks and tests of rounds that
   // wait for the slowest worker.
   absl::Duration compute_delay = absl::ZeroDuration();
-  // Gradient capture (common/gradient_file.h): the raw minibatch gradient of
+  // Gradient capture (tune/gradient_file.h): the raw minibatch gradient of
   // every step in capture_steps (local steps count with local_steps > 1), as
   // the model computed it, before momentum, error feedback or compression,
   // is appended to capture_file. Empty: no capture. REQUIRES: capture_steps

@@ -1,4 +1,4 @@
-// codec_profile: every codec of the sweep (common/codec_profile.h,
+// codec_profile: every codec of the sweep (tune/codec_profile.h,
 // CodecSweep) on gradients captured from a real run (pserver_worker
 // --capture_gradients), per window of consecutive captured steps, per tensor
 // and for the whole model. Writes every figure as JSON and prints the
@@ -27,10 +27,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/codec.h"
-#include "common/codec_profile.h"
-#include "common/gradient_file.h"
+#include "tune/codec_profile.h"
+#include "tune/gradient_file.h"
 #include "common/json_text.h"
-#include "common/tuner_measure.h"
+#include "tune/tuner_measure.h"
 
 ABSL_FLAG(std::string, gradients, "",
           "gradient file (pserver_worker --capture_gradients)");

@@ -6,7 +6,7 @@ panel per window, log axes). Standard library only.
   /usr/bin/python3 codec_profile_report.py --json codec_profile.json \
       --out DIR [--note TEXT ...]
 
-Figures (per window of W consecutive steps, common/codec_profile.h):
+Figures (per window of W consecutive steps, tune/codec_profile.h):
   ratio        fp32 bytes / encoded payload bytes per step (no framing)
   err          mean over steps of ||g_t - D(E(g_t))|| / ||g_t|| (no error
                feedback: what one round trip loses)

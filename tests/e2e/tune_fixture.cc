@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 3 || (argc == 3 && std::strcmp(argv[2], "other"))) {

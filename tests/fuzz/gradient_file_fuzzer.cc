@@ -1,5 +1,5 @@
 // libFuzzer target: the gradient capture file reader, ParseGradientFile
-// (common/gradient_file.h), on raw file bytes.
+// (tune/gradient_file.h), on raw file bytes.
 //
 // Checked beyond "no crash, no UB": whatever it accepts is consistent (a
 // valid layout, one value per element of it in every step, steps strictly
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 #include "common/layout.h"
 
 namespace pserver {

@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "common/checksum.h"
 #include "common/codec.h"
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/checkpoint.h"
 #include "tests/fuzz/fuzz_inputs.h"
@@ -319,7 +319,7 @@ void CheckpointCorpus(const std::string& dir) {
         std::string(1, static_cast<char>(kCkptSeal | kCkptLoad)) + bytes);
 }
 
-// Gradient files (common/gradient_file.h) as GradientFileWriter writes
+// Gradient files (tune/gradient_file.h) as GradientFileWriter writes
 // them: the MLP's tensor shapes shrunk, a scalar, a header alone.
 void GradientFileCorpus(const std::string& dir) {
   ::mkdir(dir.c_str(), 0755);

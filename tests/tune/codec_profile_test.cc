@@ -1,6 +1,6 @@
-// The codec measurement (common/codec_profile.h) on tensors whose answer is
+// The codec measurement (tune/codec_profile.h) on tensors whose answer is
 // known by hand.
-#include "common/codec_profile.h"
+#include "tune/codec_profile.h"
 
 #include <cmath>
 #include <limits>

@@ -1,6 +1,6 @@
-// The auto-tuner's choice (common/codec_tuner.h) on profiles built by hand,
+// The auto-tuner's choice (tune/codec_tuner.h) on profiles built by hand,
 // where the right answer is known, and once end to end on measured ones.
-#include "common/codec_tuner.h"
+#include "tune/codec_tuner.h"
 
 #include <cmath>
 #include <string>

@@ -1,7 +1,7 @@
-// The gradient capture file (common/gradient_file.h): round trips through
+// The gradient capture file (tune/gradient_file.h): round trips through
 // the writer and reader, and the reader on untrusted bytes (cut short,
 // corrupted, or well-formed records with fields out of range).
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 
 #include <cstdint>
 #include <string>

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/gradient_file.h"
+#include "tune/gradient_file.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
