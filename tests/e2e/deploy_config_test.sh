@@ -3,7 +3,7 @@
 # for real (no Grafana, no Kubernetes), plus the health probe:
 #  - promtool accepts the Prometheus configs;
 #  - `docker-compose config` (Debian's 1.29) accepts the Compose file and its
-#    env file, and the result has the topology the README promises;
+#    env file, and the result has the topology docs/deploy.md describes;
 #  - the Kubernetes manifests parse and carry the required fields (and
 #    `kubectl kustomize` renders them, where kubectl is installed);
 #  - the Grafana dashboard is valid JSON and every metric its queries name is
