@@ -2,7 +2,11 @@
 # deploy/local.sh --monitor, non-interactive (stdin is not a terminal): it
 # starts Debian's Prometheus on the local cluster and prints a graph URL; while
 # the cluster trains, Prometheus must see every daemon up and every series of
-# that URL must be a valid query with data; then local.sh, stopped with
+# that URL must be a valid query with data, and so must every query of the
+# Grafana dashboard (no Grafana server can run here: its panels are checked
+# through their queries); the alerting rules are loaded and healthy, tell
+# shards from workers by pserver_build_info, and none of the availability
+# alerts is pending during healthy training; then local.sh, stopped with
 # SIGTERM as an operator would (the run is long enough, 50 epochs, that it is
 # still training however fast the machine), exits 130 and leaves nothing
 # running. (local_cluster_test covers the exit 0 of a run that completes.)
@@ -82,17 +86,41 @@ while read -r expr; do
   n=$(api "$expr" | count) || fail "Prometheus rejects the URL's query: $expr"
   [[ "$n" -gt 0 ]] || fail "no data for the URL's query: $expr"
 done <"$DIR/exprs"
-# The alerting rules (deploy/prometheus/alerts.yml) are loaded and healthy.
+# Every query of the dashboard: accepted, with data. Only "Checkpoint age"
+# may be empty: local.sh runs the shards without --checkpoint_dir. The
+# diagnostics and fault counters start at 0, so their panels have data
+# before any event.
+python3 "$ROOT/tests/e2e/dashboard_queries.py" "$ROOT/deploy/grafana/dashboards/pserver.json" \
+  "http://127.0.0.1:$pport" --may-be-empty="Checkpoint age, by shard" >"$DIR/queries.log" ||
+  { grep FAIL "$DIR/queries.log" >&2; fail "dashboard queries (above)"; }
+kill -0 "$PID" 2>/dev/null || fail "training ended while the dashboard's queries ran"
+# The availability rules find shards and workers by pserver_build_info's
+# component, whatever the job is called (here one job, "pserver").
+for c in server worker; do
+  n=$(api "up == 1 and on (job, instance) last_over_time(pserver_build_info{component=\"$c\"}[1d])" | count) ||
+    fail "Prometheus rejects the rules' $c selector"
+  [[ "$n" == 2 ]] || fail "the rules' $c selector finds $n targets, expected 2"
+done
+# The alerting rules (deploy/prometheus/alerts.yml) are loaded, evaluated
+# without error, and no availability alert is pending or firing.
 curl -sf --max-time 5 "http://127.0.0.1:$pport/api/v1/rules" >"$DIR/rules.json" ||
   fail "Prometheus does not answer /api/v1/rules"
-python3 - "$DIR/rules.json" <<'PY' || fail "the alerting rules are not loaded: $(head -c 300 "$DIR/rules.json")"
+python3 - "$DIR/rules.json" <<'PY' || fail "the alerting rules: $(head -c 300 "$DIR/rules.json")"
 import json, sys
 d = json.load(open(sys.argv[1]))
 rules = [r for g in d["data"]["groups"] for r in g["rules"]]
 names = {r["name"] for r in rules if r["type"] == "alerting"}
-want = {"PserverLossNotFinite", "PserverStraggler", "PserverCommunicationBound"}
-assert want <= names, names
-assert all(r["health"] in ("ok", "unknown") for r in rules), rules
+want = {"PserverLossNotFinite", "PserverStraggler", "PserverCommunicationBound",
+        "PserverShardDown", "PserverWorkerDown", "PserverNoProgress",
+        "PserverCheckpointFailing", "PserverWorkerDropped"}
+assert want <= names, f"missing: {want - names}"
+bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+assert not bad, f"not evaluated cleanly: {bad}"
+quiet = {"PserverShardDown", "PserverWorkerDown", "PserverNoProgress",
+         "PserverCheckpointFailing", "PserverWorkerDropped"}
+active = [(a["labels"]["alertname"], a["state"]) for r in rules for a in r.get("alerts", [])
+          if a["labels"]["alertname"] in quiet]
+assert not active, f"active during healthy training: {active}"
 PY
 kill -TERM "$PID"
 code=0
@@ -102,4 +130,4 @@ PID=""
 grep -q "interrupted, stopping the cluster" "$DIR/out.log" || fail "local.sh did not say it was stopping"
 if curl -sf -o /dev/null "http://127.0.0.1:$pport/-/ready"; then fail "Prometheus still runs after local.sh exited"; fi
 if pgrep -f "$DIR/run" >/dev/null; then fail "daemons still run after local.sh exited: $(pgrep -af "$DIR/run")"; fi
-echo "PASS: local.sh --monitor: 4 daemons up in Prometheus, $(wc -l <"$DIR/exprs") graph series with data, clean stop on SIGTERM"
+echo "PASS: local.sh --monitor: 4 daemons up in Prometheus, $(wc -l <"$DIR/exprs") graph series with data, $(tail -1 "$DIR/queries.log"), rules healthy, clean stop on SIGTERM"
