@@ -59,7 +59,10 @@ if command -v docker-compose >/dev/null; then
 else
   skipped+=("docker-compose is not installable here: Compose file not validated")
 fi
-for f in CMakeLists.txt proto common server worker deploy/packages.sh; do
+# Every source the Dockerfile copies (its COPY lines, not the stage copies).
+copied=$(awk '$1 == "COPY" && $2 !~ /^--/ {print $2}' "$ROOT/deploy/Dockerfile")
+[[ -n "$copied" ]] || fail "found no COPY lines in deploy/Dockerfile"
+for f in $copied; do
   [[ -e "$ROOT/$f" ]] || fail "deploy/Dockerfile copies $f, which does not exist"
   grep -q "^!$f" "$ROOT/.dockerignore" || fail ".dockerignore does not let $f into the build context"
 done
