@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
 
 Client::Client(const ClientOptions& options, prometheus::Registry* registry)
     : options_(options), metrics_(registry) {
+  metrics_.SetLog(options.log);
   ShardCallOptions o;
   o.addresses = options.server_addresses;
   o.security = options.security;
@@ -356,6 +357,8 @@ absl::StatusOr<uint64_t> Client::Rejoin(size_t s, uint64_t resume_step) {
   const v1::RegisterResponse& resp = resps[s];
   if (absl::Status st = SetChunking(s, resp); !st.ok()) return st;
   metrics_.CountRejoin();
+  metrics_.Note(absl::StrCat("rejoined shard ", s, " (", calls_->address(s),
+                             ") at step ", resp.current_step()));
   if (absl::Status st = SetStage(s, resp.stage()); !st.ok()) return st;
   if (absl::Status st = SetPhase(s, resp.schedule_phase()); !st.ok()) {
     return st;

@@ -35,6 +35,7 @@
 #define PSERVER_WORKER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -104,6 +105,11 @@ struct ClientOptions {
   // TLS (on when security.ca_pem is set), the client certificate for mutual
   // TLS, and the token sent on every call (common/tls.h).
   TransportSecurity security;
+  // Where the client reports what an operator should see while training
+  // goes on: a shard that stops answering and is retried, the same shard
+  // answering again, a rejoin. One line each, at most 10 per 10 s (the rest
+  // counted, common/rate_limited_log.h). Empty: nowhere.
+  std::function<void(absl::string_view)> log;
 };
 
 // Thread-compatible: one training loop drives one Client.

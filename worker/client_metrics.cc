@@ -101,4 +101,15 @@ void ClientMetrics::AddEncodeSeconds(double s) {
   encode_seconds_.Increment(s);
 }
 
+void ClientMetrics::SetLog(std::function<void(absl::string_view)> sink) {
+  log_ = sink ? std::make_unique<RateLimitedLog>(Clock::Real(), 10,
+                                                 absl::Seconds(10),
+                                                 std::move(sink))
+              : nullptr;
+}
+
+void ClientMetrics::Note(absl::string_view line) {
+  if (log_ != nullptr) log_->Log(line);
+}
+
 }  // namespace pserver

@@ -7,7 +7,11 @@
 #define PSERVER_WORKER_CLIENT_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+
+#include "absl/strings/string_view.h"
+#include "common/rate_limited_log.h"
 
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
@@ -57,6 +61,11 @@ class ClientMetrics {
   void AddPushSeconds(double s) { stats_.push_seconds += s; }
   void AddPullSeconds(double s) { stats_.pull_seconds += s; }
 
+  // Lines for the operator (ClientOptions::log), rate-limited; none without
+  // a sink.
+  void SetLog(std::function<void(absl::string_view)> sink);
+  void Note(absl::string_view line);
+
  private:
   ClientMetrics(std::unique_ptr<prometheus::Registry> own,
                 prometheus::Registry* given);
@@ -73,6 +82,7 @@ class ClientMetrics {
   prometheus::Counter& snapshots_;
   prometheus::Counter& checksum_mismatches_;
   prometheus::Counter& rejoins_;
+  std::unique_ptr<RateLimitedLog> log_;
 };
 
 }  // namespace pserver

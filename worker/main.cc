@@ -298,6 +298,11 @@ int Run() {
       TransportSecurity::kClient);
   if (!security.ok()) return Fail(security.status().message());
   c.security = *std::move(security);
+  // Shards retried, answering again, rejoined: one line each on stderr.
+  c.log = [id = c.worker_id](absl::string_view line) {
+    std::fprintf(stderr, "pserver_worker %u: %s\n", id,
+                 std::string(line).c_str());
+  };
 
   TrainerOptions t;
   absl::StatusOr<std::string> model = ParseEnumFlag<std::string>(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,47 @@ bool Retriable(const grpc::Status& s) {
 }
 
 }  // namespace
+
+// What the operator sees of one call's retries (ClientMetrics::Note): a line
+// when a shard first fails retriably, and one when it answers again.
+class ShardCalls::RetryNotes {
+ public:
+  RetryNotes(const ShardCalls& calls, const char* method)
+      : calls_(calls), method_(method) {}
+
+  void Failed(size_t s, const grpc::Status& st) {
+    if (!since_.emplace(s, absl::Now()).second) return;
+    calls_.metrics_->Note(absl::StrCat(
+        method_, " to shard ", s, " (", calls_.address(s), ") failed: ",
+        StatusCodeName(st.error_code()), ": ", st.error_message(),
+        "; retrying for up to ",
+        absl::FormatDuration(calls_.options_.retry_budget)));
+  }
+
+  // `st`: the attempt's result; only an answer of the shard's counts (not
+  // a retriable failure, nor a call this client cancelled).
+  void Answered(size_t s, const grpc::Status& st = grpc::Status::OK) {
+    if (Retriable(st) || st.error_code() == grpc::StatusCode::CANCELLED) return;
+    auto it = since_.find(s);
+    if (it == since_.end()) return;
+    calls_.metrics_->Note(absl::StrCat(
+        method_, " to shard ", s, " (", calls_.address(s),
+        ") answers again after ",
+        absl::FormatDuration(absl::Trunc(absl::Now() - it->second,
+                                         absl::Milliseconds(100)))));
+    since_.erase(it);
+  }
+
+ private:
+  static const char* StatusCodeName(grpc::StatusCode c) {
+    return c == grpc::StatusCode::UNAVAILABLE ? "UNAVAILABLE"
+                                              : "DEADLINE_EXCEEDED";
+  }
+
+  const ShardCalls& calls_;
+  const char* method_;
+  std::map<size_t, absl::Time> since_;
+};
 
 std::unique_ptr<ShardCalls> ShardCalls::Create(const ShardCallOptions& options,
                                                ClientMetrics* metrics) {
@@ -62,6 +104,7 @@ std::vector<absl::Status> ShardCalls::CallEach(
   for (size_t i = 0; i < shards.size(); ++i) pending[i] = i;
   const absl::Time give_up = absl::Now() + options_.retry_budget;
   absl::Duration backoff = absl::Milliseconds(50);
+  RetryNotes notes(*this, method);
   while (!pending.empty()) {
     std::vector<grpc::Status> result(pending.size());
     std::vector<std::unique_ptr<grpc::ClientContext>> ctx(pending.size());
@@ -83,12 +126,21 @@ std::vector<absl::Status> ShardCalls::CallEach(
       const size_t shard = shards[pending[i]];
       if (result[i].ok()) {
         out[pending[i]] = absl::OkStatus();
+        notes.Answered(shard);
       } else if (Retriable(result[i]) && absl::Now() < give_up &&
                  (retry_busy ||
                   ReasonOf(FromGrpcStatus(result[i], *ctx[i])) !=
                       v1::REJECT_REASON_BUSY)) {
+        // A busy shard (another worker installing the model) is waited
+        // for, not reported.
+        if (result[i].error_code() != grpc::StatusCode::UNAVAILABLE ||
+            ReasonOf(FromGrpcStatus(result[i], *ctx[i])) !=
+                v1::REJECT_REASON_BUSY) {
+          notes.Failed(shard, result[i]);
+        }
         again.push_back(pending[i]);
       } else {
+        notes.Answered(shard, result[i]);  // an answer: it is back
         out[pending[i]] = CallError(method, shard, result[i], *ctx[i]);
       }
     }
@@ -165,6 +217,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
   std::vector<uint32_t> next(m, 0);
   std::vector<int> in_flight(m, 0);
   const absl::Time give_up = absl::Now() + options_.retry_budget;
+  RetryNotes notes(*this, method);
   auto slot_of = [&](size_t i, int k) -> typename Slots<Req, Resp>::Slot& {
     return (*slots)[shards[i]]->slot[k];
   };
@@ -249,6 +302,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     auto& slot = slot_of(ev.i, ev.k);
     if (ev.status.ok()) {
       slot.busy = false;
+      notes.Answered(shards[ev.i]);
       if (out[ev.i].ok()) {
         if (absl::Status st = finish(shards[ev.i], slot.chunk, slot.resp);
             !st.ok()) {
@@ -256,12 +310,14 @@ std::vector<absl::Status> ShardCalls::CallChunks(
         }
       }
     } else if (out[ev.i].ok() && Retriable(ev.status) && absl::Now() < give_up) {
+      notes.Failed(shards[ev.i], ev.status);
       slot.retry = true;
       slot.retry_at = absl::Now() + slot.backoff;
       slot.backoff = std::min(slot.backoff * 2, absl::Seconds(2));
       metrics_->CountRetries(1);
     } else {
       slot.busy = false;
+      notes.Answered(shards[ev.i], ev.status);  // an answer: it is back
       fail(ev.i, CallError(method, shards[ev.i], ev.status, *slot.ctx));
     }
   }

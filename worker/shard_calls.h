@@ -125,6 +125,7 @@ class ShardCalls {
   static constexpr int kWindow = 4;
 
  private:
+  class RetryNotes;
   using Done = std::function<void(grpc::Status)>;
   // Issues shard s's attempt on `ctx`; `done` runs when it finished.
   using Start =

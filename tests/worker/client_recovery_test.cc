@@ -5,9 +5,12 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
 #include "common/fp32_tensor.h"
@@ -123,6 +126,58 @@ TEST(ClientRecovery, Issue9WrongSpaceFailsAtOnceWithoutRejoining) {
   // The replica did not move.
   EXPECT_EQ((*c)->step(), static_cast<uint64_t>(kFreeze));
   EXPECT_TRUE(BitEqual((*c)->weights(), before));
+}
+
+// What the operator sees (ClientOptions::log): a shard that stops answering
+// is reported once when its attempts start failing, and again when it
+// answers (here: a restarted shard, NOT_REGISTERED), then the rejoin. A
+// healthy step reports nothing.
+TEST(ClientRecovery, AShardDownAndBackIsReportedOnceEachWay) {
+  auto cluster = StartCluster(2, 1, ExactSgd(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  ClientOptions o = Options(*cluster, 0, v1::CODEC_FP32);
+  o.rpc_timeout = absl::Milliseconds(200);
+  absl::Mutex mu;
+  std::vector<std::string> lines;
+  o.log = [&](absl::string_view line) {
+    absl::MutexLock l(&mu);
+    lines.emplace_back(line);
+  };
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
+  ASSERT_TRUE((*c)->Step(Gradient(n, 0, 0)).ok());
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_THAT(lines, testing::IsEmpty());
+  }
+
+  const int port = cluster->servers[1]->port();
+  cluster->servers[1]->Shutdown(absl::ZeroDuration());
+  cluster->servers[1].reset();
+  std::thread restart([&] {
+    absl::SleepFor(absl::Seconds(1));  // several attempts of 200 ms fail
+    auto restarted = StartShard(cluster->config, 1, port, nullptr);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    cluster->servers[1] = std::move(restarted).value();
+  });
+  absl::Status s = (*c)->Step(Gradient(n, 0, 1));
+  restart.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_GE((*c)->stats().retries, 2u);
+  absl::MutexLock l(&mu);
+  const std::string where = absl::StrCat("to shard 1 (", cluster->addresses[1], ")");
+  ASSERT_EQ(lines.size(), 3u) << absl::StrJoin(lines, "\n");
+  EXPECT_THAT(lines[0], testing::AllOf(testing::HasSubstr(where),
+                                       testing::HasSubstr("failed: "),
+                                       testing::HasSubstr("retrying for up to")));
+  EXPECT_THAT(lines[1], testing::AllOf(testing::HasSubstr(where),
+                                       testing::HasSubstr("answers again after")));
+  EXPECT_THAT(lines[2], testing::HasSubstr(
+                            absl::StrCat("rejoined shard 1 (", cluster->addresses[1],
+                                         ") at step 1")));
 }
 
 // A shard that restarts from nothing answers NOT_REGISTERED: the client
