@@ -186,6 +186,9 @@ cp "$ROOT/deploy/prometheus/alerts.yml" "$WORK/alerts.yml"
 SERVER="$WORK/bin/pserver_server"
 WORKER="$WORK/bin/pserver_worker"
 PROBE="$WORK/bin/pserver_health_probe"
+for b in "$SERVER" "$WORKER" "$PROBE"; do
+  "$b" --help >/dev/null 2>&1 || die "$b (copied from $BUILD) does not run: is the build folder being rebuilt?"
+done
 echo "chaos.sh: work folder $WORK" >&2
 
 MOUNTS=()          # tmpfs mounts to undo

@@ -925,7 +925,10 @@ def cmd_report(a):
          len(shard_stop_codes) == 2 and all(c == 0 for c in shard_stop_codes.values()),
          str(shard_stop_codes)),
         ("no unplanned exits (every non-zero exit was a SIGKILL of ours)",
-         not res["unplanned"], json.dumps(res["unplanned"])[:600]),
+         not res["unplanned"],
+         f"{len(res['unplanned'])} exits: " + "; ".join(sorted({
+             re.sub(r"\d+", "N", (u.get("log") or [u.get("note", "")])[-1])[:90]
+             for u in res["unplanned"]})) + " (see below)" if res["unplanned"] else ""),
         ("the workers ended with one model (equal test accuracy)",
          len(set(chaos_accs)) == 1, str(chaos_accs)),
         (f"accuracy within the clean runs' range +- {meta['acc_margin']}",
@@ -1073,6 +1076,17 @@ def cmd_report(a):
               "about the rule's `for:`), `~` fired though not required by this fault (overlaps). "
               "How each figure is computed: tests/bench/chaos_report.py's header.")
     md.append("")
+    if res["unplanned"]:
+        md.append("## Exits no fault explains")
+        md.append("")
+        md.append("Non-zero exits other than our SIGKILLs (the supervisor restarted each):")
+        md.append("")
+        md.append("| daemon | run | at (s) | code | its last line |")
+        md.append("|---|---|---|---|---|")
+        for u in res["unplanned"]:
+            last = (u.get("log") or [u.get("note", "")])[-1].replace("|", "/")
+            md.append(f"| {u['daemon']} | {u['run']} | {u['t']} | {u['code']} | {last[:200]} |")
+        md.append("")
     md.append("## Clean runs")
     md.append("")
     md.append("| run | test accuracy | wall seconds (workers started to done) |")
