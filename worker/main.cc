@@ -203,6 +203,7 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       "\"test_loss\": %.6f, \"last_loss\": %.6f, "
       "\"push_bytes\": %d, \"pull_bytes\": %d, \"push_fp32_bytes\": %d, "
       "\"pull_fp32_bytes\": %d, \"snapshots\": %d, \"retries\": %d, "
+      "\"rejoins\": %d, "
       "\"encode_seconds\": %.4f, \"push_seconds\": %.4f, "
       "\"pull_seconds\": %.4f, \"variance_bytes\": %d, "
       "\"local_steps\": %d, \"communication_share\": %.4f, ",
@@ -211,7 +212,7 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
       t.seed, CodecName(c.push_codec), CodecName(c.warmup_codec), r.steps,
       r.wall_seconds, r.test_accuracy, r.test_loss, r.last_loss,
       s.push_payload_bytes, s.pull_payload_bytes, s.push_fp32_bytes,
-      s.pull_fp32_bytes, s.snapshots, s.retries, s.encode_seconds,
+      s.pull_fp32_bytes, s.snapshots, s.retries, s.rejoins, s.encode_seconds,
       s.push_seconds, s.pull_seconds, s.variance_payload_bytes,
       t.local_steps, r.communication_share);
   out << "\"diagnostics\": {"

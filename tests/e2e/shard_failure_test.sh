@@ -8,10 +8,9 @@
 #     STEPS, it ran rounds after the restart (more than 0), and it applied
 #     exactly workers x rounds pushes in them (none twice);
 #   - every worker noticed the failure: each counted an RPC retry or a
-#     rejoin (pserver_worker_rpc_retries_total from --summary_json,
-#     pserver_worker_rejoins_total scraped from its metrics while it runs,
-#     as the summary does not carry it), and the registrations the
-#     restarted shard answered equal the rejoins the workers counted;
+#     rejoin (retries and rejoins from its --summary_json), and the
+#     registrations the restarted shard answered equal the rejoins the
+#     workers counted;
 #   - one model: the four workers' final weights (--save_weights) are
 #     bit-identical, and equal the shards' own replica x_hat in the
 #     checkpoints they write on SIGTERM at step STEPS;
@@ -58,7 +57,6 @@ fail() {
   exit 1
 }
 command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
-command -v ss >/dev/null || { echo "SKIP: ss (iproute2) is not installed"; exit 77; }
 
 start_shard() {  # run shard
   local run=$1 s=$2 port_arg=$3
@@ -74,33 +72,6 @@ wait_port() {
   for _ in $(seq 300); do [[ -s "$1" ]] && { cat "$1"; return; }; sleep 0.05; done
   fail "no port file $1"
 }
-# The port a process listens on (a worker listens only for its metrics).
-listen_port() {
-  ss -Hltnp | awk -v p="pid=$1," 'index($0, p) { n = split($4, a, ":"); print a[n]; exit }'
-}
-# Scrapes each worker's pserver_worker_rejoins_total every second until all
-# have exited (a counter only grows) and leaves the last value seen in
-# $DIR/RUN/rejoins<w>.
-watch_rejoins() {  # watch_rejoins RUN PID...
-  local run=$1; shift
-  local pids=("$@") ports=() w v
-  for w in "${!pids[@]}"; do ports[w]=""; echo 0 >"$DIR/$run/rejoins$w"; done
-  for _ in $(seq 600); do
-    local alive=0
-    for w in "${!pids[@]}"; do
-      kill -0 "${pids[w]}" 2>/dev/null || continue
-      alive=1
-      [[ -n ${ports[w]} ]] || ports[w]=$(listen_port "${pids[w]}")
-      [[ -n ${ports[w]} ]] || continue
-      v=$(curl -sf "http://127.0.0.1:${ports[w]}/metrics" |
-          awk '$1 == "pserver_worker_rejoins_total" { printf "%.0f", $2 }') || v=""
-      [[ -n $v ]] && echo "$v" >"$DIR/$run/rejoins$w"
-    done
-    (( alive )) || return 0
-    sleep 1
-  done
-}
-
 run_job() {  # run_job NAME KILL(0/1)
   local run=$1 kill_shard=$2
   mkdir -p "$DIR/$run"
@@ -115,7 +86,7 @@ run_job() {  # run_job NAME KILL(0/1)
       --num_workers=4 --steps="$STEPS" --seed="$SEED" \
       --train_subset="${TRAIN_SUBSET:-0}" --test_subset=0 \
       --push_codec=onebit --warmup_codec=bf16 --progress=lines --log_interval=1 \
-      --retry_budget=60 --metrics_listen=127.0.0.1:0 \
+      --retry_budget=60 \
       --save_weights="$DIR/$run/w$w.bin" --summary_json="$DIR/$run/w$w.json" \
       >"$DIR/$run/worker$w.log" 2>&1 &
     wpids+=($!)
@@ -133,7 +104,6 @@ run_job() {  # run_job NAME KILL(0/1)
     echo "killed shard 1 at step ${step:-?}" >"$DIR/$run/kill.txt"
     sleep 1
     start_shard "$run" 1 "$p1"   # same port: the workers' channels reconnect
-    watch_rejoins "$run" "${wpids[@]}"
   fi
   for w in 0 1 2 3; do
     wait "${wpids[w]}" || fail "$run: worker $w exited with status $?"
@@ -179,7 +149,7 @@ rejoins_total=0
 counts=""
 for w in 0 1 2 3; do
   retries=$(field "$DIR/failed/w$w.json" retries)
-  rejoins=$(cat "$DIR/failed/rejoins$w")
+  rejoins=$(field "$DIR/failed/w$w.json" rejoins)
   counts+=" w$w ${retries}/${rejoins}"
   (( retries + rejoins > 0 )) ||
     fail "worker $w neither retried nor rejoined across shard 1's restart"
