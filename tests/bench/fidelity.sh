@@ -7,7 +7,8 @@
 # up+down per worker against the fp32 run (topk2: TopK at 2% both ways;
 # topk2_pullq_c03: the best TopK recipe within 20x, below), and
 # writes the same as
-# RESULTS/fidelity.md, RESULTS/fidelity.json and RESULTS/fidelity.svg.
+# RESULTS/fidelity.md, RESULTS/fidelity.json, RESULTS/fidelity.svg (accuracy
+# against bytes) and RESULTS/fidelity_runs.svg (each run's seeds).
 # Every run is repeated for each seed (seeds 1, 2 and 3 by default: single
 # runs differ by up to +-0.5 points here, so no recipe is judged on one
 # seed); the table gives the mean, the sample standard deviation, min..max
@@ -284,6 +285,7 @@ summary=$(printf '%s\n' "${rows[@]}" | awk '
   done <<<"$summary"
   echo
   echo "Seeds: $SEEDS (std: sample standard deviation over seeds); $EPOCHS epochs; 4 workers x batch 32; 2 shards; lr 1e-3; OpenBLAS kernel $OPENBLAS_CORETYPE."
+  echo "Report written on $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) cores, Linux $(uname -r)."
 } >"$RESULTS/fidelity.md"
 cat "$RESULTS/fidelity.md"
 
@@ -338,4 +340,36 @@ awk -F'|' -v W=640 -v H=400 '
     }
     print "</svg>"
   }' <<<"$summary" >"$RESULTS/fidelity.svg"
-echo "fidelity.sh: wrote $RESULTS/fidelity.md, fidelity.json, fidelity.svg" >&2
+
+# SVG: one row per run, in the table's order: each seed's accuracy (open
+# circles), the mean (filled) and the traffic against adam_fp32; it stays
+# legible where fidelity.svg's labels of runs with similar bytes overlap.
+awk -F'|' -v W=640 '
+  { name[NR] = $1; acc[NR] = $2; seeds[NR] = $6; x[NR] = $10; n = NR }
+  END {
+    alo = 100; ahi = 0
+    for (i = 1; i <= n; i++) {
+      k = split(seeds[i], s, " ")
+      for (j = 1; j <= k; j++) { if (s[j] < alo) alo = s[j]; if (s[j] > ahi) ahi = s[j] }
+    }
+    alo = int(alo * 2) / 2; ahi = int(ahi * 2) / 2 + 0.5
+    L = 250; R = W - 20; T = 20; RH = 24; B = T + n * RH; H = B + 45
+    printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H
+    printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+    for (a = alo; a <= ahi + 1e-9; a += 0.5) {
+      xa = L + (a - alo) / (ahi - alo) * (R - L)
+      printf "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>\n", xa, T, xa, B
+      printf "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.1f%%</text>\n", xa, B + 16, a
+    }
+    printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">test accuracy: each seed (circles) and the mean (dot)</text>\n", (L + R) / 2, H - 10
+    for (i = 1; i <= n; i++) {
+      y = T + (i - 0.5) * RH
+      printf "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s (%s less traffic)</text>\n", L - 8, y + 4, name[i], x[i]
+      k = split(seeds[i], s, " ")
+      for (j = 1; j <= k; j++)
+        printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"none\" stroke=\"#ff7f0e\"/>\n", L + (s[j] - alo) / (ahi - alo) * (R - L), y
+      printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"#1f77b4\"/>\n", L + (acc[i] - alo) / (ahi - alo) * (R - L), y
+    }
+    print "</svg>"
+  }' <<<"$summary" >"$RESULTS/fidelity_runs.svg"
+echo "fidelity.sh: wrote $RESULTS/fidelity.md, fidelity.json, fidelity.svg, fidelity_runs.svg" >&2
