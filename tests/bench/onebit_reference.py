@@ -52,7 +52,8 @@ codec (the fidelity recipes push 8-bit values during the warmup) and blocks
 the whole flat vector rather than each shard's slice, so single seeds
 differ from pserver's; what it is for is means over many seeds. On seeds
 1-8, --optimizer onebit_adam with 1-bit pushes and pulls gave 87.40, as
-pserver's onebit_adam runs (87.40, tests/bench/results/README.md).
+pserver's onebit_b09 runs (87.40; tests/bench/results/onebit_reference.md
+and fidelity_8seeds.md).
 
   /usr/bin/python3 tests/bench/onebit_reference.py --seeds 1 2 3 4 5 6 7 8
   /usr/bin/python3 tests/bench/onebit_reference.py --push fp32 --pull fp32
