@@ -217,7 +217,7 @@ lift_all() {
 
 chaos_cleanup() {
   local code=$? pid m
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
   set +e
   [[ -n "$RUN" ]] && touch "$RUN/stop" 2>/dev/null
   for pid in "${BACKGROUND[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -230,6 +230,7 @@ chaos_cleanup() {
 
 netns_start "chs$$"
 trap chaos_cleanup EXIT
+trap 'exit 129' HUP   # a closed terminal: clean up as for Ctrl-C
 SHARD_IP=(198.18.3.10 198.18.3.11)
 WORKER_IP=(198.18.3.20 198.18.3.21 198.18.3.22 198.18.3.23)
 PROM_IP=198.18.3.2

@@ -990,7 +990,8 @@ def cmd_report(a):
          len(set(chaos_accs)) == 1, str(chaos_accs)),
         (f"accuracy within the clean runs' range +- {meta['acc_margin']}",
          acc is not None and (lo is None or lo <= acc <= hi),
-         f"{fmt(acc, 4)} in [{fmt(lo, 4)}, {fmt(hi, 4)}] (clean {', '.join(fmt(x, 4) for x in accs)})"),
+         f"{fmt(acc, 4)} in [{fmt(lo, 4)}, {fmt(hi, 4)}] (clean {', '.join(fmt(x, 4) for x in accs)})"
+         if accs else f"{fmt(acc, 4)}; not compared: no clean run (--clean-runs 0)"),
         ("every checkpoint written loads", not bad_ckpts and bool(ckpts),
          f"{len(ckpts)} loaded, {len(bad_ckpts)} failed" +
          (": " + "; ".join(f"shard {r['shard']} {r['file']}: {r['log'][:120]}" for r in bad_ckpts[:5])
