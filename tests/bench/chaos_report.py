@@ -748,8 +748,12 @@ def analyse_chaos(run, meta):
                 unplanned.append({"daemon": name, "run": idx, "code": val,
                                   "t": round(t - t0, 1), "note": "on SIGTERM after training"})
             continue
+        lines = read_lines(os.path.join(run, "logs", f"{name}.{idx}.log"))
+        # The daemon's last word is its "pserver_worker: ..." line on stderr;
+        # buffered stdout may land after it in the file.
+        fatal = [l for l in lines if re.match(r"pserver_(worker|server): ", l)]
         unplanned.append({"daemon": name, "run": idx, "code": val, "t": round(t - t0, 1),
-                          "log": read_lines(os.path.join(run, "logs", f"{name}.{idx}.log"))[-3:]})
+                          "log": lines[-3:] + fatal[-1:]})
     last_exit = {}
     for t, name, what, idx, val in events:
         if what == "exit":
