@@ -51,7 +51,7 @@ export PATH="$DIR/bin:$PATH" DOCKER_BUILDKIT=0
 # it again, and a file edited in between would rebuild everything.
 SRC="$DIR/src"
 mkdir -p "$SRC"
-tar -C "${PSERVER_TEST_SOURCES:-$ROOT}" -c CMakeLists.txt .dockerignore proto common server worker deploy tests/e2e/compose |
+tar -C "${PSERVER_TEST_SOURCES:-$ROOT}" -c CMakeLists.txt .dockerignore proto common server tune worker deploy tests/e2e/compose |
   tar -C "$SRC" -x
 COMPOSE=(docker-compose -p "$PROJECT" -f "$SRC/deploy/docker-compose.yml"
          -f "$SRC/tests/e2e/compose/docker-compose.test.yml")
