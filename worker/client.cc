@@ -148,6 +148,7 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   const size_t n = calls_->size();
   std::vector<ShardRange> ranges(n);
   std::vector<v1::RegisterResponse> resps(n);
+  if (absl::Status st = AwaitLostModels(); !st.ok()) return st;
   {
     // Join every shard; a shard without a model makes this worker its
     // installer, and then gets the weights chunk by chunk.
@@ -194,8 +195,9 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   // A previous incarnation of this worker may have crashed after its push
   // reached only some shards: those completed the round without it and are
   // one step ahead. Start from the lagging shards' step; the next push to an
-  // ahead shard is acknowledged as a duplicate. Further apart cannot happen
-  // in a synchronous run.
+  // ahead shard is acknowledged as a duplicate. Further apart only when a
+  // shard restarted from a checkpoint behind the others: it skips ahead.
+  if (absl::Status st = CatchUpLaggingShards(&resps); !st.ok()) return st;
   uint64_t min_step = resps[0].current_step();
   uint64_t max_step = min_step;
   for (const v1::RegisterResponse& r : resps) {
@@ -340,30 +342,6 @@ absl::Status Client::SetChunking(size_t s, const v1::RegisterResponse& resp) {
   if (!c.ok()) return c.status();
   plans_[s].chunk_elements = *c;
   return absl::OkStatus();
-}
-
-absl::StatusOr<uint64_t> Client::Rejoin(size_t s, uint64_t resume_step) {
-  v1::RegisterRequest req = RegisterRequestFor(s, resume_step);
-  std::vector<v1::RegisterResponse> resps(calls_->size());
-  if (absl::Status st = calls_->Register(s, req, &resps[s]); !st.ok()) {
-    return st;
-  }
-  // A shard that lost its model takes this worker's replica as weights.
-  if (absl::Status st = SendWeights(
-          {s}, [&](size_t) { return replica_.slice(s); }, resume_step, &resps);
-      !st.ok()) {
-    return st;
-  }
-  const v1::RegisterResponse& resp = resps[s];
-  if (absl::Status st = SetChunking(s, resp); !st.ok()) return st;
-  metrics_.CountRejoin();
-  metrics_.Note(absl::StrCat("rejoined shard ", s, " (", calls_->address(s),
-                             ") at step ", resp.current_step()));
-  if (absl::Status st = SetStage(s, resp.stage()); !st.ok()) return st;
-  if (absl::Status st = SetPhase(s, resp.schedule_phase()); !st.ok()) {
-    return st;
-  }
-  return resp.current_step();
 }
 
 absl::Status Client::CheckPhase(size_t s, uint32_t phase) const {

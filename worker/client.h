@@ -253,8 +253,26 @@ class Client {
   // re-encoded if the shard's stage changed). The shard is then pulled as a
   // snapshot. kFail never gets here.
   // Returns the shard's step after registering again.
+  // A refusal of the resend that registering again fixes (the shard failed
+  // again meanwhile) is recovered again, up to 4 times in all.
   absl::StatusOr<uint64_t> Recover(size_t s, Recovery recovery,
                                    const PendingPush& push);
+  absl::StatusOr<uint64_t> RecoverOnce(size_t s, Recovery recovery,
+                                       const PendingPush& push);
+  // After a pull of the step in progress was answered with a later step (a
+  // synchronous run went on without this worker): registers again with
+  // every shard and pulls their current step as Register does. The step's
+  // push is lost on the shards that went on (its residual stays).
+  absl::Status Resync();
+  // At Register, before joining: while some shard has no model and another
+  // has completed rounds (the first lost its state before its first
+  // checkpoint), waits up to retry_budget for a worker holding the rounds'
+  // weights to reinstall it, instead of installing initial weights there.
+  absl::Status AwaitLostModels();
+  // At Register: a shard more than one step behind the others (restored
+  // from a checkpoint behind them) is registered again with resume_step at
+  // the others' step, so that it skips there. Updates *resps.
+  absl::Status CatchUpLaggingShards(std::vector<v1::RegisterResponse>* resps);
   // Pulls `step` from every shard (snapshot[s]: a full snapshot from shard
   // s) and commits the answers to the replica only when all verified; a
   // checksum mismatch is re-pulled as a snapshot. `push` is the step's push

@@ -202,53 +202,6 @@ absl::Status Client::FinishStep() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Client::Recover(size_t s, Recovery recovery,
-                                         const PendingPush& push) {
-  const uint64_t step = replica_.step(s);
-  if (recovery == Recovery::kRejoinNextRound) {
-    // This round went on without us on that shard: register again to be
-    // counted from the next round, and take that round's weights.
-    return Rejoin(s, 0);
-  }
-  // The shard is behind this step or lost this worker's registration (it
-  // restarted): register again, letting it catch up to `step`.
-  absl::StatusOr<uint64_t> now = Rejoin(s, step);
-  if (!now.ok()) return now.status();
-  // Another worker already brought the shard past this step: the round
-  // this push was for is over (lost on that shard); just pull.
-  if (*now > step) return *now;
-  // The same chunks again. A shard that came back in warmup expects the
-  // warmup codec in RAW space: then every chunk is encoded anew, as is an
-  // fp32 chunk (not kept; the same bytes) or any chunk when the shard's
-  // chunking changed.
-  const bool reencode = sent_space_[s] != v1::GRADIENT_SPACE_RAW &&
-                        encoders_[s]->stage() != v1::OPTIMIZER_STAGE_COMPRESSION;
-  const uint32_t chunks = plans_[s].num_chunks();
-  const std::vector<v1::EncodedTensor> kept =
-      sent_[s].size() == chunks ? sent_[s] : std::vector<v1::EncodedTensor>();
-  const v1::GradientSpace space = sent_space_[s];
-  absl::Status pushed = calls_->PushChunks(
-      {s}, {chunks},
-      [&](size_t, uint32_t c, v1::PushRequest* req) {
-        if (reencode || kept.empty() ||
-            kept[c].codec() == v1::CODEC_UNSPECIFIED) {
-          return EncodeChunk(s, c, push.gradient, req);
-        }
-        req->set_worker_id(options_.worker_id);
-        req->set_step(step);
-        req->set_chunk(c);
-        req->set_space(space);
-        *req->mutable_hyper() = hyper_;
-        *req->mutable_gradient() = kept[c];
-        return absl::OkStatus();
-      },
-      [](size_t, uint32_t, const v1::PushResponse&) {
-        return absl::OkStatus();
-      })[0];
-  if (!pushed.ok()) return pushed;
-  return *now;
-}
-
 absl::Status Client::CheckAnswer(size_t s, uint64_t step, bool registering,
                                  const v1::PullResponse& resp,
                                  bool* ahead) const {
@@ -300,6 +253,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     }
     // A refusal no retry fixes, per shard (set by `finish`).
     std::vector<absl::Status> fatal(n);
+    bool behind = false;
     std::vector<absl::Status> pulled = calls_->PullChunks(
         todo, chunks,
         [&](size_t s, uint32_t c, v1::PullRequest* q) {
@@ -319,6 +273,15 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
           return absl::OkStatus();
         },
         [&](size_t s, uint32_t c, const v1::PullResponse& resp) {
+          if (push != nullptr && !relaxed() && resp.step() > want[s]) {
+            // The rounds went on without this worker: it stalled past its
+            // lease with this pull in flight, or a rejoin found the shard
+            // further on. Nothing is staged from this answer.
+            behind = true;
+            return absl::AbortedError(absl::StrCat(
+                "shard ", s, " answered with step ", resp.step(),
+                "; expected ", want[s]));
+          }
           bool is_ahead = false;
           if (absl::Status a = CheckAnswer(s, want[s], push == nullptr, resp,
                                            &is_ahead);
@@ -368,6 +331,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
           }
           return absl::OkStatus();
         });
+    if (behind) return Resync();
     std::vector<size_t> again;
     for (size_t i = 0; i < todo.size(); ++i) {
       const size_t s = todo[i];

@@ -175,6 +175,18 @@ absl::Status ShardCalls::Register(size_t s, const v1::RegisterRequest& req,
                   })[0];
 }
 
+std::vector<absl::Status> ShardCalls::Status(
+    const std::vector<size_t>& shards,
+    std::vector<v1::GetStatusResponse>* resps) {
+  resps->resize(stubs_.size());
+  std::vector<v1::GetStatusRequest> reqs(stubs_.size());
+  return CallEach(shards, options_.rpc_timeout, "GetStatus",
+                  [&](size_t s, grpc::ClientContext* ctx, Done done) {
+                    stubs_[s]->async()->GetStatus(ctx, &reqs[s], &(*resps)[s],
+                                                  std::move(done));
+                  });
+}
+
 template <class Req, class Resp>
 struct ShardCalls::Slots {
   struct Slot {

@@ -72,6 +72,10 @@ class ShardCalls {
   // One shard, one call.
   absl::Status Register(size_t s, const v1::RegisterRequest& req,
                         v1::RegisterResponse* resp);
+  // GetStatus of every shard in `shards` (resps indexed by shard), retried
+  // like Register.
+  std::vector<absl::Status> Status(const std::vector<size_t>& shards,
+                                   std::vector<v1::GetStatusResponse>* resps);
 
   // Chunked pushes and pulls (parameter_server.proto, "Chunks"): for every
   // shard s in `shards`, one call per chunk 0 .. chunks[s] - 1, at most

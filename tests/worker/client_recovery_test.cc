@@ -1,7 +1,7 @@
 // Recovery decided on the shard's reason (worker/recovery.h) and the
 // replica's all-or-nothing pulls (worker/replica.h), against real in-process
-// shards on loopback; a fault-injecting proxy stands in for a shard whose
-// pulls fail.
+// shards on loopback; a fault-injecting proxy (tests/worker/shard_proxy.h)
+// in front of a shard fails its pulls.
 #include <atomic>
 #include <memory>
 #include <string>
@@ -17,12 +17,11 @@
 #include "common/layout.h"
 #include "common/rejection.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "server/shard_server.h"
 #include "tests/worker/client_test_util.h"
+#include "tests/worker/shard_proxy.h"
 #include "worker/client.h"
 #include "worker/recovery.h"
 #include "worker/replica.h"
@@ -236,43 +235,6 @@ TEST(ClientRecovery, Issue9RestartedShardIsRejoinedAndTrainingResumes) {
 
 // --- All-or-nothing pulls (hole 7) -------------------------------------------
 
-// A shard behind a proxy that forwards every call, except that pulls fail
-// with INTERNAL while `fail_pulls` is set.
-class FaultyPullProxy final : public v1::ParameterServer::Service {
- public:
-  explicit FaultyPullProxy(const std::string& target)
-      : stub_(v1::ParameterServer::NewStub(
-            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
-
-  std::atomic<bool> fail_pulls{false};
-
-  grpc::Status Register(grpc::ServerContext* ctx,
-                        const v1::RegisterRequest* req,
-                        v1::RegisterResponse* resp) override {
-    grpc::ClientContext c;
-    c.set_deadline(ctx->deadline());
-    return stub_->Register(&c, *req, resp);
-  }
-  grpc::Status Push(grpc::ServerContext* ctx, const v1::PushRequest* req,
-                    v1::PushResponse* resp) override {
-    grpc::ClientContext c;
-    c.set_deadline(ctx->deadline());
-    return stub_->Push(&c, *req, resp);
-  }
-  grpc::Status Pull(grpc::ServerContext* ctx, const v1::PullRequest* req,
-                    v1::PullResponse* resp) override {
-    if (fail_pulls.load()) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, "injected pull failure");
-    }
-    grpc::ClientContext c;
-    c.set_deadline(ctx->deadline());
-    return stub_->Pull(&c, *req, resp);
-  }
-
- private:
-  std::unique_ptr<v1::ParameterServer::Stub> stub_;
-};
-
 // Shard 0 answers the pull, shard 1 (through the proxy) fails it. Before the
 // fix PullAll had already applied shard 0's delta: the replica held shard 0
 // at step 2 and shard 1 at step 1 while step() said 1. Now the replica's
@@ -282,18 +244,10 @@ TEST(ClientReplica, Hole7PullAllLeavesReplicaUnchangedOnFailure) {
   constexpr uint32_t kShards = 2;
   auto cluster = StartCluster(kShards, 1, ExactSgd(), v1::CODEC_FP32);
   ASSERT_NE(cluster, nullptr);
-  FaultyPullProxy proxy(cluster->addresses[1]);
-  int proxy_port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &proxy_port);
-  builder.RegisterService(&proxy);
-  std::unique_ptr<grpc::Server> proxy_server = builder.BuildAndStart();
-  ASSERT_NE(proxy_server, nullptr);
-  ASSERT_GT(proxy_port, 0);
-
+  ShardProxy proxy(cluster->addresses[1]);
+  ASSERT_NE(proxy.address(), "");
   ClientOptions o = Options(*cluster, 0, v1::CODEC_FP32);
-  o.server_addresses[1] = absl::StrCat("127.0.0.1:", proxy_port);
+  o.server_addresses[1] = proxy.address();
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
   auto c = Client::Connect(o);
@@ -304,7 +258,7 @@ TEST(ClientReplica, Hole7PullAllLeavesReplicaUnchangedOnFailure) {
                                   (*c)->weights().end());
   ASSERT_EQ((*c)->step(), 1u);
 
-  proxy.fail_pulls = true;
+  proxy.pull_failure = grpc::StatusCode::INTERNAL;
   const std::vector<float> g = Gradient(n, 0, 1);
   absl::Status s = (*c)->Step(g);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
@@ -320,7 +274,7 @@ TEST(ClientReplica, Hole7PullAllLeavesReplicaUnchangedOnFailure) {
   EXPECT_EQ((*c)->step(), 1u);
   EXPECT_TRUE(BitEqual((*c)->weights(), before));
 
-  proxy.fail_pulls = false;
+  proxy.pull_failure = 0;
   s = (*c)->Step(g);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ((*c)->step(), 2u);
@@ -335,7 +289,6 @@ TEST(ClientReplica, Hole7PullAllLeavesReplicaUnchangedOnFailure) {
               st.replica_checksum())
         << "shard " << sh;
   }
-  proxy_server->Shutdown(absl::ToChronoTime(absl::Now()));
 }
 
 // The staging buffer itself: answers are invisible until every shard is

@@ -64,7 +64,7 @@ check_invalid_exit 1 "$BIN" no_such_flag "Unknown command line flag" --no_such_f
 check_invalid_exit 1 "$BIN" num_workers "Illegal value" --num_workers=abc
 # Spelled in another case, an enum value is still accepted: the run gets past
 # the flags and fails on the connection instead.
-check_invalid_exit 2 "$BIN" "shard 0" "Register to shard 0 \\(127.0.0.1:1\\)" \
+check_invalid_exit 2 "$BIN" "shard 0" "to shard 0 \\(127.0.0.1:1\\)" \
   --servers=127.0.0.1:1 --retry_budget=1 --rpc_timeout=1 --model=SYNTHETIC \
   --synthetic_params=64 --steps=1 --push_codec=FP32 --progress=LINES
 
