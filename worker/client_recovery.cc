@@ -7,7 +7,6 @@
 // a shard restored from a checkpoint behind the rounds skips to them
 // (CatchUpLaggingShards).
 #include <algorithm>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -114,14 +113,25 @@ absl::Status Client::Resync() {
   constexpr int kAttempts = 3;
   absl::Status last;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    uint64_t lo = std::numeric_limits<uint64_t>::max();
-    uint64_t hi = 0;
+    // resume_step = this worker's step: a shard that lost its model takes
+    // the replica's slice at that step (no other shard is then more than
+    // one step ahead of it: this worker's pushes are missing there).
+    std::vector<uint64_t> steps(n);
     for (size_t s = 0; s < n; ++s) {
-      absl::StatusOr<uint64_t> now = Rejoin(s, 0);
+      absl::StatusOr<uint64_t> now = Rejoin(s, replica_.step());
       if (!now.ok()) return now.status();
-      lo = std::min(lo, *now);
-      hi = std::max(hi, *now);
+      steps[s] = *now;
     }
+    // A shard restored from a checkpoint behind the others skips to them.
+    const uint64_t top = *std::max_element(steps.begin(), steps.end());
+    for (size_t s = 0; s < n; ++s) {
+      if (steps[s] + 1 >= top) continue;
+      absl::StatusOr<uint64_t> now = Rejoin(s, top);
+      if (!now.ok()) return now.status();
+      steps[s] = *now;
+    }
+    const uint64_t lo = *std::min_element(steps.begin(), steps.end());
+    const uint64_t hi = *std::max_element(steps.begin(), steps.end());
     if (hi > lo + 1) {
       last = absl::AbortedError(absl::StrCat(
           "after rejoining, the shards are at steps ", lo, " to ", hi,
