@@ -182,12 +182,17 @@ absl::Status Client::FinishStep() {
   // worker stalled longer than its lease): the pull is of the step the
   // rounds are at now.
   uint64_t pull_step = replica_.step() + 1;
+  // A shard more than a round past this worker's step: it fell behind the
+  // rounds (stalled past its lease), and the shards may be at different
+  // steps (one of them waiting for this worker's push of the older one).
+  bool behind = false;
   for (size_t s = 0; s < n; ++s) {
     if (pushed_[s].ok()) continue;
     const Recovery r = RecoveryFor(pushed_[s]);
     if (r == Recovery::kFail) return pushed_[s];
     absl::StatusOr<uint64_t> now = Recover(s, r, push);
     if (!now.ok()) return now.status();
+    if (!relaxed() && *now > replica_.step() + 1) behind = true;
     if (r == Recovery::kRejoinNextRound) pull_step = std::max(pull_step, *now);
     snapshot[s] = true;  // its replica is not ours any more
   }
@@ -195,7 +200,8 @@ absl::Status Client::FinishStep() {
   metrics_.AddPushSeconds(
       absl::ToDoubleSeconds(absl::Now() - push_start_ - encoding_));
   const absl::Time pull_start = absl::Now();
-  absl::Status st = PullAll(pull_step, std::move(snapshot), &push);
+  absl::Status st =
+      behind ? Resync() : PullAll(pull_step, std::move(snapshot), &push);
   metrics_.AddPullSeconds(absl::ToDoubleSeconds(absl::Now() - pull_start));
   if (!st.ok()) return st;
   metrics_.CountStep();
@@ -245,6 +251,8 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
   replica_.BeginUpdate();
   std::vector<size_t> todo(n);
   for (size_t s = 0; s < n; ++s) todo[s] = s;
+  // Per shard, why its last attempt did not verify (for the final error).
+  std::vector<std::string> mismatch(n);
   for (int attempt = 0; attempt < 4 && !todo.empty(); ++attempt) {
     std::vector<uint32_t> chunks;
     for (size_t s : todo) {
@@ -303,7 +311,10 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
                      resp.replica_checksum() != h.checksum) {
             // The shard moved on between chunks: take a snapshot.
             return absl::DataLossError(absl::StrCat(
-                "shard ", s, "'s chunks answer different steps or kinds"));
+                "shard ", s, "'s chunks answered different steps or kinds: ",
+                "chunk 0 ", v1::PullKind_Name(h.kind), " of step ", h.step,
+                ", chunk ", c, " ", v1::PullKind_Name(resp.kind()),
+                " of step ", resp.step()));
           }
           const ChunkPlan& plan = plans_[s];
           if (resp.chunk() != c) {
@@ -338,6 +349,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
       if (!fatal[s].ok()) return fatal[s];
       if (absl::IsDataLoss(pulled[i])) {
         metrics_.CountChecksumMismatch();
+        mismatch[s] = std::string(pulled[i].message());
         again.push_back(s);
         continue;
       }
@@ -346,15 +358,20 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         const Recovery r =
             push == nullptr ? Recovery::kFail : RecoveryFor(pulled[i]);
         if (r == Recovery::kFail) return pulled[i];
-        if (absl::Status st = Recover(s, r, *push).status(); !st.ok()) {
-          return st;
-        }
+        absl::StatusOr<uint64_t> now = Recover(s, r, *push);
+        if (!now.ok()) return now.status();
+        // The shard is past the step asked for: the rounds went on.
+        if (!relaxed() && *now > want[s]) return Resync();
+        mismatch[s] = absl::StrCat("refused: ", pulled[i].message());
         again.push_back(s);
         continue;
       }
       absl::Status st = replica_.FinishStage(s, head[s].checksum);
       if (absl::IsDataLoss(st)) {
         metrics_.CountChecksumMismatch();
+        mismatch[s] = absl::StrCat(st.message(), " (",
+                                   v1::PullKind_Name(head[s].kind),
+                                   " of step ", head[s].step, ")");
         again.push_back(s);
       } else if (!st.ok()) {
         return st;
@@ -365,8 +382,9 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
   }
   if (!todo.empty()) {
     return absl::DataLossError(absl::StrCat(
-        "replica of shard ", todo[0], " does not match its checksum even "
-        "after a snapshot"));
+        "shard ", todo[0], " (", calls_->address(todo[0]), ") did not "
+        "answer a pull of step ", want[todo[0]], " that verified in 4 "
+        "attempts; the last: ", mismatch[todo[0]]));
   }
   // Stage changes need the frozen preconditioner (an RPC that can fail):
   // fetched before anything is committed. An ahead shard may already be

@@ -47,9 +47,11 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import sys
 import time
+import warnings
 
 import torch
 
@@ -149,6 +151,14 @@ def parse_args(argv=None):
                     "clipping), then the weight change is pushed and the "
                     "shards' optimizer (the outer one, e.g. --optimizer sgd "
                     "--nesterov=true --lr 0.7) steps")
+    ps.add_argument("--state-file", default="", metavar="PATH",
+                    help="a restartable worker: its optimizer.state_dict() "
+                    "(error-feedback residuals) is written here every "
+                    "--state-every steps and loaded at start when present. "
+                    "Whether or not it is given, a worker that (re)starts "
+                    "while the shards are at step N resumes there, its "
+                    "schedule and batches at step N")
+    ps.add_argument("--state-every", type=int, default=50, metavar="N")
     ps.add_argument("--client-option", action="append", default=[],
                     metavar="KEY=VALUE",
                     help="another pserver.Client option (e.g. block_size=64, "
@@ -158,8 +168,12 @@ def parse_args(argv=None):
         p.error(f"--ddp {args.ddp} and --pserver exclude each other: the "
                 "gradients go either to DDP's allreduce or to pserver's "
                 "shards; give one")
-    if not args.pserver and (args.local_steps != 1 or args.client_option):
-        p.error("--local-steps and --client-option need --pserver")
+    if not args.pserver and (args.local_steps != 1 or args.client_option or
+                             args.state_file):
+        p.error("--local-steps, --client-option and --state-file need "
+                "--pserver")
+    if args.state_every < 1:
+        p.error(f"--state-every is {args.state_every}; expected >= 1")
     if args.stop_at_loss < 0 or args.max_seconds < 0:
         p.error("--stop-at-loss and --max-seconds must be >= 0 (0: off)")
     if (args.stop_at_loss or args.max_seconds) and args.eval_every <= 0:
@@ -192,6 +206,28 @@ def client_options(args):
             value = {"true": True, "false": False}.get(value, value)
         opts[key] = value
     return opts
+
+
+def shards_step(opt, args):
+    """--pserver: the script step the shards' rounds stand at (a round is
+    --local-steps script steps)."""
+    return min(args.steps, opt.client.global_step * args.local_steps)
+
+
+def advance(sched, n):
+    """The scheduler n steps on, as if n optimizer steps had been taken
+    (torch warns about scheduler steps without an optimizer step)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(n):
+            sched.step()
+
+
+def save_state(opt, path):
+    """opt.state_dict() to path, atomically (a kill leaves the old one)."""
+    tmp = f"{path}.tmp"
+    torch.save(opt.state_dict(), tmp)
+    os.replace(tmp, path)
 
 
 def wrap_ddp(model, hook, powersgd_start, seed, powersgd_rank=POWERSGD_RANK):
@@ -329,8 +365,22 @@ def main(argv=None):
 
     grad_norm = None
     stop = None
-    done = 0
-    for step in range(args.steps):
+    step = 0
+    if args.pserver:
+        if args.state_file and os.path.exists(args.state_file):
+            opt.load_state_dict(torch.load(args.state_file))
+            print(f"worker {rank}: error-feedback residuals restored from "
+                  f"{args.state_file}", flush=True)
+        # A worker started while the job is under way (a restart) goes on
+        # at the shards' step: the same schedule value and batches as the
+        # workers that never stopped.
+        step = shards_step(opt, args)
+        if step:
+            advance(sched, step)
+            print(f"worker {rank}: resuming at step {step} (the shards' "
+                  "step)", flush=True)
+    done = step
+    while step < args.steps:
         x, y = gpt.get_batch(train, step, rank, world, batch, cfg.context,
                              args.seed)
         logits = forward(x)
@@ -344,7 +394,16 @@ def main(argv=None):
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
-        done = step + 1
+        step += 1
+        if args.pserver and shards_step(opt, args) > step:
+            # The rounds went on without this worker (it stalled past its
+            # lease and rejoined them): follow them.
+            now = shards_step(opt, args)
+            advance(sched, now - step)
+            step = now
+        done = step
+        if args.state_file and done % args.state_every == 0:
+            save_state(opt, args.state_file)
         if done % args.log_every == 0 or done == args.steps:
             # With --pserver: the norm of this worker's error-feedback
             # residuals (what its codec still owes the shards) beside the

@@ -321,3 +321,57 @@ def test_contradictory_flags_are_refused(flags, message, capsys):
         train_gpt.parse_args(flags)
     assert refused.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_killed_worker_restarts_at_the_shards_step(tmp_path, shards):
+    """A worker SIGKILLed midway and started again (as a restart-on-failure
+    supervisor does) with its --state-file: it resumes at the shards' step
+    with the schedule and batches there, instead of starting the schedule
+    over (the shards would then get warmup learning rates at the end of the
+    run), and finishes the job. The learning rates it logs after the
+    restart are the uninterrupted schedule's."""
+    need_corpus()
+    import pserver
+    package_root = str(pathlib.Path(pserver.__file__).resolve().parents[1])
+    servers = shards(2, 1, "--optimizer=adam", "--pull_codec=fp32")
+    env = dict(ENV, PSERVER_SERVERS=",".join(servers), RANK="0",
+               WORLD_SIZE="1", PYTHONPATH=os.pathsep.join(
+                   [package_root, os.environ.get("PYTHONPATH", "")]))
+    state = tmp_path / "w0.state"
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, str(SCRIPT), "--pserver", *SHORT, "--state-file",
+           str(state), "--state-every", "5", "--json", str(out)]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    seen = []
+    try:
+        for line in first.stdout:
+            seen.append(line.decode())
+            if line.startswith(b"step 20/40"):
+                first.kill()
+                break
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert any(s.startswith("step 20/40") for s in seen), "".join(seen)
+    assert state.exists()
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120)
+    text = p.stdout.decode()
+    assert p.returncode == 0, text
+    assert "error-feedback residuals restored from" in text, text
+    resumed = [line for line in text.splitlines()
+               if "resuming at step" in line]
+    assert resumed, text
+    at = int(resumed[0].split("resuming at step ")[1].split()[0])
+    assert 20 <= at < 40, resumed
+    run = json.loads(out.read_text())
+    assert run["steps_done"] == 40
+    ref = run_standalone(tmp_path)
+    lr = {c[0]: c[2] for c in ref["train_curve"]}
+    after = [c for c in run["train_curve"] if c[0] > at]
+    assert after, run["train_curve"]
+    for c in after:
+        assert c[2] == pytest.approx(lr[c[0]], rel=1e-12), (c, lr)
+    assert run["final_val_loss"] < ref["final_val_loss"] * 1.05, (
+        run["final_val_loss"], ref["final_val_loss"])

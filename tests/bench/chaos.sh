@@ -4,10 +4,16 @@
 # with deploy/prometheus/alerts.yml.
 #
 # The job: 2 shards and 4 workers, each a network namespace on one bridge
-# (tests/bench/netns_lib.sh, every link tbf-shaped at 1 Gbit/s), training the
-# MLP on Fashion-MNIST with deploy/local.sh's recipe (1-bit Adam, 8-bit
-# quantized warmup pushes to round 500, the workers' momentum decayed by 0.5
-# after it, 1-bit pushes and pulls). Each daemon runs under a supervisor that
+# (tests/bench/netns_lib.sh, every link tbf-shaped at 1 Gbit/s), training
+# (--workload) the MLP on Fashion-MNIST with deploy/local.sh's recipe (1-bit
+# Adam, 8-bit quantized warmup pushes to round 500, the workers' momentum
+# decayed by 0.5 after it, 1-bit pushes and pulls; pserver_worker daemons),
+# or the language model: python/examples/train_gpt.py --pserver (its small
+# GPT, AdamW's groups, warmup + cosine schedule, clipping) with
+# lm_fidelity.sh's ps_onebit recipe (1-bit Adam frozen at round 200, 8-bit
+# both ways before, 1-bit after: deploy/schedules/q8_then_onebit.txtpb),
+# each worker a Python process that resumes at the shards' step when
+# restarted. Each daemon runs under a supervisor that
 # restarts it on a failure exit, as Compose's `restart: on-failure` does:
 # shards from their --checkpoint_dir (a small tmpfs each, checkpoints every
 # CHECKPOINT_EVERY rounds), workers with their --state_file; a worker's exit
@@ -47,8 +53,13 @@
 #   sudo tests/bench/chaos.sh                  # 10 min of faults, 3 clean runs: ~35 min
 #   sudo tests/bench/chaos.sh --short          # 2 min of faults, 1 clean run: ~6 min
 #   sudo tests/bench/chaos.sh --duration 6m --seed 7 --out /tmp/c/chaos
+#   sudo tests/bench/chaos.sh --workload lm     # the language model
 #
 # Options:
+#   --workload W       mlp (default) or lm; lm's results are
+#                      tests/bench/results/chaos_lm.{md,json,svg} and its
+#                      quality is rank 0's final validation loss (nats per
+#                      byte; lower is better) instead of test accuracy
 #   --duration T       the fault window: seconds, or Ns / Nm (default 10m; 2m short)
 #   --short            the ctest mode: a 2-minute window, each class about
 #                      once, a 10 s lease, 1 clean run; results under the work
@@ -74,7 +85,8 @@
 #   this long per step: it changes the timing only, the result is bit-identical,
 #   and makes the clean runs, which run without it, shorter than the chaos
 #   run), TAIL=120 (45 short; seconds of training planned after the window,
-#   for recovery and for alerts to clear), ACC_MARGIN=0.01 (0.03 short),
+#   for recovery and for alerts to clear), ACC_MARGIN=0.01 (0.03 short; lm:
+#   the loss, 0.03 and 0.06 short),
 #   RESTART_DELAY=1 (seconds before a supervisor restarts a daemon),
 #   CALIBRATE=30 (seconds of the calibration run), RUN_TIMEOUT (seconds a job
 #   may take: 3 x its planned time + 600), STUCK=300 (seconds without a new
@@ -95,6 +107,7 @@ STEPS=0
 OUT=""
 PRINT_SCHEDULE=0
 COMMAND="tests/bench/chaos.sh $*"
+WORKLOAD=mlp
 SCHEDULE=""
 die() { echo "chaos.sh: $*" >&2; exit 2; }
 skip() { echo "SKIP: chaos.sh: $*"; exit 77; }
@@ -107,6 +120,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --duration) need_value "$@"; DURATION=$(seconds_of "$2") || die "--duration is '$2'; expected seconds, Ns or Nm"; shift 2 ;;
     --short) SHORT=1; shift ;;
+    --workload) need_value "$@"; WORKLOAD="$2"; shift 2
+      [[ $WORKLOAD == mlp || $WORKLOAD == lm ]] || die "--workload is '$WORKLOAD'; expected mlp or lm" ;;
     --seed) need_value "$@"; SEED="$2"; shift 2 ;;
     --clean-runs) need_value "$@"; CLEAN_RUNS="$2"; shift 2 ;;
     --steps) need_value "$@"; STEPS="$2"; shift 2 ;;
@@ -121,12 +136,16 @@ while [[ $# -gt 0 ]]; do
 done
 if [[ $SHORT == 1 ]]; then
   DURATION="${DURATION:-120}"; CLEAN_RUNS="${CLEAN_RUNS:-1}"
-  LEASE="${LEASE:-10}"; TAIL="${TAIL:-45}"; ACC_MARGIN="${ACC_MARGIN:-0.03}"
+  LEASE="${LEASE:-10}"; TAIL="${TAIL:-45}"
+  [[ $WORKLOAD == lm ]] && ACC_MARGIN="${ACC_MARGIN:-0.06}" || ACC_MARGIN="${ACC_MARGIN:-0.03}"
 else
   DURATION="${DURATION:-600}"; CLEAN_RUNS="${CLEAN_RUNS:-3}"
-  LEASE="${LEASE:-30}"; TAIL="${TAIL:-120}"; ACC_MARGIN="${ACC_MARGIN:-0.01}"
+  LEASE="${LEASE:-30}"; TAIL="${TAIL:-120}"
+  [[ $WORKLOAD == lm ]] && ACC_MARGIN="${ACC_MARGIN:-0.03}" || ACC_MARGIN="${ACC_MARGIN:-0.01}"
 fi
 CHECKPOINT_EVERY="${CHECKPOINT_EVERY:-100}"
+# The language model's steps are slow enough as they are.
+[[ $WORKLOAD == lm ]] && COMPUTE_DELAY_MS=0
 COMPUTE_DELAY_MS="${COMPUTE_DELAY_MS:-40}"
 RESTART_DELAY="${RESTART_DELAY:-1}"
 CALIBRATE="${CALIBRATE:-30}"
@@ -161,8 +180,15 @@ fi
 for tool in prometheus promtool curl mount truncate; do
   command -v "$tool" >/dev/null || die "'$tool' not found"
 done
-[[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] ||
-  die "no Fashion-MNIST in /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)"
+if [[ $WORKLOAD == mlp ]]; then
+  [[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] ||
+    die "no Fashion-MNIST in /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)"
+else
+  ls "$BUILD"/python/pserver/_native*.so >/dev/null 2>&1 ||
+    die "no Python extension in $BUILD/python/pserver: build first (tests/run.sh)"
+  compgen -G "/usr/lib/python3.11/*.py" >/dev/null ||
+    die "no .py files in /usr/lib/python3.11 (train_gpt.py's corpus)"
+fi
 promtool check rules "$ROOT/deploy/prometheus/alerts.yml" >/dev/null ||
   die "promtool rejects deploy/prometheus/alerts.yml"
 
@@ -173,6 +199,7 @@ netns_check_tools
 
 WORK="$(mktemp -d /tmp/pserver-chaos.XXXXXX)"
 [[ $SHORT == 1 ]] && OUT="${OUT:-$WORK/chaos}"
+[[ $WORKLOAD == lm ]] && OUT="${OUT:-$HERE/results/chaos_lm}"
 OUT="${OUT:-$HERE/results/chaos}"
 mkdir -p "$(dirname "$OUT")"
 OUT="$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")"
@@ -183,6 +210,13 @@ cp "$SERVER_SRC" "$WORK/bin/pserver_server"
 cp "$WORKER_SRC" "$WORK/bin/pserver_worker"
 cp "$PROBE_SRC" "$WORK/bin/pserver_health_probe"
 cp "$ROOT/deploy/prometheus/alerts.yml" "$WORK/alerts.yml"
+if [[ $WORKLOAD == lm ]]; then
+  # The package (with its extension) and the script, copied as the binaries.
+  cp -r "$BUILD/python" "$WORK/python"
+  mkdir -p "$WORK/examples"
+  cp "$ROOT"/python/examples/*.py "$WORK/examples/"
+  cp "$ROOT/deploy/schedules/q8_then_onebit.txtpb" "$WORK/schedule.txtpb"
+fi
 SERVER="$WORK/bin/pserver_server"
 WORKER="$WORK/bin/pserver_worker"
 PROBE="$WORK/bin/pserver_health_probe"
@@ -273,14 +307,46 @@ supervise() {
   done
 }
 
-SERVER_FLAGS=(--num_shards=2 --num_workers=4 --optimizer=onebit_adam --lr=0.001
-  --freeze_step=500 --onebit_momentum=worker --compression_beta1=0.5
-  --pull_codec=onebit --pull_k_fraction=0.01)
+if [[ $WORKLOAD == mlp ]]; then
+  SERVER_FLAGS=(--num_shards=2 --num_workers=4 --optimizer=onebit_adam --lr=0.001
+    --freeze_step=500 --onebit_momentum=worker --compression_beta1=0.5
+    --pull_codec=onebit --pull_k_fraction=0.01)
+else
+  # tests/bench/lm_fidelity.py's ps_onebit (the learning rate comes from the
+  # workers' schedule).
+  SERVER_FLAGS=(--num_shards=2 --num_workers=4 --optimizer=onebit_adam
+    --freeze_step=200 --bias_correction=true --beta1=0.9 --beta2=0.99
+    --onebit_momentum=worker --compression_beta1=0.5 --pull_codec=onebit
+    --schedule="$WORK/schedule.txtpb")
+fi
 # shard_flags S: shard S's flags in a job (RUN/ckpt/S is its checkpoint folder).
 shard_flags() {
   echo --shard_index="$1" --listen="${SHARD_IP[$1]}:50051" --metrics_listen="${SHARD_IP[$1]}:9100" \
     "${SERVER_FLAGS[@]}" --checkpoint_dir="$RUN/ckpt/$1" --checkpoint_every="$CHECKPOINT_EVERY" \
     --lease_timeout_seconds="$LEASE"
+}
+
+# worker_command W SEED STEPS DELAY_MS: worker W's command line in WORKER_CMD
+# (RUN/wW.json: its summary; with lm only rank 0 writes one).
+worker_command() {
+  local w=$1 seed=$2 steps=$3 delay=$4
+  if [[ $WORKLOAD == mlp ]]; then
+    WORKER_CMD=("$WORKER" --servers="$SERVERS" --worker_id="$w" --num_workers=4
+      --steps="$steps" --batch_size=32 --seed="$seed" --push_codec=onebit
+      --warmup_codec=quantize --k_fraction=0.01 --compute_delay_ms="$delay"
+      --state_file="$RUN/state/w$w.state" --metrics_listen="${WORKER_IP[$w]}:9200"
+      --progress=lines --log_interval=5 --summary_json="$RUN/w$w.json")
+  else
+    WORKER_CMD=(env PSERVER_SERVERS="$SERVERS" RANK="$w" WORLD_SIZE=4
+      PYTHONPATH="$WORK/python" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+      "$PYTHON" "$WORK/examples/train_gpt.py" --pserver --size small
+      --steps "$steps" --batch 16 --warmup 100 --lr 2e-3 --beta2 0.99
+      --seed "$seed" --push-codec onebit
+      --client-option "schedule=$WORK/schedule.txtpb"
+      --client-option "metrics_listen=${WORKER_IP[$w]}:9200"
+      --state-file "$RUN/state/w$w.state" --state-every 50 --log-every 50
+      --json "$RUN/w$w.json")
+  fi
 }
 
 # start_job NAME SEED STEPS DELAY_MS CHAOS: the cluster under supervisors and
@@ -347,11 +413,8 @@ YAML
     BACKGROUND+=($!)
   fi
   for w in 0 1 2 3; do
-    supervise "worker$w" "w$w" "$WORKER" --servers="$SERVERS" --worker_id="$w" --num_workers=4 \
-      --steps="$steps" --batch_size=32 --seed="$seed" --push_codec=onebit \
-      --warmup_codec=quantize --k_fraction=0.01 --compute_delay_ms="$delay" \
-      --state_file="$RUN/state/w$w.state" --metrics_listen="${WORKER_IP[$w]}:9200" \
-      --progress=lines --log_interval=5 --summary_json="$RUN/w$w.json" 2>>"$RUN/supervisors.log" &
+    worker_command "$w" "$seed" "$steps" "$delay"
+    supervise "worker$w" "w$w" "${WORKER_CMD[@]}" 2>>"$RUN/supervisors.log" &
     WORKER_SUPERVISORS[$w]=$!
     BACKGROUND+=($!)
   done
@@ -642,7 +705,7 @@ run_job() {
 }
 
 cat >"$WORK/meta.json" <<JSON
-{"command": "$COMMAND", "seed": $SEED, "duration": $DURATION, "short": $SHORT, "clean_runs": $CLEAN_RUNS,
+{"command": "$COMMAND", "workload": "$WORKLOAD", "seed": $SEED, "duration": $DURATION, "short": $SHORT, "clean_runs": $CLEAN_RUNS,
  "lease_seconds": $LEASE, "checkpoint_every": $CHECKPOINT_EVERY,
  "compute_delay_ms": $COMPUTE_DELAY_MS, "tail": $TAIL, "acc_margin": $ACC_MARGIN,
  "restart_delay": $RESTART_DELAY, "schedule_file": "$SCHEDULE", "commit": "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)",

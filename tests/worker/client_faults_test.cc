@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
 #include "common/layout.h"
@@ -107,6 +108,78 @@ TEST(ClientFaults, AWorkerStalledWithAPullInFlightRejoinsTheRounds) {
   EXPECT_EQ((*stalled)->step(), kSteps + 1u);
   EXPECT_TRUE(BitEqual((*stalled)->weights(), (*busy)->weights()));
   EXPECT_EQ(cluster->shard(0)->Status().workers_live(), 2u);
+}
+
+// Chaos (the language model): a worker stalled past its lease resumed while
+// another worker's push had reached shard 1 and not yet shard 0. Its push was
+// refused on both; it rejoined shard 0 at step k (counted at once: no push
+// of round k there yet) and shard 1 at k + 1, pulled step k + 1 from both,
+// and shard 0 refused that pull four times (this worker had not pushed step
+// k there): "replica of shard 0 does not match its checksum even after a
+// snapshot". Now a worker that finds a shard past its next step rejoins
+// every shard and pulls the lagging shard's step, as at Register.
+TEST(ClientFaults, AStalledWorkerRejoinsShardsThatAreAStepApart) {
+  ShardConfig config;
+  config.num_shards = 2;
+  config.num_workers = 2;
+  config.optimizer = ExactSgd();
+  config.pull_codec = v1::CODEC_FP32;
+  config.lease_timeout = absl::Milliseconds(300);
+  auto cluster = StartClusterWith(config);
+  ASSERT_NE(cluster, nullptr);
+  ShardProxy proxy(cluster->addresses[0]);  // the busy worker's way to shard 0
+  ASSERT_NE(proxy.address(), "");
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  ClientOptions bo = Options(*cluster, 1, v1::CODEC_FP32);
+  bo.server_addresses[0] = proxy.address();
+  auto stalled = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
+  auto busy = Client::Connect(bo);
+  ASSERT_TRUE(stalled.ok() && busy.ok());
+  ASSERT_TRUE((*stalled)->Register(layout, Values(n, 8)).ok());
+  ASSERT_TRUE((*busy)->Register(layout, Values(n, 8)).ok());
+  StepBoth(**stalled, **busy, n, 0);
+  constexpr uint64_t kSteps = 10;
+  for (uint64_t t = 1; t < kSteps; ++t) {
+    absl::Status b = (*busy)->Step(Gradient(n, 1, t));
+    ASSERT_TRUE(b.ok()) << "step " << t << ": " << b;
+  }
+  // The busy worker's push of step 10 reaches shard 1 and is held on its
+  // way to shard 0.
+  absl::Notification held, release;
+  proxy.SetBeforePush([&] {
+    if (!held.HasBeenNotified()) held.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(20));
+  });
+  absl::Status bs;
+  std::thread other([&] { bs = (*busy)->Step(Gradient(n, 1, kSteps)); });
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (cluster->shard(1)->Status().current_step() != kSteps + 1 &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(cluster->shard(1)->Status().current_step(), kSteps + 1);
+  ASSERT_EQ(cluster->shard(0)->Status().current_step(), kSteps);
+
+  absl::Status st = (*stalled)->Step(Gradient(n, 0, 1));
+  proxy.SetBeforePush(nullptr);
+  release.Notify();
+  ASSERT_TRUE(st.ok()) << st;
+  // At the lagging shard's step, shard 1's slice one step ahead.
+  EXPECT_EQ((*stalled)->step(), kSteps);
+  // Then both go on: the stalled worker's push of step 10 completes shard
+  // 0's round (shard 1 acknowledges it as over), and both pull step 11.
+  absl::Status ss = (*stalled)->Step(Gradient(n, 0, kSteps));
+  other.join();
+  ASSERT_TRUE(ss.ok()) << ss;
+  ASSERT_TRUE(bs.ok()) << bs;
+  EXPECT_EQ((*stalled)->step(), kSteps + 1);
+  EXPECT_EQ((*busy)->step(), kSteps + 1);
+  EXPECT_TRUE(BitEqual((*stalled)->weights(), (*busy)->weights()));
+  ExpectInStepWithShards(*cluster, **stalled, n);
+  StepBoth(**stalled, **busy, n, kSteps + 1);
+  EXPECT_TRUE(BitEqual((*stalled)->weights(), (*busy)->weights()));
 }
 
 // Chaos fault `shard_kill` before the shard's first checkpoint, with a
