@@ -1,5 +1,6 @@
 """pserver.torch.DistributedOptimizer against real pserver_server processes."""
 
+import faulthandler
 import os
 import pathlib
 import subprocess
@@ -57,11 +58,16 @@ def in_threads(*calls):
             errors.append(e)
 
     for f in calls:
-        threads.append(threading.Thread(target=run, args=(f,)))
+        # Daemon threads: one that hangs fails its test (below) instead of
+        # keeping the interpreter, and every later test, waiting.
+        threads.append(threading.Thread(target=run, args=(f,), daemon=True))
         threads[-1].start()
     for t in threads:
         t.join(60)
-        assert not t.is_alive()
+        if t.is_alive():
+            # Where it hangs, in Python and (with the GIL released) below.
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        assert not t.is_alive(), f"{t.name} still running after 60 s"
     if errors:
         raise errors[0]
 
