@@ -259,6 +259,21 @@ def prom_get(base, path, params):
     return body["data"]
 
 
+def machine():
+    """This machine's CPU model and core count (the timings depend on them;
+    the report is made where the benchmark ran)."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
 def read_time(run, name):
     with open(os.path.join(run, name)) as f:
         return float(f.read().split()[0])
@@ -913,6 +928,7 @@ def cmd_report(a):
     with open(os.path.join(chaos, "meta")) as f:
         kv = dict(l.strip().split("=", 1) for l in f if "=" in l)
     meta["steps"] = int(kv["steps"])
+    meta.setdefault("machine", machine())
     workload = meta.get("workload", "mlp")
     quality = QUALITY[workload][1]
     # Workers that write a summary with the quality figure.
@@ -1085,7 +1101,8 @@ def cmd_report(a):
            "and cosine, clipping), {steps} steps, lm_fidelity.sh's ps_onebit recipe; "
            ).format(steps=meta["steps"], delay=meta["compute_delay_ms"])
     md.append(f"Command: `{cmd}` (commit {meta['commit']}, {meta['date']}, load average "
-              f"{meta['load_start']} at the start). The job: 2 shards, 4 workers, {job}"
+              f"{meta['load_start']} at the start; {meta['machine']}, every process on "
+              f"them). The job: 2 shards, 4 workers, {job}"
               f"shards "
               f"checkpoint every {meta['checkpoint_every']} rounds, lease "
               f"{meta['lease_seconds']} s; supervisors restart a daemon {meta['restart_delay']} s "
