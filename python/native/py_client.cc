@@ -1,6 +1,7 @@
 #include "python/native/py_client.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 #include <utility>
 
@@ -82,6 +83,12 @@ PyClient::PyClient(const PyClientArgs& a)
   // The message names the file or argument, never a secret.
   if (!security.ok()) ThrowAsArgumentError(security.status());
   options_.security = *std::move(security);
+  // Shards failing and answering again, rejoins: one line each on stderr,
+  // as pserver_worker prints them (written without the GIL).
+  options_.log = [id = options_.worker_id](absl::string_view line) {
+    std::fprintf(stderr, "pserver worker %u: %s\n", id,
+                 std::string(line).c_str());
+  };
   // Every argument is checked before the port is taken, as pserver_worker
   // checks every flag before it serves.
   absl::StatusOr<std::unique_ptr<Client>> c =
