@@ -395,12 +395,12 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         sched.step()
         step += 1
-        if args.pserver and shards_step(opt, args) > step:
+        if args.pserver:
             # The rounds went on without this worker (it stalled past its
             # lease and rejoined them): follow them.
             now = shards_step(opt, args)
-            advance(sched, now - step)
-            step = now
+            advance(sched, now - step)  # nothing unless now > step
+            step = max(step, now)
         done = step
         if args.state_file and done % args.state_every == 0:
             save_state(opt, args.state_file)

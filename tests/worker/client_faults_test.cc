@@ -66,13 +66,7 @@ void RestartFromNothing(Cluster& cluster, uint32_t s) {
 // the rounds' weights. Here the proxy fails its pulls to shard 1 (retried,
 // never reaching the shard) while the other worker trains on.
 TEST(ClientFaults, AWorkerStalledWithAPullInFlightRejoinsTheRounds) {
-  ShardConfig config;
-  config.num_shards = 2;
-  config.num_workers = 2;
-  config.optimizer = ExactSgd();
-  config.pull_codec = v1::CODEC_FP32;
-  config.lease_timeout = absl::Milliseconds(300);
-  auto cluster = StartClusterWith(config);
+  auto cluster = StartLeasedCluster(2, 2, v1::CODEC_FP32);
   ASSERT_NE(cluster, nullptr);
   ShardProxy proxy(cluster->addresses[1]);
   ASSERT_NE(proxy.address(), "");
@@ -119,13 +113,7 @@ TEST(ClientFaults, AWorkerStalledWithAPullInFlightRejoinsTheRounds) {
 // snapshot". Now a worker that finds a shard past its next step rejoins
 // every shard and pulls the lagging shard's step, as at Register.
 TEST(ClientFaults, AStalledWorkerRejoinsShardsThatAreAStepApart) {
-  ShardConfig config;
-  config.num_shards = 2;
-  config.num_workers = 2;
-  config.optimizer = ExactSgd();
-  config.pull_codec = v1::CODEC_FP32;
-  config.lease_timeout = absl::Milliseconds(300);
-  auto cluster = StartClusterWith(config);
+  auto cluster = StartLeasedCluster(2, 2, v1::CODEC_FP32);
   ASSERT_NE(cluster, nullptr);
   ShardProxy proxy(cluster->addresses[0]);  // the busy worker's way to shard 0
   ASSERT_NE(proxy.address(), "");

@@ -338,13 +338,7 @@ TEST(ClientReplica, StagedAnswersAreInvisibleUntilCommit) {
 // rounds' current weights, instead of failing with "answered with step 20;
 // expected 1" (seen in a fidelity run on an overloaded machine).
 TEST(ClientRecovery, AWorkerDroppedManyRoundsAgoSkipsAheadToTheRounds) {
-  ShardConfig config;
-  config.num_shards = 2;
-  config.num_workers = 2;
-  config.optimizer = ExactSgd();
-  config.pull_codec = v1::CODEC_ONEBIT;
-  config.lease_timeout = absl::Milliseconds(300);
-  auto cluster = StartClusterWith(config);
+  auto cluster = StartLeasedCluster(2, 2, v1::CODEC_ONEBIT);
   ASSERT_NE(cluster, nullptr);
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -116,6 +117,20 @@ inline std::unique_ptr<Cluster> StartCluster(
   config.num_workers = workers;
   config.optimizer = opt;
   config.pull_codec = pull_codec;
+  return StartClusterWith(config);
+}
+
+// Exact SGD on `shards` shards for `workers` workers whose leases expire
+// after 300 ms: a worker silent that long is dropped from the rounds.
+inline std::unique_ptr<Cluster> StartLeasedCluster(uint32_t shards,
+                                                   uint32_t workers,
+                                                   v1::Codec pull_codec) {
+  ShardConfig config;
+  config.num_shards = shards;
+  config.num_workers = workers;
+  config.optimizer = ExactSgd();
+  config.pull_codec = pull_codec;
+  config.lease_timeout = absl::Milliseconds(300);
   return StartClusterWith(config);
 }
 

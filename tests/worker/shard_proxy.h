@@ -58,16 +58,12 @@ class ShardProxy final : public v1::ParameterServer::Service {
   grpc::Status Register(grpc::ServerContext* ctx,
                         const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override {
-    grpc::ClientContext c;
-    c.set_deadline(ctx->deadline());
-    return Forwarded(ctx, c, stub_->Register(&c, *req, resp));
+    return Forward(ctx, &v1::ParameterServer::Stub::Register, *req, resp);
   }
   grpc::Status GetStatus(grpc::ServerContext* ctx,
                          const v1::GetStatusRequest* req,
                          v1::GetStatusResponse* resp) override {
-    grpc::ClientContext c;
-    c.set_deadline(ctx->deadline());
-    return Forwarded(ctx, c, stub_->GetStatus(&c, *req, resp));
+    return Forward(ctx, &v1::ParameterServer::Stub::GetStatus, *req, resp);
   }
   grpc::Status Push(grpc::ServerContext* ctx, const v1::PushRequest* req,
                     v1::PushResponse* resp) override {
@@ -77,9 +73,7 @@ class ShardProxy final : public v1::ParameterServer::Service {
       hook = before_push_;
     }
     if (hook) hook();
-    grpc::ClientContext c;
-    c.set_deadline(ctx->deadline());
-    return Forwarded(ctx, c, stub_->Push(&c, *req, resp));
+    return Forward(ctx, &v1::ParameterServer::Stub::Push, *req, resp);
   }
   grpc::Status Pull(grpc::ServerContext* ctx, const v1::PullRequest* req,
                     v1::PullResponse* resp) override {
@@ -88,16 +82,20 @@ class ShardProxy final : public v1::ParameterServer::Service {
       return grpc::Status(static_cast<grpc::StatusCode>(code),
                           "injected pull failure");
     }
-    grpc::ClientContext c;
-    c.set_deadline(ctx->deadline());
-    return Forwarded(ctx, c, stub_->Pull(&c, *req, resp));
+    return Forward(ctx, &v1::ParameterServer::Stub::Pull, *req, resp);
   }
 
  private:
-  // The shard's answer, with its reason trailer passed on.
-  static grpc::Status Forwarded(grpc::ServerContext* ctx,
-                                const grpc::ClientContext& c,
-                                grpc::Status st) {
+  // The call on the shard, with the caller's deadline; its answer, with the
+  // shard's reason trailer passed on.
+  template <class Req, class Resp>
+  grpc::Status Forward(grpc::ServerContext* ctx,
+                       grpc::Status (v1::ParameterServer::Stub::*call)(
+                           grpc::ClientContext*, const Req&, Resp*),
+                       const Req& req, Resp* resp) {
+    grpc::ClientContext c;
+    c.set_deadline(ctx->deadline());
+    grpc::Status st = (stub_.get()->*call)(&c, req, resp);
     if (!st.ok()) {
       const auto& trailers = c.GetServerTrailingMetadata();
       auto it = trailers.find(kReasonTrailer);
