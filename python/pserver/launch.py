@@ -27,8 +27,9 @@ Launcher options:
   --start-timeout S   seconds a shard gets to listen (default 30)
   --recipe NAME[:F]   a measured compression recipe for language models
                       (pserver/recipes.py): lm-onebit or lm-topk, with 1-bit
-                      Adam's variance frozen at round F (default 200; freeze
-                      at about twice the learning rate's warmup). Writes its
+                      Adam's variance frozen at round F (default 300 for
+                      lm-onebit, 200 for lm-topk; freeze at two to three
+                      times the learning rate's warmup). Writes its
                       schedule to <run dir>/recipe_NAME.txtpb, puts its
                       shard flags before yours (a flag you give again wins:
                       the daemon takes the last one) and gives the workers

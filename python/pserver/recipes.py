@@ -8,24 +8,28 @@ with pserver.torch.DistributedOptimizer (tests/bench/lm_fidelity.py, rows
 ps_onebit and ps_topk; figures in tests/bench/results/lm_fidelity.md):
 
   lm-onebit  1-bit Adam with the workers' momentum compressed (its decay 0.5
-             after the freeze): 8-bit quantize both ways until the variance
-             freezes at round FREEZE, 1-bit pushes and pulls after
-             (deploy/schedules/q8_then_onebit.txtpb).
-  lm-topk    the same optimizer; after the freeze, pushes of the top 1% of
-             each worker's momentum (momentum-factor masking on the workers)
-             and pulls of the top 3% of the weights' change at 4-bit values
+             after the freeze): 4-bit quantize both ways until the variance
+             freezes at round FREEZE (default 300), 1-bit pushes and pulls
+             after (deploy/schedules/q4_then_onebit.txtpb).
+  lm-topk    the same optimizer; 8-bit quantize both ways until the freeze
+             (default 200), then pushes of the top 1% of each worker's
+             momentum (momentum-factor masking on the workers) and pulls of
+             the top 3% of the weights' change at 4-bit values
              (deploy/schedules/q8_then_topk_pullq.txtpb).
 
 FREEZE is 1-bit Adam's --freeze_step (the shards keep the variance of that
 round for the rest of the run) and the round at which the schedule leaves
-8-bit quantize. The default, 200, is what was measured: twice the 100-round
-learning-rate warmup of a 2000-step run. Advice: freeze at about twice the
-learning rate's warmup, about 10% of the run.
+quantize. The defaults are what was measured on a 2000-step run with a
+100-round learning-rate warmup: three times the warmup for lm-onebit (its
+4-bit warmup costs half the 8-bit one, which pays for the later freeze;
+frozen at 200 after 8-bit it ended 1.4% behind AdamW, at 300 after 4-bit
+0.9%), twice for lm-topk. Advice: freeze at two to three times the learning
+rate's warmup, 10-15% of the run.
 """
 
 import re
 
-DEFAULT_FREEZE = 200
+DEFAULT_FREEZE = 200  # lm-topk's; each Recipe has its own
 _MAX_FREEZE = 2**63 - 1  # pserver_server's --freeze_step is a uint64
 
 # 1-bit Adam as both recipes run it: bias-corrected (torch.optim.Adam's
@@ -33,8 +37,9 @@ _MAX_FREEZE = 2**63 - 1  # pserver_server's --freeze_step is a uint64
 # keeping and compressing the momentum, whose decay is 0.5 after the freeze.
 _ONEBIT_ADAM = ("--optimizer=onebit_adam", "--bias_correction=true",
                 "--onebit_momentum=worker", "--compression_beta1=0.5")
-# Until the freeze: 8-bit quantize both ways.
+# Until the freeze: quantize both ways.
 _Q8 = ("quantize", {"bits": 8})
+_Q4 = ("quantize", {"bits": 4})
 
 
 class Recipe:
@@ -43,8 +48,9 @@ class Recipe:
     codecs, (name, params), of its two schedule phases."""
 
     def __init__(self, name, summary, shard_flags, client_options, warmup,
-                 compression):
+                 compression, default_freeze=DEFAULT_FREEZE):
         self.name = name
+        self.default_freeze = default_freeze
         self.summary = summary
         self._shard_flags = tuple(shard_flags)
         self._client_options = dict(client_options)
@@ -86,12 +92,13 @@ def _codec_text(codec):
 
 RECIPES = {r.name: r for r in (
     Recipe("lm-onebit",
-           "1-bit Adam, 8-bit quantize until the freeze, 1-bit both ways "
+           "1-bit Adam, 4-bit quantize until the freeze, 1-bit both ways "
            "after",
            [*_ONEBIT_ADAM, "--pull_codec=onebit"],
            {"push_codec": "onebit"},
-           warmup=(_Q8, _Q8),
-           compression=(("onebit", {}), ("onebit", {}))),
+           warmup=(_Q4, _Q4),
+           compression=(("onebit", {}), ("onebit", {})),
+           default_freeze=300),
     Recipe("lm-topk",
            "1-bit Adam, 8-bit quantize until the freeze, then top 1% pushes "
            "and top 3% 4-bit pulls",
@@ -114,11 +121,11 @@ def parse(spec):
         raise ValueError(f"recipe {name!r} is unknown; expected one of "
                          f"{', '.join(RECIPES)} (NAME or NAME:FREEZE)")
     if not sep:
-        return recipe, DEFAULT_FREEZE
+        return recipe, recipe.default_freeze
     if (not re.fullmatch(r"[0-9]+", freeze_text)
             or not 1 <= int(freeze_text) <= _MAX_FREEZE):
         raise ValueError(f"recipe {spec!r}: freeze is {freeze_text!r}; "
                          "expected an integer >= 1 (the round at which 1-bit "
                          "Adam's variance freezes, e.g. "
-                         f"{name}:{DEFAULT_FREEZE})")
+                         f"{name}:{recipe.default_freeze})")
     return recipe, int(freeze_text)

@@ -80,11 +80,16 @@ POWERSGD_RANK = train_gpt.POWERSGD_RANK  # from step RECIPE["warmup"]
 
 ONEBIT = "--optimizer onebit_adam --freeze-step 200 --bias_correction=true"
 # The recipes of ps_onebit and ps_topk (issue 28 section 2): the workers'
-# momentum compressed, its decay 0.5 after the freeze, 8-bit quantize both
-# ways until the freeze (a schedule both sides read).
+# momentum compressed, its decay 0.5 after the freeze; quantize both ways
+# until the freeze (a schedule both sides read): ps_topk 8 bits to round
+# 200, ps_onebit 4 bits to round 300 (the cheaper warmup pays for the later
+# freeze: onebit_q8_f200 was the first measured recipe).
 WORKER_MOMENTUM = "--onebit_momentum=worker --compression_beta1=0.5"
 SCHEDULES = ROOT / "deploy" / "schedules"
-ONEBIT_SCHEDULE = SCHEDULES / "q8_then_onebit.txtpb"
+ONEBIT_SCHEDULE = SCHEDULES / "q4_then_onebit.txtpb"
+ONEBIT_Q8_SCHEDULE = SCHEDULES / "q8_then_onebit.txtpb"
+ONEBIT_300 = ("--optimizer onebit_adam --bias_correction=true "
+              f"{WORKER_MOMENTUM} --freeze-step 300")
 TOPK_SCHEDULE = SCHEDULES / "q8_then_topk_pullq.txtpb"
 DILOCO = "--optimizer sgd --nesterov=true --momentum=0.9 --lr 0.7 --weight_decay=0"
 # A worker is silent towards the shards for a whole round of local steps;
@@ -103,7 +108,7 @@ ROWS = {
     "ps_fp32": {"kind": "ps", "shard": "--optimizer adam --pull-codec fp32",
                 "script": "--push-codec fp32"},
     "ps_onebit": {"kind": "ps",
-                  "shard": f"{ONEBIT} {WORKER_MOMENTUM} --pull-codec onebit "
+                  "shard": f"{ONEBIT_300} --pull-codec onebit "
                            f"--schedule {ONEBIT_SCHEDULE}",
                   "script": "--push-codec onebit --client-option "
                             f"schedule={ONEBIT_SCHEDULE}"},
@@ -117,6 +122,10 @@ ROWS = {
     "diloco_h16_q8": {"kind": "ps",
                       "shard": f"{DILOCO} --pull-codec quantize --pull_bits=8",
                       "script": "--local-steps 16 --push-codec quantize --bits 8"},
+    "diloco_h16_q2": {"kind": "ps",
+                      "shard": f"{DILOCO} {LONG_LEASE} --pull-codec quantize "
+                               "--pull_bits=2",
+                      "script": "--local-steps 16 --push-codec quantize --bits 2"},
     "diloco_h16_onebit": {"kind": "ps", "shard": f"{DILOCO} --pull-codec onebit",
                           "script": "--local-steps 16 --push-codec onebit"},
     "diloco_h64_q8": {"kind": "ps",
@@ -139,12 +148,20 @@ ROWS = {
                          "script": "--push-codec fp32"},
     "onebit_q8warmup": {"kind": "ps",
                         "shard": f"{ONEBIT} --pull-codec onebit "
-                                 f"--schedule {ONEBIT_SCHEDULE}",
+                                 f"--schedule {ONEBIT_Q8_SCHEDULE}",
                         "script": "--push-codec onebit --client-option "
-                                  f"schedule={ONEBIT_SCHEDULE}"},
+                                  f"schedule={ONEBIT_Q8_SCHEDULE}"},
+    # The first measured ps_onebit (the table of 2026-11-27): 8-bit warmup,
+    # freeze at 200.
+    "onebit_q8_f200": {"kind": "ps",
+                       "shard": f"{ONEBIT} {WORKER_MOMENTUM} --pull-codec "
+                                f"onebit --schedule {ONEBIT_Q8_SCHEDULE}",
+                       "script": "--push-codec onebit --client-option "
+                                 f"schedule={ONEBIT_Q8_SCHEDULE}"},
 }
 DEFAULT_RUNS = ["adamw", "ddp_fp32", "ddp_powersgd", "ps_fp32", "ps_onebit",
-                "ps_topk", "diloco_h16_q8", "diloco_h16_onebit",
+                "ps_topk", "diloco_h16_q8", "diloco_h16_q2",
+                "diloco_h16_onebit",
                 "diloco_h64_q8", "diloco_h64_onebit"]
 # Targets: the relative loss against adamw's mean at the least traffic
 # reduction against ps_fp32 (both directions, per worker).
