@@ -4,7 +4,10 @@
 # namespace with a veth onto one Linux bridge (in a hub namespace of its
 # own); every host's link is shaped with tc tbf in both directions (egress on
 # the hub's end of the veth = into the host, egress inside the host = out of
-# it), RATE each way (tests/bench/netns_lib.sh). On it:
+# it), RATE each way (tests/bench/netns_lib.sh). LAYOUT=colocated drops the
+# shard hosts and runs one shard on each worker host instead (BytePS's
+# layout: 4 shards, 4 hosts, each a shard and a worker, every link shaped the
+# same); the DDP runs do not change with it. On it:
 #   fp32    pserver, --optimizer=adam, fp32 pushes and pulls
 #   onebit  pserver, 1-bit Adam as deploy/local.sh runs it (--optimizer=
 #           onebit_adam, bf16 pushes in its warmup, then 1-bit pushes; 1-bit
@@ -28,9 +31,12 @@
 #   sudo tests/bench/network.sh                     # results in a new /tmp/pserver-network.* folder
 #   sudo tests/bench/network.sh --results           # into tests/bench/results/
 #   sudo RATE=100mbit PARAMS=2000000 RUNS="fp32 onebit" tests/bench/network.sh
+#   sudo LAYOUT=colocated RUNS="fp32 onebit topk" tests/bench/network.sh --results
 #
 # Options: --results (write to tests/bench/results), --out DIR, --build DIR
 # (default build/, as BUILD_DIR), --help. Variables (defaults):
+#   LAYOUT=dedicated  dedicated: 2 shard hosts + 4 worker hosts; colocated: 4
+#                     hosts, shard i beside worker i (results network_colocated.*)
 #   RATE=1gbit        link rate each way, a tc rate in bit/s units (bit, kbit,
 #                     mbit, gbit)
 #   PARAMS=25000000 TENSORS=8 STEPS=30   the synthetic model and run length
@@ -60,6 +66,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+LAYOUT="${LAYOUT:-dedicated}"
 RATE="${RATE:-1gbit}"
 PARAMS="${PARAMS:-25000000}"
 TENSORS="${TENSORS:-8}"
@@ -80,6 +87,8 @@ NETNS_PROG=network.sh
 
 # Preconditions, each with one line saying what is wrong.
 netns_check_tools
+[[ "$LAYOUT" == dedicated || "$LAYOUT" == colocated ]] ||
+  die "LAYOUT is '$LAYOUT'; expected dedicated or colocated"
 for n in PARAMS TENSORS STEPS DROP FREEZE_STEP RUN_TIMEOUT; do
   [[ "${!n}" =~ ^[0-9]+$ && "${!n}" -gt 0 ]] || die "$n is '${!n}'; expected a positive integer"
 done
@@ -114,9 +123,17 @@ OUT="$(cd "$OUT" && pwd)"
 NETNS_LOG_DIR="$DIR"
 netns_start "pnb$$"  # every name made here starts with it
 
-SHARD_IP=(198.18.1.10 198.18.1.11)
 WORKER_IP=(198.18.1.20 198.18.1.21 198.18.1.22 198.18.1.23)
-for s in 0 1; do netns_host "s$s" "${SHARD_IP[$s]}"; done
+if [[ $LAYOUT == dedicated ]]; then
+  SHARD_HOST=(s0 s1)
+  SHARD_IP=(198.18.1.10 198.18.1.11)
+  for s in 0 1; do netns_host "s$s" "${SHARD_IP[$s]}"; done
+else  # shard i on worker i's host, at its address (the worker's own shard is local)
+  SHARD_HOST=(w0 w1 w2 w3)
+  SHARD_IP=("${WORKER_IP[@]}")
+fi
+NUM_SHARDS=${#SHARD_HOST[@]}
+SERVERS=$(printf '%s:50051,' "${SHARD_IP[@]}"); SERVERS=${SERVERS%,}
 for w in 0 1 2 3; do netns_host "w$w" "${WORKER_IP[$w]}"; done
 netns_shape "$RATE" "$BURST" "$TBF_LATENCY"
 
@@ -135,18 +152,18 @@ run_pserver() {
   mkdir -p "$rd"
   printf 'kind=pserver\nserver_flags=%s\nworker_flags=%s\n' "$2" "$3" >"$rd/meta"
   tc_bytes "$rd/tc.before"
-  for s in 0 1; do
-    ip netns exec "$TAG-s$s" "$SERVER" --shard_index=$s --num_shards=2 --num_workers=4 \
+  for ((s = 0; s < NUM_SHARDS; s++)); do
+    ip netns exec "$TAG-${SHARD_HOST[$s]}" "$SERVER" --shard_index=$s --num_shards=$NUM_SHARDS --num_workers=4 \
       --listen="${SHARD_IP[$s]}:50051" --metrics_listen="${SHARD_IP[$s]}:9100" \
       --port_file="$rd/shard$s.port" --drain_seconds=1 "${sflags[@]}" >"$rd/shard$s.log" 2>&1 &
     spids+=($!); PIDS+=($!)
   done
-  for s in 0 1; do
+  for ((s = 0; s < NUM_SHARDS; s++)); do
     for _ in $(seq 300); do [[ -s "$rd/shard$s.port" ]] && break; sleep 0.1; done
     [[ -s "$rd/shard$s.port" ]] || fail "$name: shard $s not listening after 30 s"
   done
   for w in 0 1 2 3; do
-    ip netns exec "$TAG-w$w" "$WORKER" --servers="${SHARD_IP[0]}:50051,${SHARD_IP[1]}:50051" \
+    ip netns exec "$TAG-w$w" "$WORKER" --servers="$SERVERS" \
       --worker_id=$w --num_workers=4 --model=synthetic --synthetic_params="$PARAMS" \
       --synthetic_tensors="$TENSORS" --steps="$STEPS" --progress=lines --log_interval=1000 \
       --rpc_timeout=300 --pull_timeout=600 --metrics_listen= \
@@ -154,8 +171,8 @@ run_pserver() {
     wpids+=($!); PIDS+=($!)
   done
   wait_pids "$RUN_TIMEOUT" "$name: workers" "${wpids[@]}"
-  for s in 0 1; do
-    scrape "$TAG-s$s" "http://${SHARD_IP[$s]}:9100/metrics" "$rd/shard$s.metrics" ||
+  for ((s = 0; s < NUM_SHARDS; s++)); do
+    scrape "$TAG-${SHARD_HOST[$s]}" "http://${SHARD_IP[$s]}:9100/metrics" "$rd/shard$s.metrics" ||
       fail "$name: cannot read shard $s's /metrics"
   done
   tc_bytes "$rd/tc.after"
@@ -182,7 +199,8 @@ run_ddp() {
   PIDS=()
 }
 
-echo "network.sh: 2 shard + 4 worker hosts on a bridge, every link $RATE each way (tbf, burst $BURST B);" \
+if [[ $LAYOUT == dedicated ]]; then hosts="2 shard + 4 worker hosts"; else hosts="4 hosts, each a shard and a worker,"; fi
+echo "network.sh: $hosts on a bridge, every link $RATE each way (tbf, burst $BURST B);" \
   "$PARAMS parameters in $TENSORS tensors, $STEPS steps, median after the first $DROP; runs: $RUNS" >&2
 port=29500
 for r in $RUNS; do
@@ -203,5 +221,6 @@ done
 
 "$PYTHON" "$HERE/network_report.py" --runs_dir="$DIR" --runs="$RUNS" --rate_bps="$RATE_BPS" \
   --rate="$RATE" --params="$PARAMS" --tensors="$TENSORS" --steps="$STEPS" --drop="$DROP" \
-  --freeze_step="$FREEZE_STEP" --k_fraction="$K_FRACTION" --burst="$BURST" --out="$OUT"
-echo "network.sh: wrote $OUT/network.md, network.json, network.svg (logs and raw data in $DIR)" >&2
+  --freeze_step="$FREEZE_STEP" --k_fraction="$K_FRACTION" --burst="$BURST" --layout="$LAYOUT" --out="$OUT"
+base=network; [[ $LAYOUT == dedicated ]] || base=network_$LAYOUT
+echo "network.sh: wrote $OUT/$base.md, $base.json, $base.svg (logs and raw data in $DIR)" >&2

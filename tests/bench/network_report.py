@@ -1,5 +1,8 @@
 """Turns the raw data of tests/bench/network.sh into network.md, network.json
-and network.svg (and the table on stdout). Standard library only.
+and network.svg (and the table on stdout); with --layout=colocated (one shard
+on each worker host) into network_colocated.*, which also compares its runs
+with the dedicated layout's network.json in the same folder when that one has
+the same settings. Standard library only.
 
 Per run (RUNS_DIR/NAME/):
   pserver: w<k>.json, each worker's --summary_json (step_seconds,
@@ -23,13 +26,23 @@ Figures:
   busiest link  pserver: a shard's link; a synchronous step's push and pull do
                 not overlap, so its ingress plus its egress: the shard's share
                 of all shards' payload bytes (from their /metrics counters)
-                x the workers' up+down bytes per step. DDP: a worker's link;
+                x the workers' up+down bytes per step. Co-located (shard i on
+                worker i's host, N of each; a worker's bytes to its own shard
+                stay on the host): a host's link, one direction, since in the
+                push every host sends its worker's pushes to the other shards
+                while the other workers' pushes come in, and in the pull the
+                same the other way; per phase the larger direction over hosts,
+                max(up x (1 - f), (N-1) x up x f) with f a shard's share, and
+                the same for down, summed over the two phases (equal shares:
+                (N-1)/N x (up + down)). DDP: a worker's link;
                 the ring sends and receives at once on full-duplex links, so
                 one direction: 2(N-1)/N x B.
   wire limit    busiest link bytes per step / rate
   tc            the bytes the busiest link's tbf qdiscs really carried,
                 divided by STEPS: the whole run including setup, with all
-                framing (a check on the computed figure, not a replacement).
+                framing (a check on the computed figure, not a replacement);
+                ingress plus egress for the dedicated layout's shard links,
+                the larger direction for co-located hosts and DDP.
 """
 
 import argparse
@@ -93,10 +106,18 @@ def pserver_run(name, rd, a):
         shard_bytes.append(metric_sum(p, "pserver_server_received_payload_bytes_total") +
                            metric_sum(p, "pserver_server_sent_payload_bytes_total"))
     share = max(shard_bytes) / sum(shard_bytes)
-    shard_link = share * len(workers) * (up + down)
-    busiest = max(shard_link, up + down)
     tc = tc_delta(rd)
-    tc_busiest = max(i + o for i, o in tc.values()) / a.steps
+    if a.layout == "colocated":
+        n = len(workers)
+        shares = [b / sum(shard_bytes) for b in shard_bytes]
+        busiest = sum(max(max(x * (1 - f), (n - 1) * x * f) for f in shares) for x in (up, down))
+        link = "co-located host (one direction)"
+        tc_busiest = max(max(i, o) for i, o in tc.values()) / a.steps
+    else:
+        shard_link = share * len(workers) * (up + down)
+        busiest = max(shard_link, up + down)
+        link = "shard (ingress + egress)" if shard_link >= up + down else "worker (ingress + egress)"
+        tc_busiest = max(i + o for i, o in tc.values()) / a.steps
     return {
         "name": name, "kind": "pserver",
         "settings": f"server {meta['server_flags']}; worker {meta['worker_flags']}",
@@ -105,7 +126,7 @@ def pserver_run(name, rd, a):
         "bytes_up_per_worker_per_step": up,
         "bytes_down_per_worker_per_step": down,
         "bytes_note": "encoded payload from the workers' summaries (median of kept steps)",
-        "busiest_link": "shard (ingress + egress)" if shard_link >= up + down else "worker (ingress + egress)",
+        "busiest_link": link,
         "busiest_shard_share": share,
         "busiest_link_bytes_per_step": busiest,
         "tc_busiest_link_bytes_per_step_whole_run": tc_busiest,
@@ -167,9 +188,18 @@ def table(runs, a):
     return lines
 
 
-def comparisons(runs):
+def comparisons(runs, dedicated=None):
+    """Speed-ups between runs; with `dedicated` (the dedicated layout's
+    network.json, same settings) each co-located pserver run against it."""
     by = {r["name"]: r for r in runs}
     out = []
+    for r in runs if dedicated else []:
+        d = {x["name"]: x for x in dedicated["runs"]}.get(r["name"])
+        if r["kind"] == "pserver" and d:
+            out.append(f"{r['name']} co-located takes {r['median_step_seconds'] / d['median_step_seconds']:.2f}x "
+                       f"the step (median) of 2 dedicated shard hosts ({d['median_step_seconds']:.3f} s "
+                       f"in network.json); its wire limit is "
+                       f"{d['wire_limit_seconds'] / r['wire_limit_seconds']:.2f}x lower")
     for fast in ("onebit", "topk"):
         for base in ("fp32", "ddp_fp32"):
             if fast in by and base in by:
@@ -207,7 +237,7 @@ def svg(runs, a):
          'font-family="sans-serif" font-size="12">',
          '<rect width="100%" height="100%" fill="white"/>',
          f'<text x="{left}" y="20" font-size="13">pserver and DDP on {a.rate} links: '
-         f'{a.params / 1e6:g}M parameters, 2 shards, 4 workers, {a.steps} steps</text>']
+         f'{a.params / 1e6:g}M parameters, {SHARDS_TEXT[a.layout]}, {a.steps} steps</text>']
     e = math.log10(lo)
     while e <= math.log10(hi) + 1e-9:
         for m in (1, 2, 5):
@@ -253,6 +283,25 @@ def svg(runs, a):
     return "\n".join(s) + "\n"
 
 
+SHARDS_TEXT = {"dedicated": "2 shards, 4 workers",
+               "colocated": "4 shards co-located with 4 workers"}
+
+
+def same_settings(path, settings):
+    """The dedicated layout's network.json at `path` when it was measured with
+    these settings (rate, burst, model, steps), else None."""
+    try:
+        with open(path) as f:
+            other = json.load(f)
+    except (OSError, ValueError):
+        return None
+    keys = [k for k in settings if k not in ("layout", "shards", "workers")]
+    if other.get("settings", {}).get("layout", "dedicated") != "dedicated" or \
+            any(other["settings"].get(k) != settings[k] for k in keys):
+        return None
+    return other
+
+
 def main():
     ap = argparse.ArgumentParser()
     for f in ("runs_dir", "runs", "rate", "out"):
@@ -260,7 +309,9 @@ def main():
     for f in ("rate_bps", "params", "tensors", "steps", "drop", "freeze_step", "burst"):
         ap.add_argument("--" + f, type=int, required=True)
     ap.add_argument("--k_fraction", type=float, required=True)
+    ap.add_argument("--layout", choices=("dedicated", "colocated"), default="dedicated")
     a = ap.parse_args()
+    base = "network" if a.layout == "dedicated" else f"network_{a.layout}"
 
     runs = []
     for name in a.runs.split():
@@ -271,9 +322,12 @@ def main():
         r["step_over_limit"] = r["median_step_seconds"] / r["wire_limit_seconds"]
         runs.append(r)
 
+    hosts = {"dedicated": "2 shard hosts, 4 worker hosts, one bridge.",
+             "colocated": "4 hosts, each running one shard and one worker (co-located: a worker's "
+                          "bytes to its own shard stay on its host), one bridge."}[a.layout]
     notes = [
         f"Links: every host's veth shaped with tc tbf at {a.rate} in each direction "
-        f"(burst {a.burst} bytes); 2 shard hosts, 4 worker hosts, one bridge.",
+        f"(burst {a.burst} bytes); {hosts}",
         f"Model: {a.params} parameters in {a.tensors} tensors (pserver_worker --model=synthetic; "
         "DDP: the same sizes as 2-D tensors), seeded random gradients.",
         f"Median step: the slowest worker's median over steps {a.drop + 1}..{a.steps} "
@@ -288,26 +342,40 @@ def main():
         "receives at once). tc column: what the busiest link's qdiscs carried over the whole "
         "run (setup and framing included) / steps.",
     ]
+    if a.layout == "colocated":
+        notes[-1] = (
+            "Wire limit: pserver a host link's one direction, summed over the push and the pull "
+            "(each host sends and receives at once in both: its worker's pushes to the other 3 "
+            "shards go out while the other workers' pushes to its shard come in), (N-1)/N x "
+            "(up + down) with equal shards; DDP a worker link's one direction (the ring sends and "
+            "receives at once). tc column: the larger direction of the busiest host's qdiscs over "
+            "the whole run (setup and framing included) / steps.")
     for r in runs:
         if r["kind"] == "ddp" and r.get("compressed_from_step", 0) > a.drop:
             notes.append(f"{r['name']}: DROP {a.drop} keeps uncompressed steps; its median is not steady-state.")
+    settings = {"rate": a.rate, "rate_bits_per_second": a.rate_bps,
+                "burst_bytes": a.burst, "params": a.params, "tensors": a.tensors,
+                "steps": a.steps, "steps_dropped": a.drop,
+                "freeze_step": a.freeze_step, "k_fraction": a.k_fraction,
+                "shards": 2 if a.layout == "dedicated" else 4, "workers": 4, "layout": a.layout}
+    dedicated = None
+    if a.layout != "dedicated":
+        dedicated = same_settings(os.path.join(a.out, "network.json"), settings)
+        if dedicated is None:
+            notes.append("No network.json of the dedicated layout with these settings in this "
+                         "folder: no comparison between layouts.")
     lines = table(runs, a)
-    cmp_lines = comparisons(runs)
+    cmp_lines = comparisons(runs, dedicated)
     md = "\n".join(lines) + "\n\n" + "\n".join(f"- {c}" for c in cmp_lines) + "\n\n" + \
         "\n".join(f"{n}" for n in notes) + "\n\nSettings per run:\n\n" + \
         "\n".join(f"- {r['name']}: {r['settings']}" for r in runs) + "\n"
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "network.md"), "w") as f:
+    with open(os.path.join(a.out, f"{base}.md"), "w") as f:
         f.write(md)
-    with open(os.path.join(a.out, "network.json"), "w") as f:
-        json.dump({"settings": {"rate": a.rate, "rate_bits_per_second": a.rate_bps,
-                                "burst_bytes": a.burst, "params": a.params, "tensors": a.tensors,
-                                "steps": a.steps, "steps_dropped": a.drop,
-                                "freeze_step": a.freeze_step, "k_fraction": a.k_fraction,
-                                "shards": 2, "workers": 4},
-                   "notes": notes, "runs": runs}, f, indent=1)
+    with open(os.path.join(a.out, f"{base}.json"), "w") as f:
+        json.dump({"settings": settings, "notes": notes, "runs": runs}, f, indent=1)
         f.write("\n")
-    with open(os.path.join(a.out, "network.svg"), "w") as f:
+    with open(os.path.join(a.out, f"{base}.svg"), "w") as f:
         f.write(svg(runs, a))
     print("\n".join(lines))
     print()
