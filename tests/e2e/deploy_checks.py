@@ -2,7 +2,9 @@
 """Schema-level checks of the deployment files (tests/e2e/deploy_config_test.sh).
 
   deploy_checks.py compose CONFIG.yml PROMETHEUS.yml   # `docker-compose config` output
+  deploy_checks.py compose-colocated CONFIG.yml PROMETHEUS.yml   # of docker-compose.colocated.yml
   deploy_checks.py k8s DIR_OR_RENDERED.yaml
+  deploy_checks.py k8s-colocated RENDERED.yaml          # `kubectl kustomize deploy/k8s-colocated`
   deploy_checks.py dashboard pserver.json SCRAPE...    # /metrics bodies of live daemons
 
 Prints one line per problem and exits 1 if there is any.
@@ -107,6 +109,45 @@ def check_compose(config_path, prometheus_path):
         check(f"{name}:9100" in targets, f"prometheus.yml does not scrape {name}:9100")
     for name in workers:
         check(f"{name}:9200" in targets, f"prometheus.yml does not scrape {name}:9200")
+
+
+def check_compose_colocated(config_path, prometheus_path):
+    """docker-compose.colocated.yml: node N holds a network namespace with
+    shard N and worker N in it; every worker names all 4 shards."""
+    cfg = yaml.safe_load(open(config_path))
+    services = cfg.get("services", {})
+    prom = yaml.safe_load(open(prometheus_path))
+    targets = {t for job in prom["scrape_configs"] for sc in job.get("static_configs", [])
+               for t in sc["targets"]}
+    servers = ",".join(f"shard{i}:50051" for i in range(4))
+    for i in range(4):
+        node, shard, worker = (services.get(f"{r}{i}") for r in ("node", "shard", "worker"))
+        if not check(node and shard and worker, f"no node{i}, shard{i} or worker{i} service"):
+            continue
+        aliases = (node.get("networks", {}).get("pserver") or {}).get("aliases", [])
+        check({f"shard{i}", f"worker{i}"} <= set(aliases),
+              f"node{i}: network aliases {aliases} lack shard{i} and worker{i}")
+        check("build" in node, f"node{i}: no build section (a plain `up` would pull its image)")
+        for name, s in ((f"shard{i}", shard), (f"worker{i}", worker)):
+            check(s.get("network_mode") == f"service:node{i}",
+                  f"{name}: network_mode is {s.get('network_mode')!r}, expected service:node{i}")
+            check("networks" not in s, f"{name}: has networks besides network_mode")
+            env = env_of(s)
+            for var in re.findall(r"\$\$\{?([A-Z_][A-Z0-9_]*)", " ".join(s.get("entrypoint") or [])):
+                check(var in env, f"{name}: its command reads ${var}, which neither .env nor the service sets")
+        check(env_of(shard).get("SHARD_INDEX") == str(i), f"shard{i}: SHARD_INDEX is not {i}")
+        check(env_of(worker).get("WORKER_ID") == str(i), f"worker{i}: WORKER_ID is not {i}")
+        check("--num_shards=4" in " ".join(shard.get("entrypoint", [])), f"shard{i}: not --num_shards=4")
+        check(f"--servers={servers} " in " ".join(worker.get("entrypoint", [])),
+              f"worker{i}: --servers does not list {servers}")
+        deps = worker.get("depends_on", {})
+        for j in range(4):
+            check(isinstance(deps, dict) and deps.get(f"shard{j}", {}).get("condition") == "service_healthy",
+                  f"worker{i}: does not wait for shard{j} to be healthy")
+        check(f"shard{i}:9100" in targets, f"{prometheus_path} does not scrape shard{i}:9100")
+        check(f"worker{i}:9200" in targets, f"{prometheus_path} does not scrape worker{i}:9200")
+    extra = sorted(n for n in services if re.fullmatch(r"(node|shard|worker)\d+", n) and int(re.sub(r"\D", "", n)) > 3)
+    check(not extra, f"services beyond 4 nodes: {extra}")
 
 
 def load_docs(path):
@@ -214,6 +255,51 @@ def check_k8s(path):
               f"{shard_c['name']}: its command reads ${ref}, which is not in the ConfigMap")
 
 
+def check_k8s_colocated(path):
+    """The co-located overlay, rendered: no shard StatefulSet; every worker pod
+    carries a shard sidecar and is named by a headless Service that SERVERS
+    lists in order, one shard per worker."""
+    docs = load_docs(path)
+    kinds = [d.get("kind") for d in docs]
+    check("StatefulSet" not in kinds, "the co-located layout still has a StatefulSet")
+    cms = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d.get("kind") == "ConfigMap"}
+    config = cms.get("pserver-config", {})
+    jobs = [d for d in docs if d.get("kind") == "Job"]
+    if not check(len(jobs) == 1, "expected one Job (the workers with their shards)"):
+        return
+    js = jobs[0]["spec"]
+    pod = js["template"]["spec"]
+    n = int(config.get("NUM_WORKERS", 0))
+    check(str(js.get("completions")) == str(js.get("parallelism")) == str(n) == config.get("NUM_SHARDS"),
+          "Job completions / parallelism / NUM_WORKERS / NUM_SHARDS disagree")
+    svcs = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Service"}
+    svc = svcs.get(pod.get("subdomain"))
+    if check(svc is not None, f"worker pods' subdomain {pod.get('subdomain')!r} names no Service"):
+        check(svc["spec"].get("clusterIP") == "None", "the workers' Service is not headless")
+        check(svc["spec"].get("selector", {}).items() <= js["template"]["metadata"]["labels"].items(),
+              "the workers' Service does not select the worker pods")
+    job_name = jobs[0]["metadata"]["name"]
+    want = ",".join(f"{job_name}-{i}.{pod.get('subdomain')}:50051" for i in range(n))
+    check(config.get("SERVERS") == want, f"SERVERS is {config.get('SERVERS')!r}, expected {want!r}")
+    sidecars = [c for c in pod.get("initContainers", []) if c.get("restartPolicy") == "Always"]
+    if not check(len(sidecars) == 1, "worker pods carry no shard sidecar (initContainer, restartPolicy Always)"):
+        return
+    shard = sidecars[0]
+    args = " ".join(shard.get("command", []) + shard.get("args", []))
+    check("pserver_server" in args and '--shard_index="${HOSTNAME##*-}"' in args,
+          "the sidecar is not pserver_server with the pod's index as its shard index")
+    check("grpc" in shard.get("startupProbe", {}), "the shard sidecar has no gRPC startup probe")
+    check(pod.get("terminationGracePeriodSeconds", 30) > float(config.get("DRAIN_SECONDS", 10)),
+          "worker pods' terminationGracePeriodSeconds is not longer than DRAIN_SECONDS")
+    for ref in re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", args):
+        check(ref in config or ref == "HOSTNAME", f"shard sidecar: its command reads ${ref}, not in the ConfigMap")
+    vols = {v["name"] for v in pod.get("volumes", [])}
+    for m in shard.get("volumeMounts", []):
+        check(m["name"] in vols, f"shard sidecar mounts unknown volume {m['name']}")
+    check(any(f"--checkpoint_dir={m['mountPath']}" in args for m in shard.get("volumeMounts", [])),
+          "shard --checkpoint_dir is not a mounted volume")
+
+
 PROMQL_WORDS = {
     "sum", "avg", "min", "max", "count", "by", "without", "rate", "irate", "increase", "or", "and",
     "unless", "on", "ignoring", "group_left", "group_right", "histogram_quantile", "vector", "time",
@@ -271,8 +357,12 @@ def main():
     what = sys.argv[1]
     if what == "compose":
         check_compose(sys.argv[2], sys.argv[3])
+    elif what == "compose-colocated":
+        check_compose_colocated(sys.argv[2], sys.argv[3])
     elif what == "k8s":
         check_k8s(sys.argv[2])
+    elif what == "k8s-colocated":
+        check_k8s_colocated(sys.argv[2])
     elif what == "dashboard":
         check_dashboard(sys.argv[2], sys.argv[3:])
     else:

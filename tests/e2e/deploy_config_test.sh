@@ -2,10 +2,12 @@
 # Offline validation of everything under deploy/ that this machine cannot run
 # for real (no Grafana, no Kubernetes), plus the health probe:
 #  - promtool accepts the Prometheus configs;
-#  - `docker-compose config` (Debian's 1.29) accepts the Compose file and its
-#    env file, and the result has the topology docs/deploy.md describes;
+#  - `docker-compose config` (Debian's 1.29) accepts the Compose files (the
+#    dedicated and the co-located layout) and the env file, and the results
+#    have the topologies docs/deploy.md describes;
 #  - the Kubernetes manifests parse and carry the required fields (and
-#    `kubectl kustomize` renders them, where kubectl is installed);
+#    `kubectl kustomize` renders them and the co-located overlay, where
+#    kubectl is installed);
 #  - the Grafana dashboard is valid JSON and every metric its queries name is
 #    in a live scrape of real daemons (2 shards, 2 workers, on loopback),
 #    whose /metrics also pass `promtool check metrics`;
@@ -43,7 +45,9 @@ sed -e "s|targets: \[.*\] *# local.sh|targets: ['127.0.0.1:9100', '127.0.0.1:920
   "$ROOT/deploy/prometheus/local.yml" >"$DIR/local.yml"
 cp "$ROOT/deploy/prometheus/alerts.yml" "$DIR/alerts.yml"
 promtool check config "$DIR/local.yml" >/dev/null || fail "promtool rejects deploy/prometheus/local.yml as local.sh fills it"
-echo "ok: promtool check config (prometheus.yml, local.yml)"
+promtool check config "$ROOT/deploy/prometheus/prometheus.colocated.yml" >/dev/null ||
+  fail "promtool rejects deploy/prometheus/prometheus.colocated.yml"
+echo "ok: promtool check config (prometheus.yml, local.yml, prometheus.colocated.yml)"
 
 # --- Compose.
 # shellcheck source=../../deploy/packages.sh
@@ -55,7 +59,11 @@ if command -v docker-compose >/dev/null; then
   (cd "$ROOT/deploy" && docker-compose -f docker-compose.yml config) >"$DIR/compose.yml" 2>"$DIR/compose.err" ||
     fail "docker-compose config rejects deploy/docker-compose.yml: $(cat "$DIR/compose.err")"
   "$PY" "$CHECKS" compose "$DIR/compose.yml" "$ROOT/deploy/prometheus/prometheus.yml" || fail "compose checks"
-  echo "ok: docker-compose config + topology checks"
+  (cd "$ROOT/deploy" && docker-compose -f docker-compose.colocated.yml config) >"$DIR/colocated.yml" 2>"$DIR/compose.err" ||
+    fail "docker-compose config rejects deploy/docker-compose.colocated.yml: $(cat "$DIR/compose.err")"
+  "$PY" "$CHECKS" compose-colocated "$DIR/colocated.yml" "$ROOT/deploy/prometheus/prometheus.colocated.yml" ||
+    fail "co-located compose checks"
+  echo "ok: docker-compose config + topology checks (docker-compose.yml, docker-compose.colocated.yml)"
 else
   skipped+=("docker-compose is not installable here: Compose file not validated")
 fi
@@ -74,7 +82,10 @@ if command -v kubectl >/dev/null; then
   timeout 60 kubectl kustomize "$ROOT/deploy/k8s" >"$DIR/k8s.yaml" 2>"$DIR/k8s.err" ||
     fail "kubectl kustomize deploy/k8s failed: $(cat "$DIR/k8s.err")"
   "$PY" "$CHECKS" k8s "$DIR/k8s.yaml" || fail "k8s checks on the kustomize output"
-  echo "ok: k8s manifests (schema-level checks; kubectl kustomize renders them)"
+  timeout 60 kubectl kustomize "$ROOT/deploy/k8s-colocated" >"$DIR/k8s-colocated.yaml" 2>"$DIR/k8s.err" ||
+    fail "kubectl kustomize deploy/k8s-colocated failed: $(cat "$DIR/k8s.err")"
+  "$PY" "$CHECKS" k8s-colocated "$DIR/k8s-colocated.yaml" || fail "co-located k8s checks on the kustomize output"
+  echo "ok: k8s manifests (schema-level checks; kubectl kustomize renders them and the co-located overlay)"
 else
   echo "ok: k8s manifests (schema-level checks; kubectl not installed, kustomize rendering not tried)"
 fi
