@@ -153,7 +153,7 @@ run_pserver() {
   printf 'kind=pserver\nserver_flags=%s\nworker_flags=%s\n' "$2" "$3" >"$rd/meta"
   tc_bytes "$rd/tc.before"
   for ((s = 0; s < NUM_SHARDS; s++)); do
-    ip netns exec "$TAG-${SHARD_HOST[$s]}" "$SERVER" --shard_index=$s --num_shards=$NUM_SHARDS --num_workers=4 \
+    ip netns exec "$TAG-${SHARD_HOST[$s]}" "$SERVER" --shard_index=$s --num_shards="$NUM_SHARDS" --num_workers=4 \
       --listen="${SHARD_IP[$s]}:50051" --metrics_listen="${SHARD_IP[$s]}:9100" \
       --port_file="$rd/shard$s.port" --drain_seconds=1 "${sflags[@]}" >"$rd/shard$s.log" 2>&1 &
     spids+=($!); PIDS+=($!)
