@@ -29,7 +29,6 @@ rate's warmup, 10-15% of the run.
 
 import re
 
-DEFAULT_FREEZE = 200  # lm-topk's; each Recipe has its own
 _MAX_FREEZE = 2**63 - 1  # pserver_server's --freeze_step is a uint64
 
 # 1-bit Adam as both recipes run it: bias-corrected (torch.optim.Adam's
@@ -45,10 +44,11 @@ _Q4 = ("quantize", {"bits": 4})
 class Recipe:
     """One named recipe: shard flags and client options without the freeze
     and the schedule (which take FREEZE and the file's path), and the
-    codecs, (name, params), of its two schedule phases."""
+    codecs, (name, params), of its two schedule phases; default_freeze
+    is the freeze it was measured with (NAME without :FREEZE)."""
 
     def __init__(self, name, summary, shard_flags, client_options, warmup,
-                 compression, default_freeze=DEFAULT_FREEZE):
+                 compression, default_freeze):
         self.name = name
         self.default_freeze = default_freeze
         self.summary = summary
@@ -108,7 +108,8 @@ RECIPES = {r.name: r for r in (
             "momentum_masking": True},
            warmup=(_Q8, _Q8),
            compression=(("topk", {"k_fraction": 0.01}),
-                        ("topk_quantize", {"k_fraction": 0.03, "bits": 4}))),
+                        ("topk_quantize", {"k_fraction": 0.03, "bits": 4})),
+           default_freeze=200),
 )}
 
 

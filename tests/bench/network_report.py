@@ -193,8 +193,9 @@ def comparisons(runs, dedicated=None):
     network.json, same settings) each co-located pserver run against it."""
     by = {r["name"]: r for r in runs}
     out = []
-    for r in runs if dedicated else []:
-        d = {x["name"]: x for x in dedicated["runs"]}.get(r["name"])
+    measured = {x["name"]: x for x in dedicated["runs"]} if dedicated else {}
+    for r in runs:
+        d = measured.get(r["name"])
         if r["kind"] == "pserver" and d:
             out.append(f"{r['name']} co-located takes {r['median_step_seconds'] / d['median_step_seconds']:.2f}x "
                        f"the step (median) of 2 dedicated shard hosts ({d['median_step_seconds']:.3f} s "
