@@ -7,7 +7,7 @@ what each run is and what the runs mean.
 
   plan     writes WORK/<rate>/<row>/<seed>/spec.json, shard.args and
            worker.args (one argument a line) for every run not done yet and
-           prints "SEED RATE ROW KIND DIR" for each; a run whose result.json
+           prints "SEED RATE ROW KIND LAYOUT DIR" for each; a run whose result.json
            holds the same spec is reused, one of another spec is reported
            (stderr) and left alone.
   collect  DIR: result.json from rank 0's train.json, the tc counters and
@@ -20,8 +20,9 @@ Rows (ROWS below, editable; the pserver rows are lm_fidelity.py's, the
 local-step ones with the long lease): DDP over gloo with the fp32, fp16 and
 PowerSGD hooks (train_gpt.py --ddp), pserver fp32, 1-bit Adam (the lm-onebit
 recipe), TopK (lm-topk) and DiLoCo with 16 local steps and 8-bit or 1-bit
-pseudo-gradients. Every run: lm_fidelity.py's RECIPE, 4 workers (2 shards
-for pserver), seed = the run's index, stopped at the first evaluation at or
+pseudo-gradients; 1-bit and TopK again with a shard beside each worker
+(the *_colocated rows). Every run: lm_fidelity.py's RECIPE, 4 workers (2
+shard hosts for pserver, or a shard on each worker's host), seed = the run's index, stopped at the first evaluation at or
 below the target (adamw's mean final loss in lm_fidelity.json + 2%) or past
 CAP seconds of training.
 """
@@ -58,14 +59,21 @@ ROWS = {
     "diloco_h16_onebit": dict(
         lmf.ROWS["diloco_h16_onebit"],
         shard=lmf.ROWS["diloco_h16_onebit"]["shard"] + LONG_LEASE),
+    # BytePS's layout: a shard beside each worker, on the worker's host (4
+    # shards, no shard hosts), so every host's link carries an equal share.
+    "ps_onebit_colocated": dict(lmf.ROWS["ps_onebit"], layout="colocated"),
+    "ps_topk_colocated": dict(lmf.ROWS["ps_topk"], layout="colocated"),
 }
 TARGET_MARGIN = 0.02  # the target: adamw's mean final loss x (1 + this)
 BASELINE = "ddp_fp32"
 # Issue 29's targets: (rate in bit/s, rows, at least this much sooner than
 # BASELINE); a list of rows is met by its best row.
-GOALS = [(100e6, ["ps_onebit"], 5), (100e6, ["diloco_h16_q8",
-                                             "diloco_h16_onebit"], 10),
-         (1e9, ["ps_onebit"], 2)]
+GOALS = [(100e6, ["ps_onebit", "ps_onebit_colocated"], 5),
+         (100e6, ["diloco_h16_q8", "diloco_h16_onebit"], 10),
+         (1e9, ["ps_onebit", "ps_onebit_colocated"], 2)]
+# Where each layout puts the shards: (hosts, shards).
+LAYOUTS = {"dedicated": ("2 shard hosts", SHARDS),
+           "colocated": ("one beside each worker, on its host", WORKERS)}
 
 
 # ---------------------------------------------------------------------------
@@ -104,6 +112,9 @@ def spec(args, row, rate, seed, target):
     ns = argparse.Namespace(rows=ROWS, **common(args))
     rec = lmf.recipe(row, ns)
     rec["workers"] = WORKERS
+    if "layout" in ROWS[row]:  # absent: dedicated (the runs made before)
+        rec["layout"] = ROWS[row]["layout"]
+        rec["shards"] = LAYOUTS[rec["layout"]][1]
     name, bps, burst = rate
     s = {"row": row, "rate": name, "rate_bps": bps, "burst": burst,
          "tbf_latency": args.tbf_latency, "seed": seed, "target": target,
@@ -167,7 +178,8 @@ def plan(args):
         (rd / "worker.args").write_text("".join(
             f + "\n" for f in s["worker_args"]))
         (rd / "command").write_text(shlex.join(s["worker_args"]) + "\n")
-        print(seed, rate[0], row, s["recipe"]["kind"], rd)
+        print(seed, rate[0], row, s["recipe"]["kind"],
+              s["recipe"].get("layout", "dedicated"), rd)
     if stale:
         print(f"time_to_loss: {stale} run(s) of other settings left alone",
               file=sys.stderr)
@@ -309,6 +321,23 @@ def verdict(x, goal):
     return {"inf": "met", "zero": "MISSED"}.get(rel, "not decided")
 
 
+def floors(r):
+    """(wire, cpu): two lower bounds on r's step time, seconds. Wire: the
+    busiest direction of the busiest host link over the run at the link's
+    rate / steps. CPU: every process's CPU seconds per step / the cores,
+    rank 0 counted as the median other worker (its evaluations are not
+    training time)."""
+    steps = r["steps_done"]
+    rate = r["spec"]["rate_bps"] / 8
+    wire = max(max(v["in"], v["out"]) for v in r["link_bytes"].values())
+    per = {p: c["per_step"] for p, c in r["cpu"].items()}
+    others = [v for p, v in per.items() if p.startswith("w") and p != "w0"]
+    if "w0" in per and others:
+        per["w0"] = statistics.median(others)
+    cores = r["environment"].get("cores") or 1
+    return wire / steps / rate, sum(per.values()) / cores
+
+
 def summarise(results):
     """{rate: [row dict]} in the order of the results."""
     by = {}
@@ -335,6 +364,8 @@ def summarise(results):
                 "cpu_shard": statistics.median(cpu("s")) if cpu("s") else None,
                 "cpu_worker": statistics.median(cpu("w")),
                 "cpu_rank0": statistics.median(cpu("w0")),
+                "wire_floor": statistics.median(floors(r)[0] for r in rs),
+                "cpu_floor": statistics.median(floors(r)[1] for r in rs),
                 "final_val_loss": statistics.median(r["final_val_loss"]
                                                     for r in rs),
                 "runs": rs})
@@ -392,17 +423,18 @@ def markdown(summary, rates, meta, failures):
         if not rows:
             out += ["No complete runs.", ""]
             continue
-        out += ["| row | time to target | per run | step s | busiest link"
-                " MB | CPU s/step shard | CPU s/step worker (rank 0) | "
-                f"sooner than {BASELINE} | final val loss |",
-                "|---|---|---|---|---|---|---|---|---|"]
+        out += ["| row | time to target | per run | step s | wire floor s |"
+                " CPU floor s | busiest link MB | CPU s/step shard | CPU "
+                f"s/step worker (rank 0) | sooner than {BASELINE} | final "
+                "val loss |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             per = " / ".join(describe(a, short=True) for a in r["arrivals"])
             shard = ("-" if r["cpu_shard"] is None
                      else f"{r['cpu_shard']:.3f}")
             out.append(
                 f"| {r['row']} | {describe(r['median'], short=True)} | "
-                f"[{per}] | {r['step_seconds']:.3f} | {r['busiest_mb']:.0f} | "
+                f"[{per}] | {r['step_seconds']:.3f} | {r['wire_floor']:.3f} | "
+                f"{r['cpu_floor']:.3f} | {r['busiest_mb']:.0f} | "
                 f"{shard} | {r['cpu_worker']:.3f} ({r['cpu_rank0']:.3f}) | "
                 f"{show_speedup(r['speedup'])} | {r['final_val_loss']:.4f} |")
         out.append("")
@@ -417,9 +449,12 @@ def markdown(summary, rates, meta, failures):
 
 def settings_lines(summary, meta):
     c = meta["common"]
+    layouts = "; ".join(f"{k}: {v[1]} shards, {v[0]}"
+                        for k, v in LAYOUTS.items())
     out = [f"Runs: GPTConfig.{c['size']}(), {c['steps']} steps of a global "
            f"batch of {c['batch']} windows over {WORKERS} workers (one host "
-           f"each; pserver: {SHARDS} shard hosts), the lm_fidelity recipe "
+           f"each; pserver {layouts}; the *_colocated rows are "
+           "colocated, the others dedicated), the lm_fidelity recipe "
            f"(tests/bench/lm_fidelity.py RECIPE: lr {c['lr']}, warmup "
            f"{c['warmup']}, betas {c['beta1']} {c['beta2']}, clip "
            f"{c['clip']}), seed = the run's index. Step s: training seconds "
@@ -428,7 +463,14 @@ def settings_lines(summary, meta):
            "framing, start-up included). CPU s/step: user + system seconds "
            "of each process over its whole life (start-up and rank 0's "
            "evaluations included, /usr/bin/time) / steps done; shard and "
-           "worker columns the median over processes and runs.", "",
+           "worker columns the median over processes and runs. Two lower "
+           "bounds on the step, medians over runs: wire floor, the busiest "
+           "direction of the busiest host link (tc bytes over the run) at "
+           "the link's rate / steps; CPU floor, every process's CPU seconds"
+           " per step (rank 0 counted as the median other worker: its "
+           "evaluations are not training) / the cores. A step near the CPU "
+           "floor is CPU-bound on this machine, one near the wire floor "
+           "wire-bound.", "",
            "| row | shard flags | train_gpt.py flags |", "|---|---|---|"]
     here = str(lmf.ROOT) + os.sep
     seen = {}

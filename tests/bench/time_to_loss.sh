@@ -14,6 +14,10 @@
 #                     train_gpt.py --pserver on the worker hosts, pserver_server
 #                     on the shard hosts, lm_fidelity.py's rows (the local-step
 #                     ones with a 600 s lease)
+#   ps_onebit_colocated, ps_topk_colocated
+#                     the same as ps_onebit and ps_topk with 4 shards, one on
+#                     each worker's host (BytePS's layout; in the default
+#                     RUNS too)
 # Each run stops at the first evaluation at or below the target, or past
 # CAP seconds of training; then the other processes are stopped. Per row
 # and rate: the training seconds to the target (median over REPEATS runs,
@@ -32,7 +36,7 @@
 # --build DIR (default build/, as BUILD_DIR), --report-only, --help.
 # Variables (defaults):
 #   RATES="100mbit 1gbit"  link rates each way, tc units (bit, kbit, mbit, gbit)
-#   RUNS="ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit"
+#   RUNS="ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit ps_onebit_colocated ps_topk_colocated"
 #   REPEATS=3         runs per row and rate
 #   CAP=1500          seconds of training after which a run stops unreached
 #                     (at its next evaluation: train_gpt.py --max-seconds)
@@ -71,7 +75,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 RATES="${RATES:-100mbit 1gbit}"
-RUNS="${RUNS:-ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit}"
+RUNS="${RUNS:-ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit ps_onebit_colocated ps_topk_colocated}"
 REPEATS="${REPEATS:-3}"
 CAP="${CAP:-1500}"
 EVAL_EVERY="${EVAL_EVERY:-100}"
@@ -141,19 +145,19 @@ WORKER_IP=(198.18.1.20 198.18.1.21 198.18.1.22 198.18.1.23)
 for s in 0 1; do netns_host "s$s" "${SHARD_IP[$s]}"; done
 for w in 0 1 2 3; do netns_host "w$w" "${WORKER_IP[$w]}"; done
 
-# launch RD HOST VAR=VALUE... -- COMMAND...: COMMAND in HOST's namespace,
-# in the background under /usr/bin/time (its wall, user and system seconds
-# into RD/cpu.HOST), its output in RD/HOST.log. Sets TIMER (the time
-# process: wait on it for the exit status) and PROC (the command: signal it;
-# time does not pass signals on).
+# launch RD HOST NAME VAR=VALUE... -- COMMAND...: COMMAND in HOST's
+# namespace, in the background under /usr/bin/time (its wall, user and
+# system seconds into RD/cpu.NAME), its output in RD/NAME.log. Sets TIMER
+# (the time process: wait on it for the exit status) and PROC (the command:
+# signal it; time does not pass signals on).
 launch() {
-  local rd=$1 host=$2
+  local rd=$1 host=$2 name=$3
   local -a envs=()
-  shift 2
+  shift 3
   while [[ $1 != -- ]]; do envs+=("$1"); shift; done
   shift
-  ip netns exec "$TAG-$host" env "${envs[@]}" /usr/bin/time -f '%e %U %S' -o "$rd/cpu.$host" \
-    "$@" >"$rd/$host.log" 2>&1 &
+  ip netns exec "$TAG-$host" env "${envs[@]}" /usr/bin/time -f '%e %U %S' -o "$rd/cpu.$name" \
+    "$@" >"$rd/$name.log" 2>&1 &
   TIMER=$!
   PIDS+=("$TIMER")
   PROC=""
@@ -163,42 +167,51 @@ launch() {
     kill -0 "$TIMER" 2>/dev/null || break
     sleep 0.05
   done
-  fail "$host: no process under /usr/bin/time (see $rd/$host.log)"
+  fail "$name: no process under /usr/bin/time (see $rd/$name.log)"
 }
 
 # The two kinds of run, each in a subshell of its own: fail ends the run,
 # the caller then kills what is left in the namespaces and goes on.
-# run_ps RD ROW: shards, then workers; done when rank 0 exits 0.
+# run_ps RD ROW LAYOUT: shards (dedicated: on the 2 shard hosts;
+# colocated: shard i on worker i's host), then workers; done when rank 0
+# exits 0.
 run_ps() {
-  local rd=$1 row=$2 s w i
-  local -a sflags wargs timers=() procs=() names=()
+  local rd=$1 row=$2 layout=$3 s w i
+  local -a sflags wargs timers=() procs=() names=() shost sip
+  if [[ $layout == colocated ]]; then
+    shost=(w0 w1 w2 w3); sip=("${WORKER_IP[@]}")
+  else
+    shost=(s0 s1); sip=("${SHARD_IP[@]}")
+  fi
+  local ns=${#sip[@]} servers
+  servers=$(printf '%s:50051,' "${sip[@]}"); servers=${servers%,}
   mapfile -t sflags <"$rd/shard.args"
   mapfile -t wargs <"$rd/worker.args"
   tc_bytes "$rd/tc.before"
-  for s in 0 1; do
-    launch "$rd" "s$s" -- "$SERVER" --shard_index=$s --num_shards=2 --num_workers=4 \
-      --listen="${SHARD_IP[$s]}:50051" --port_file="$rd/shard$s.port" "${sflags[@]}"
+  for ((s = 0; s < ns; s++)); do
+    launch "$rd" "${shost[$s]}" "s$s" -- "$SERVER" --shard_index=$s --num_shards="$ns" \
+      --num_workers=4 --listen="${sip[$s]}:50051" --port_file="$rd/shard$s.port" "${sflags[@]}"
     timers+=("$TIMER"); procs+=("$PROC"); names+=("shard $s")
   done
-  for s in 0 1; do
+  for ((s = 0; s < ns; s++)); do
     for _ in $(seq 300); do [[ -s "$rd/shard$s.port" ]] && break; sleep 0.1; done
     [[ -s "$rd/shard$s.port" ]] || fail "$row: shard $s not listening after 30 s"
   done
   for w in 0 1 2 3; do
-    launch "$rd" "w$w" RANK=$w WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-      PSERVER_SERVERS="${SHARD_IP[0]}:50051,${SHARD_IP[1]}:50051" -- \
-      "$PYTHON" "${wargs[@]}" --json "$rd/train.json"
+    launch "$rd" "w$w" "w$w" RANK=$w WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+      PSERVER_SERVERS="$servers" -- "$PYTHON" "${wargs[@]}" --json "$rd/train.json"
     timers+=("$TIMER"); procs+=("$PROC"); names+=("worker $w")
   done
-  # Rank 0 (timers[2]) decides when the run ends. The shards must outlive
+  # Rank 0 (timers[ns]) decides when the run ends. The shards must outlive
   # it; the other workers end first, with 0, only when every step was done
   # (rank 0 then evaluates once more).
-  local deadline=$((SECONDS + RUN_TIMEOUT)) code=0
+  local deadline=$((SECONDS + RUN_TIMEOUT)) code=0 r0=$ns
   local -A ended=()
-  while kill -0 "${timers[2]}" 2>/dev/null; do
-    for i in 0 1 3 4 5; do
+  while kill -0 "${timers[$r0]}" 2>/dev/null; do
+    for ((i = 0; i < ns + 4; i++)); do
+      (( i != r0 )) || continue
       if [[ -n "${ended[$i]:-}" ]] || kill -0 "${timers[$i]}" 2>/dev/null; then continue; fi
-      (( i >= 3 )) || fail "$row: ${names[$i]} exited before rank 0"
+      (( i > r0 )) || fail "$row: ${names[$i]} exited before rank 0"
       wait "${timers[$i]}" || code=$?
       [[ $code -eq 0 ]] || fail "$row: ${names[$i]} exited with code $code before rank 0"
       ended[$i]=1
@@ -206,14 +219,16 @@ run_ps() {
     (( SECONDS < deadline )) || fail "$row: still running after $RUN_TIMEOUT s (raise RUN_TIMEOUT)"
     sleep 0.5
   done
-  wait "${timers[2]}" || code=$?
+  wait "${timers[$r0]}" || code=$?
   [[ $code -eq 0 ]] || fail "$row: rank 0 exited with code $code"
   tc_bytes "$rd/tc.after"
   # Workers first (they wait on the shards), then the shards; each under
   # time, which writes its file when its process is gone.
-  stop_pids "${procs[3]}" "${procs[4]}" "${procs[5]}"
-  stop_pids "${procs[0]}" "${procs[1]}"
-  for i in 0 1 3 4 5; do wait "${timers[$i]}" 2>/dev/null || true; done
+  stop_pids "${procs[@]:r0+1}"
+  stop_pids "${procs[@]:0:ns}"
+  for ((i = 0; i < ns + 4; i++)); do
+    (( i == r0 )) || wait "${timers[$i]}" 2>/dev/null || true
+  done
 }
 
 # run_ddp RD ROW PORT: the four ranks, rank 0's store on PORT of w0; done
@@ -224,7 +239,7 @@ run_ddp() {
   mapfile -t wargs <"$rd/worker.args"
   tc_bytes "$rd/tc.before"
   for w in 0 1 2 3; do
-    launch "$rd" "w$w" RANK=$w WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+    launch "$rd" "w$w" "w$w" RANK=$w WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
       MASTER_ADDR="${WORKER_IP[0]}" MASTER_PORT="$port" GLOO_SOCKET_IFNAME=eth0 -- \
       "$PYTHON" "${wargs[@]}" --json "$rd/train.json"
     timers+=("$TIMER")
@@ -236,7 +251,7 @@ run_ddp() {
 echo "time_to_loss.sh: 2 shard + 4 worker hosts, links $RATES (tbf each way); rows $RUNS;" \
   "$REPEATS run(s) each; cap $CAP s; work in $WORK" >&2
 shaped="" port=29500 failed=0
-while read -r -u 3 seed rate row kind rd; do
+while read -r -u 3 seed rate row kind layout rd; do
   [[ -n "$seed" ]] || continue
   if [[ "$rate" != "$shaped" ]]; then
     for entry in $rate_list; do
@@ -250,7 +265,7 @@ while read -r -u 3 seed rate row kind rd; do
   start=$SECONDS
   set +e
   if [[ $kind == ps ]]; then
-    (set -e; run_ps "$rd" "$row")
+    (set -e; run_ps "$rd" "$row" "$layout")
   else
     (set -e; run_ddp "$rd" "$row" "$port")
   fi

@@ -1,0 +1,160 @@
+"""Tests of tests/bench/time_to_loss.py's plan and report on hand-made runs
+(no namespaces, no training): what a run's spec is, how arrivals, speed-ups
+and verdicts are read, the two step floors, and the report's table.
+
+  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/bench/time_to_loss_test.py
+"""
+
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import time_to_loss as ttl  # noqa: E402
+
+RATES = "100mbit:100000000:65536"
+
+
+def args_for(work, runs, repeats=1, out=None):
+    argv = ["plan" if out is None else "report", "--work", str(work),
+            "--rates", RATES, "--runs", " ".join(runs), "--repeats",
+            str(repeats), "--cap", "1500", "--eval-every", "100",
+            "--tbf-latency", "50ms", "--reference", "unused",
+            "--target", "1.6"]
+    if out is not None:
+        argv += ["--out", str(out)]
+    return ttl.parse(argv)
+
+
+def test_arrivals_order_reached_before_capped_before_never():
+    assert ttl.median_arrival([(300, "reached"), (10, "never"),
+                               (100, "reached")]) == (300, "reached")
+    assert ttl.median_arrival([(50, "never"), (90, "capped"),
+                               (200, "reached")]) == (90, "capped")
+    # Two runs: the mean of the two, as late as the later one is known.
+    assert ttl.median_arrival([(100, "reached"), (300, "reached")]) == \
+        (200, "reached")
+    assert ttl.median_arrival([(100, "reached"), (40, "never")])[1] == "never"
+
+
+def test_speedup_and_verdict():
+    base = (1000.0, "reached")
+    assert ttl.speedup(base, (200.0, "reached")) == (5.0, "=")
+    assert ttl.verdict((5.0, "="), 5) == "met"
+    assert ttl.verdict((4.3, "="), 5) == "MISSED"
+    # The row never reaches: zero, a miss whatever the goal.
+    assert ttl.speedup(base, (2000.0, "never")) == (0.0, "zero")
+    assert ttl.verdict((0.0, "zero"), 5) == "MISSED"
+    # The baseline stopped at the cap: the ratio is a lower bound.
+    x = ttl.speedup((1500.0, "capped"), (500.0, "reached"))
+    assert x == (3.0, ">=")
+    assert ttl.verdict(x, 2) == "met" and ttl.verdict(x, 5) == "not decided"
+    assert ttl.speedup((100.0, "never"), (50.0, "reached"))[1] == "inf"
+
+
+def fake_result(row, seed, reached_at, steps, link_bytes, cpu, layout=None,
+                rate_bps=100e6):
+    """A result.json as collect() writes it, with only what the report
+    reads."""
+    recipe = {"kind": "ddp" if row.startswith("ddp") else "ps"}
+    if layout:
+        recipe["layout"] = layout
+    train = reached_at if reached_at else 2 * steps
+    return {"spec": {"row": row, "rate": "100mbit", "rate_bps": rate_bps,
+                     "seed": seed, "cap_seconds": 1500, "recipe": recipe},
+            "environment": {"cpu": "test", "cores": 2, "torch": "x",
+                            "openblas_coretype": "x", "commit": "x"},
+            "reached": reached_at is not None, "stopped": None,
+            "time_to_target": reached_at, "train_seconds": train,
+            "steps_done": steps, "step_seconds": train / steps,
+            "final_val_loss": 1.6, "val_curve": [[steps, 1.6, train]],
+            "link_bytes": link_bytes,
+            "busiest_link": {"host": "w0", "way": "out",
+                             "bytes": max(max(v.values())
+                                          for v in link_bytes.values())},
+            "cpu": {p: {"per_step": v} for p, v in cpu.items()},
+            "client_stats": {}}
+
+
+def test_floors_wire_is_the_busiest_direction_and_rank0_is_not_counted():
+    r = fake_result("ps_onebit", 1, 100.0, 1000,
+                    {"s0": {"in": 5e6, "out": 25e6},
+                     "w0": {"in": 12.5e6, "out": 1e6}},
+                    {"s0": 0.01, "w0": 0.5, "w1": 0.04, "w2": 0.05,
+                     "w3": 0.06})
+    wire, cpu = ttl.floors(r)
+    # 25 MB over 1000 steps at 12.5 MB/s.
+    assert wire == pytest.approx(25e6 / 1000 / 12.5e6)
+    # Rank 0 (0.5, its evaluations) counts as the median other worker.
+    assert cpu == pytest.approx((0.01 + 0.05 + 0.04 + 0.05 + 0.06) / 2)
+
+
+def test_spec_of_a_colocated_row_names_its_layout_and_shards(tmp_path):
+    pytest.importorskip("pserver.launch")
+    a = args_for(tmp_path, ["ps_onebit", "ps_onebit_colocated"])
+    rate = a.rates[0]
+    dedicated = ttl.spec(a, "ps_onebit", rate, 1, 1.6)
+    colocated = ttl.spec(a, "ps_onebit_colocated", rate, 1, 1.6)
+    # A dedicated row's spec is what it was before layouts existed, so its
+    # runs are still reused.
+    assert "layout" not in dedicated["recipe"]
+    assert dedicated["recipe"]["shards"] == 2
+    assert colocated["recipe"]["layout"] == "colocated"
+    assert colocated["recipe"]["shards"] == 4
+    # The same recipe otherwise.
+    assert colocated["server_flags"] == dedicated["server_flags"]
+    assert colocated["worker_args"] == dedicated["worker_args"]
+
+
+def test_plan_prints_the_layout_of_each_run(tmp_path, capsys):
+    pytest.importorskip("pserver.launch")
+    a = args_for(tmp_path, ["ddp_fp32", "ps_topk_colocated"])
+    ttl.plan(a)
+    lines = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    assert [ln[:5] for ln in lines] == [
+        ["1", "100mbit", "ddp_fp32", "ddp", "dedicated"],
+        ["1", "100mbit", "ps_topk_colocated", "ps", "colocated"]]
+    rd = pathlib.Path(lines[1][5])
+    assert (rd / "shard.args").read_text().strip()
+    assert json.loads((rd / "spec.json").read_text())["recipe"]["shards"] == 4
+
+
+def test_report_reads_the_runs_it_planned(tmp_path):
+    pytest.importorskip("pserver.launch")
+    work, out = tmp_path / "runs", tmp_path / "out"
+    rows = ["ddp_fp32", "ps_onebit", "ps_onebit_colocated"]
+    a = args_for(work, rows, repeats=3, out=out)
+    rate = a.rates[0]
+    # Seconds to the target by row and seed; None: never.
+    times = {"ddp_fp32": [1000, 1100, 1200], "ps_onebit": [250, 260, None],
+             "ps_onebit_colocated": [190, 200, 230]}
+    for row in rows:
+        for seed, t in enumerate(times[row], 1):
+            rd = work / "100mbit" / row / str(seed)
+            rd.mkdir(parents=True)
+            r = fake_result(row, seed, t, 2000,
+                            {"w0": {"in": 1e8, "out": 2e8}},
+                            {"w0": 0.1, "w1": 0.05, "w2": 0.05, "w3": 0.05})
+            r["spec"] = ttl.spec(a, row, rate, seed, 1.6)
+            (rd / "result.json").write_text(json.dumps(r))
+    assert ttl.report(a) == 0
+    md = (out / "time_to_loss.md").read_text()
+    doc = json.loads((out / "time_to_loss.json").read_text())
+    got = {r["row"]: r for r in doc["rates"]["100mbit"]["rows"]}
+    assert got["ddp_fp32"]["median"] == [1100, "reached"]
+    # One of three never reached: the median is the later of the other two.
+    assert got["ps_onebit"]["median"] == [260, "reached"]
+    assert got["ps_onebit_colocated"]["speedup"][0] == pytest.approx(5.5)
+    # The goal is met by its best row, the co-located one.
+    line = next(v for v in doc["rates"]["100mbit"]["verdicts"]
+                if "5x" in v["line"])
+    assert line["verdict"] == "met"
+    assert line["ratio"] == pytest.approx(5.5)
+    assert "| ps_onebit | 260 s | [250 s / 260 s / never] |" in md
+    # Wire floor: 200 MB / 2000 steps at 12.5 MB/s = 0.008 s.
+    assert "| 0.008 |" in md
+    assert (out / "time_to_loss_100mbit.svg").exists()
+    assert not math.isnan(got["ps_onebit"]["cpu_floor"])
