@@ -321,12 +321,15 @@ def verdict(x, goal):
     return {"inf": "met", "zero": "MISSED"}.get(rel, "not decided")
 
 
-def floors(r):
-    """(wire, cpu): two lower bounds on r's step time, seconds. Wire: the
-    busiest direction of the busiest host link over the run at the link's
-    rate / steps. CPU: every process's CPU seconds per step / the cores,
-    rank 0 counted as the median other worker (its evaluations are not
-    training time)."""
+def step_costs(r):
+    """(wire, cpu): what a step of r costs the link and the cores, seconds.
+    Wire: the busiest direction of the busiest host link over the run at
+    the link's rate / steps. CPU: every process's CPU seconds per step /
+    the cores, rank 0 counted as the median other worker (its evaluations
+    are not training time). Both count start-up (a few CPU seconds per
+    process, the model's first install on the wire) spread over the steps,
+    so each can come out slightly above a step that it bounds: the step is
+    bound by the one it nears."""
     steps = r["steps_done"]
     rate = r["spec"]["rate_bps"] / 8
     wire = max(max(v["in"], v["out"]) for v in r["link_bytes"].values())
@@ -335,7 +338,8 @@ def floors(r):
     if "w0" in per and others:
         per["w0"] = statistics.median(others)
     cores = r["environment"].get("cores") or 1
-    return wire / steps / rate, sum(per.values()) / cores
+    return (wire / steps / rate,
+            max(sum(per.values()) / cores, max(per.values(), default=0.0)))
 
 
 def summarise(results):
@@ -364,8 +368,8 @@ def summarise(results):
                 "cpu_shard": statistics.median(cpu("s")) if cpu("s") else None,
                 "cpu_worker": statistics.median(cpu("w")),
                 "cpu_rank0": statistics.median(cpu("w0")),
-                "wire_floor": statistics.median(floors(r)[0] for r in rs),
-                "cpu_floor": statistics.median(floors(r)[1] for r in rs),
+                "wire_s_per_step": statistics.median(step_costs(r)[0] for r in rs),
+                "cpu_s_per_step": statistics.median(step_costs(r)[1] for r in rs),
                 "final_val_loss": statistics.median(r["final_val_loss"]
                                                     for r in rs),
                 "runs": rs})
@@ -423,8 +427,8 @@ def markdown(summary, rates, meta, failures):
         if not rows:
             out += ["No complete runs.", ""]
             continue
-        out += ["| row | time to target | per run | step s | wire floor s |"
-                " CPU floor s | busiest link MB | CPU s/step shard | CPU "
+        out += ["| row | time to target | per run | step s | wire s/step |"
+                " CPU s/step / cores | busiest link MB | CPU s/step shard | CPU "
                 f"s/step worker (rank 0) | sooner than {BASELINE} | final "
                 "val loss |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
@@ -433,8 +437,8 @@ def markdown(summary, rates, meta, failures):
                      else f"{r['cpu_shard']:.3f}")
             out.append(
                 f"| {r['row']} | {describe(r['median'], short=True)} | "
-                f"[{per}] | {r['step_seconds']:.3f} | {r['wire_floor']:.3f} | "
-                f"{r['cpu_floor']:.3f} | {r['busiest_mb']:.0f} | "
+                f"[{per}] | {r['step_seconds']:.3f} | {r['wire_s_per_step']:.3f} | "
+                f"{r['cpu_s_per_step']:.3f} | {r['busiest_mb']:.0f} | "
                 f"{shard} | {r['cpu_worker']:.3f} ({r['cpu_rank0']:.3f}) | "
                 f"{show_speedup(r['speedup'])} | {r['final_val_loss']:.4f} |")
         out.append("")
@@ -463,14 +467,15 @@ def settings_lines(summary, meta):
            "framing, start-up included). CPU s/step: user + system seconds "
            "of each process over its whole life (start-up and rank 0's "
            "evaluations included, /usr/bin/time) / steps done; shard and "
-           "worker columns the median over processes and runs. Two lower "
-           "bounds on the step, medians over runs: wire floor, the busiest "
-           "direction of the busiest host link (tc bytes over the run) at "
-           "the link's rate / steps; CPU floor, every process's CPU seconds"
-           " per step (rank 0 counted as the median other worker: its "
-           "evaluations are not training) / the cores. A step near the CPU "
-           "floor is CPU-bound on this machine, one near the wire floor "
-           "wire-bound.", "",
+           "worker columns the median over processes and runs. What a step "
+           "costs the link and the cores, medians over runs: wire s/step, "
+           "the busiest direction of the busiest host link (tc bytes over "
+           "the run) at the link's rate / steps; CPU s/step / cores, every "
+           "process's CPU seconds per step (rank 0 counted as the median "
+           "other worker: its evaluations are not training) / the cores. "
+           "Both include start-up, so they can come out slightly above the "
+           "step; a step near the CPU figure is CPU-bound on this machine, "
+           "one near the wire figure bound by the link.", "",
            "| row | shard flags | train_gpt.py flags |", "|---|---|---|"]
     here = str(lmf.ROOT) + os.sep
     seen = {}
@@ -592,7 +597,9 @@ def report(args):
     (out / "time_to_loss.md").write_text(md)
     doc = {"benchmark": "tests/bench/time_to_loss.sh", "target": target,
            "target_source": what, "cap_seconds": args.cap,
-           "settings": meta["common"], "workers": WORKERS, "shards": SHARDS,
+           "settings": meta["common"], "workers": WORKERS,
+           "layouts": {k: {"shards": v[1], "where": v[0]}
+                       for k, v in LAYOUTS.items()},
            "smoke_test": smoke or None,
            "goals": [{"rate_bps": b, "rows": n, "sooner": g}
                      for b, n, g in GOALS],

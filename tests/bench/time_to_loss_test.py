@@ -6,7 +6,6 @@ and verdicts are read, the two step floors, and the report's table.
 """
 
 import json
-import math
 import pathlib
 import sys
 
@@ -79,17 +78,20 @@ def fake_result(row, seed, reached_at, steps, link_bytes, cpu, layout=None,
             "client_stats": {}}
 
 
-def test_floors_wire_is_the_busiest_direction_and_rank0_is_not_counted():
+def test_step_costs_wire_is_the_busiest_direction_rank0_not_counted():
     r = fake_result("ps_onebit", 1, 100.0, 1000,
                     {"s0": {"in": 5e6, "out": 25e6},
                      "w0": {"in": 12.5e6, "out": 1e6}},
                     {"s0": 0.01, "w0": 0.5, "w1": 0.04, "w2": 0.05,
                      "w3": 0.06})
-    wire, cpu = ttl.floors(r)
+    wire, cpu = ttl.step_costs(r)
     # 25 MB over 1000 steps at 12.5 MB/s.
     assert wire == pytest.approx(25e6 / 1000 / 12.5e6)
     # Rank 0 (0.5, its evaluations) counts as the median other worker.
     assert cpu == pytest.approx((0.01 + 0.05 + 0.04 + 0.05 + 0.06) / 2)
+    # With more cores than work, the busiest process bounds the step.
+    r["environment"]["cores"] = 64
+    assert ttl.step_costs(r)[1] == pytest.approx(0.06)
 
 
 def test_spec_of_a_colocated_row_names_its_layout_and_shards(tmp_path):
@@ -102,6 +104,14 @@ def test_spec_of_a_colocated_row_names_its_layout_and_shards(tmp_path):
     # runs are still reused.
     assert "layout" not in dedicated["recipe"]
     assert dedicated["recipe"]["shards"] == 2
+    # Nor does a dedicated spec gain a key: the committed runs' specs have
+    # exactly these.
+    assert set(dedicated) == {"row", "rate", "rate_bps", "burst",
+                              "tbf_latency", "seed", "target", "cap_seconds",
+                              "recipe", "server_flags", "worker_args"}
+    assert set(dedicated["recipe"]) == {"row", "kind", "common", "workers",
+                                        "shards", "shard_flags",
+                                        "script_flags"}
     assert colocated["recipe"]["layout"] == "colocated"
     assert colocated["recipe"]["shards"] == 4
     # The same recipe otherwise.
@@ -154,7 +164,8 @@ def test_report_reads_the_runs_it_planned(tmp_path):
     assert line["verdict"] == "met"
     assert line["ratio"] == pytest.approx(5.5)
     assert "| ps_onebit | 260 s | [250 s / 260 s / never] |" in md
-    # Wire floor: 200 MB / 2000 steps at 12.5 MB/s = 0.008 s.
-    assert "| 0.008 |" in md
+    # Wire: 200 MB / 2000 steps at 12.5 MB/s = 0.008 s; CPU: 4 workers at
+    # 0.05 s (rank 0 as the others) over 2 cores.
+    assert "| 0.008 | 0.100 |" in md
+    assert got["ps_onebit"]["cpu_s_per_step"] == pytest.approx(0.1)
     assert (out / "time_to_loss_100mbit.svg").exists()
-    assert not math.isnan(got["ps_onebit"]["cpu_floor"])
