@@ -151,6 +151,12 @@ def parse_args(argv=None):
                     "clipping), then the weight change is pushed and the "
                     "shards' optimizer (the outer one, e.g. --optimizer sgd "
                     "--nesterov=true --lr 0.7) steps")
+    ps.add_argument("--outer-momentum", type=float, default=None,
+                    metavar="BETA",
+                    help="with --local-steps: each worker keeps the outer "
+                    "(Nesterov) momentum and pushes its step, compressed "
+                    "with error feedback; run the shards with plain SGD "
+                    "(--optimizer sgd --momentum 0)")
     ps.add_argument("--state-file", default="", metavar="PATH",
                     help="a restartable worker: its optimizer.state_dict() "
                     "(error-feedback residuals) is written here every "
@@ -172,6 +178,9 @@ def parse_args(argv=None):
                              args.state_file):
         p.error("--local-steps, --client-option and --state-file need "
                 "--pserver")
+    if args.outer_momentum is not None and not (args.pserver and
+                                                args.local_steps > 1):
+        p.error("--outer-momentum needs --pserver and --local-steps > 1")
     if args.state_every < 1:
         p.error(f"--state-every is {args.state_every}; expected >= 1")
     if args.stop_at_loss < 0 or args.max_seconds < 0:
@@ -325,7 +334,8 @@ def main(argv=None):
         opt = pserver.torch.DistributedOptimizer(
             [p for p in model.parameters() if p.requires_grad],
             local_steps=args.local_steps, inner_optimizer=inner,
-            module=model, buffers="none", **client_options(args), **where)
+            outer_momentum=args.outer_momentum, module=model,
+            buffers="none", **client_options(args), **where)
         scheduled = inner
     elif args.pserver:
         opt = pserver.torch.DistributedOptimizer(

@@ -22,7 +22,7 @@ import copy
 
 import torch
 
-from pserver import _flat, _groups
+from pserver import _flat, _groups, _outer
 from pserver._native import Client
 from pserver.env import client_options as _env_client_options
 from pserver.env import init
@@ -109,7 +109,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     new weights; the shards run the outer optimizer (e.g. pserver_server
     --optimizer=sgd --nesterov=true --lr=0.7 --momentum=0.9), whose lr and
     weight decay param_groups then hold. synchronize() pushes a partial
-    round early. OPT's own state is the caller's to save.
+    round early. OPT's own state is the caller's to save. With
+    outer_momentum=BETA each worker keeps the outer momentum u itself and
+    pushes its step (u <- BETA u + delta; Nesterov, outer_nesterov=True:
+    delta + BETA u; else u), so the codec's error feedback compresses the
+    momentum step; run the shards with plain SGD (--optimizer=sgd
+    --momentum=0). Without compression this is the shards' momentum; u is
+    in state_dict().
 
     Other keyword arguments go to pserver.Client (push_codec, warmup_codec,
     block_size, k_fraction, bits, ef_decay, momentum_masking, schedule,
@@ -136,7 +142,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  num_workers=None, push_codec=None, overlap=False,
                  local_steps=1, inner_optimizer=None, *, lr=None,
                  weight_decay=None, betas=None, eps=None, module=None,
-                 buffers=None, max_grad_norm=None, **client_options):
+                 buffers=None, max_grad_norm=None, outer_momentum=None,
+                 outer_nesterov=True, **client_options):
         # Explicit arguments win over the launcher's recipe.
         from_env = _env_client_options()
         if push_codec is None:
@@ -166,6 +173,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         elif inner_optimizer is not None:
             raise ValueError("inner_optimizer is set but local_steps is 1; "
                              "expected local_steps > 1 with it")
+        _outer.check(outer_momentum, outer_nesterov, local_steps)
         if max_grad_norm is not None:
             max_grad_norm = _groups.hyper_value(max_grad_norm,
                                                 "max_grad_norm")
@@ -221,6 +229,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                       where["worker_id"],
                                       where["num_workers"])
         flat = self._flat
+        self._outer = (None if outer_momentum is None else
+                       _outer.OuterMomentum(outer_momentum, outer_nesterov,
+                                            flat.param_end))
         flat.values_into(flat.weights)
         self.client = Client(where["servers"], where["worker_id"],
                              where["num_workers"], push_codec=push_codec,
@@ -400,11 +411,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         hyper = self._hyper.to_send(self.param_groups)
         flat = self._flat
-        # What the local steps moved, pushed in place of a gradient.
+        # What the local steps moved, pushed in place of a gradient (with
+        # outer_momentum, the worker's momentum step built from it).
         flat.moved_into(flat.grad)
+        if self._outer is not None:
+            self._outer.step(flat.grad[:flat.param_end])
         flat.put_buffers(flat.grad)
         self._set_hyper(hyper)
-        self.client.step(flat.grad, flat.weights, loss=_as_float(loss))
+        try:
+            self.client.step(flat.grad, flat.weights, loss=_as_float(loss))
+        except BaseException:
+            if self._outer is not None:
+                self._outer.discard()  # refused: u as it was
+            raise
+        if self._outer is not None:
+            self._outer.commit()
         self._local_done = 0
         flat.load()
 
@@ -433,6 +454,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "global_step": self.client.global_step,
             "pserver_hyper_from_client": self._hyper.from_client,
         })
+        if self._outer is not None:
+            out[_outer.OuterMomentum.KEY] = self._outer.state()
         return out
 
     def load_state_dict(self, state_dict):
@@ -465,7 +488,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         layout = state_dict.get("layout")
         if layout is not None:
             self._check_layout(layout)
-        self.client.restore_state(bytes(record), "state_dict")
+        outer = state_dict.get(_outer.OuterMomentum.KEY)
+        if (outer is None) != (self._outer is None):
+            raise ValueError(
+                f"state_dict {'has no' if outer is None else 'has an'} "
+                f"{_outer.OuterMomentum.KEY!r}; expected "
+                f"{'one' if self._outer is not None else 'none'}, as this "
+                "optimizer was made with outer_momentum="
+                f"{None if self._outer is None else self._outer.beta}")
+        before = None if self._outer is None else self._outer.u
+        if outer is not None:
+            self._outer.load(outer)
+        try:
+            self.client.restore_state(bytes(record), "state_dict")
+        except BaseException:
+            if before is not None:
+                self._outer.u = before  # refused: nothing changed
+            raise
         if saved_groups is not None:
             for group, saved in zip(self.param_groups,
                                     copy.deepcopy(saved_groups)):
