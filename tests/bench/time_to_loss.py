@@ -583,7 +583,7 @@ def report(args):
             failures.append(f"{rate[0]} {row} seed {seed}: "
                             + ("a run of other settings" if r else
                                "failed, see its logs" if (rd / "spec.json")
-                               .exists() else "not run") + f" ({rd})")
+                               .exists() else "not run") + f" ({os.path.relpath(rd, lmf.ROOT)})")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarise(results)

@@ -178,11 +178,11 @@ launch() {
 run_ps() {
   local rd=$1 row=$2 layout=$3 s w i
   local -a sflags wargs timers=() procs=() names=() shost sip
-  if [[ $layout == colocated ]]; then
-    shost=(w0 w1 w2 w3); sip=("${WORKER_IP[@]}")
-  else
-    shost=(s0 s1); sip=("${SHARD_IP[@]}")
-  fi
+  case $layout in
+    colocated) shost=(w0 w1 w2 w3); sip=("${WORKER_IP[@]}") ;;
+    dedicated) shost=(s0 s1); sip=("${SHARD_IP[@]}") ;;
+    *) fail "$row: layout '$layout'; expected dedicated or colocated (time_to_loss.py plan)" ;;
+  esac
   local ns=${#sip[@]} servers
   servers=$(printf '%s:50051,' "${sip[@]}"); servers=${servers%,}
   mapfile -t sflags <"$rd/shard.args"
@@ -248,7 +248,7 @@ run_ddp() {
   tc_bytes "$rd/tc.after"
 }
 
-echo "time_to_loss.sh: 2 shard + 4 worker hosts, links $RATES (tbf each way); rows $RUNS;" \
+echo "time_to_loss.sh: 4 worker hosts and 2 shard hosts (the *_colocated rows: a shard on each worker host), links $RATES (tbf each way); rows $RUNS;" \
   "$REPEATS run(s) each; cap $CAP s; work in $WORK" >&2
 shaped="" port=29500 failed=0
 while read -r -u 3 seed rate row kind layout rd; do
