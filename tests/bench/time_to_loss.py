@@ -356,6 +356,7 @@ def summarise(results):
             cpu = lambda kind: [c["per_step"] for r in rs  # noqa: E731
                                 for p, c in r["cpu"].items()
                                 if p.startswith(kind)]
+            costs = [step_costs(r) for r in rs]
             out[rate].append({
                 "row": name, "kind": rs[0]["spec"]["recipe"]["kind"],
                 "seeds": [r["spec"]["seed"] for r in rs],
@@ -368,8 +369,8 @@ def summarise(results):
                 "cpu_shard": statistics.median(cpu("s")) if cpu("s") else None,
                 "cpu_worker": statistics.median(cpu("w")),
                 "cpu_rank0": statistics.median(cpu("w0")),
-                "wire_s_per_step": statistics.median(step_costs(r)[0] for r in rs),
-                "cpu_s_per_step": statistics.median(step_costs(r)[1] for r in rs),
+                "wire_s_per_step": statistics.median(c[0] for c in costs),
+                "cpu_s_per_step": statistics.median(c[1] for c in costs),
                 "final_val_loss": statistics.median(r["final_val_loss"]
                                                     for r in rs),
                 "runs": rs})
