@@ -219,35 +219,77 @@ def test_schedule_names_the_models_tensors(tmp_path):
 
 
 def free_port():
+    """A port for DDP's rendezvous below the kernel's ephemeral range, so
+    that no socket another test opens meanwhile (a shard on port 0, an
+    outgoing connection) can take it between this check and rank 0's bind.
+    ctest runs other tests beside this one: CI once saw rank 1 wait for a
+    rendezvous that never came."""
+    import random
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
+              .read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {low}")
 
 
-def run_ddp(tmp_path, hook, *extra, world=2):
-    """train_gpt.py --ddp HOOK as torchrun would start it: `world` ranks on
-    loopback. Returns rank 0's --json and each rank's output."""
+def _run_ranks(tmp_path, hook, extra, world, timeout=150):
+    """Starts `world` ranks and waits for all of them. Returns (procs,
+    texts); a rank that fails ends the others at once, and a timeout still
+    returns every rank's output, so a failure shows what each rank said."""
+    import time
     out = tmp_path / f"ddp_{hook}.json"
     port = str(free_port())
+    logs = [open(tmp_path / f"ddp_{hook}_rank{r}.log", "w+b")
+            for r in range(world)]
     procs = [subprocess.Popen(
         [sys.executable, str(SCRIPT), *SHORT, "--ddp", hook, *extra,
          "--json", str(out)],
         env=dict(ENV, RANK=str(r), WORLD_SIZE=str(world),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        stdout=logs[r], stderr=subprocess.STDOUT)
         for r in range(world)]
-    texts = []
+    deadline = time.monotonic() + timeout
+    timed_out = False
     try:
-        for p in procs:
-            texts.append(p.communicate(timeout=120)[0].decode())
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.2)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for r, (p, text) in enumerate(zip(procs, texts)):
-        assert p.returncode == 0, f"rank {r}:\n{text}"
+    texts = []
+    for f in logs:
+        f.seek(0)
+        texts.append(f.read().decode(errors="replace"))
+        f.close()
+    if timed_out:
+        texts = [f"(killed after {timeout} s)\n" + t for t in texts]
+    return procs, texts
+
+
+def run_ddp(tmp_path, hook, *extra, world=2):
+    """train_gpt.py --ddp HOOK as torchrun would start it: `world` ranks on
+    loopback. Returns rank 0's --json and each rank's output."""
+    procs, texts = _run_ranks(tmp_path, hook, extra, world)
+    if any("Address already in use" in t for t in texts):
+        procs, texts = _run_ranks(tmp_path, hook, extra, world)  # once more
+    assert all(p.returncode == 0 for p in procs), "\n".join(
+        f"rank {r} (exit {p.returncode}):\n{t}"
+        for r, (p, t) in enumerate(zip(procs, texts)))
+    out = tmp_path / f"ddp_{hook}.json"
     return json.loads(out.read_text()), texts
 
 
