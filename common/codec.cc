@@ -165,6 +165,12 @@ absl::Status Codec::Decode(const v1::EncodedTensor& t,
   return absl::OkStatus();
 }
 
+void Codec::AddValid(const v1::EncodedTensor& t, absl::Span<const float> base,
+                     absl::Span<float> out) const {
+  if (base.data() != out.data()) std::copy(base.begin(), base.end(), out.begin());
+  AccumulateValid(t, 1.0f, out);
+}
+
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(
     v1::Codec codec, const v1::CodecParams& params) {
   bool known = false;

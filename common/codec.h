@@ -78,6 +78,14 @@ class Codec {
   // acc.size()) is OK, or t is this codec's own unmodified output.
   virtual void AccumulateValid(const v1::EncodedTensor& t, float alpha,
                                absl::Span<float> acc) const = 0;
+  // out = base + decode(t) without checks, bit for bit a copy of base then
+  // AccumulateValid(t, 1, out). base and out have the same size and are
+  // the same span or do not overlap. The default is that copy and
+  // accumulate; codecs override it with one pass (a pulled delta applied
+  // to the replica reads and writes the model once instead of twice).
+  virtual void AddValid(const v1::EncodedTensor& t,
+                        absl::Span<const float> base,
+                        absl::Span<float> out) const;
 
  private:
   // Runs AccumulateValid on tensors it has validated (or that the encoder

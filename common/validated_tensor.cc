@@ -43,6 +43,13 @@ void ValidatedTensor::AccumulateInto(float alpha, absl::Span<float> acc) const {
   decoder_->AccumulateValid(*tensor_, alpha, acc);
 }
 
+void ValidatedTensor::AddInto(absl::Span<const float> base,
+                              absl::Span<float> out) const {
+  CheckSize(base.size());
+  CheckSize(out.size());
+  decoder_->AddValid(*tensor_, base, out);
+}
+
 void ValidatedTensor::DecodeInto(absl::Span<float> out) const {
   CheckSize(out.size());
   std::fill(out.begin(), out.end(), 0.0f);

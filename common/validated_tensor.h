@@ -41,6 +41,12 @@ class ValidatedTensor {
   // wrong size is a programmer error that would write out of bounds).
   void AccumulateInto(float alpha, absl::Span<float> acc) const;
 
+  // out = base + decode(tensor()), bit for bit a copy of base followed by
+  // AccumulateInto(1, out), in one pass where the codec has one. base and
+  // out are the same span or do not overlap.
+  // REQUIRES: base.size() == out.size() == num_elements() (checked as
+  // below).
+  void AddInto(absl::Span<const float> base, absl::Span<float> out) const;
   // out = decode(tensor()) (overwrites), bit for bit Codec::Decode.
   // REQUIRES: out.size() == num_elements() (checked as above).
   void DecodeInto(absl::Span<float> out) const;

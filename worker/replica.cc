@@ -70,9 +70,8 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
       }
       later.push_back(*std::move(v));
     }
-    absl::Span<const float> now = slice(s).subspan(offset, size);
-    std::copy(now.begin(), now.end(), out.begin());
-    valid->AccumulateInto(1.0f, out);
+    // out = now + delta in one pass (the codec's AddValid).
+    valid->AddInto(slice(s).subspan(offset, size), out);
     for (const ValidatedTensor& v : later) v.AccumulateInto(1.0f, out);
   }
   return absl::OkStatus();

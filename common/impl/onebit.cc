@@ -81,6 +81,15 @@ class OneBitCodec final : public CodecBase, public FusedFeedbackEncoder {
     const uint8_t* signs = scales + 4 * l.blocks;
     OneBitAccumulate(scales, signs, n, l, alpha, acc.data());
   }
+  void AddValid(const v1::EncodedTensor& t, absl::Span<const float> base,
+                absl::Span<float> out) const override {
+    const uint64_t n = out.size();
+    OneBitLayout l = MakeOneBitLayout(n, t.params().block_size());
+    const uint8_t* scales =
+        reinterpret_cast<const uint8_t*>(t.payload().data());
+    OneBitAddTo(scales, scales + 4 * l.blocks, n, l, 1.0f, base.data(),
+                out.data());
+  }
 
  private:
   bool IsL2() const { return params().scale_mode() == v1::SCALE_MODE_L2; }

@@ -102,14 +102,16 @@ absl::Status EncodeScalar(const EncodeArgs& a, uint64_t n, const Layout& l,
   return absl::OkStatus();
 }
 
+// out[i] = base[i] + alpha * decode(i); base may be out.
 void AccumulateScalar(const uint8_t* scales, const uint8_t* signs, uint64_t n,
-                      const Layout& l, float alpha, float* acc) {
+                      const Layout& l, float alpha, const float* base,
+                      float* out) {
   for (uint64_t b = 0; b < l.blocks; ++b) {
     uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
     float pos = alpha * LoadScale(scales, b);
     float neg = -pos;
     for (uint64_t i = b0; i < b1; ++i) {
-      acc[i] += ((signs[i >> 3] >> (i & 7)) & 1) ? pos : neg;
+      out[i] = base[i] + (((signs[i >> 3] >> (i & 7)) & 1) ? pos : neg);
     }
   }
 }
@@ -255,11 +257,11 @@ absl::Status EncodeAvx2Dispatch(const EncodeArgs& a, uint64_t n,
               : EncodeAvx2<false, false, false>(a, n, l, scales, signs);
 }
 
-// REQUIRES: every block starts at a multiple of 8.
-// REQUIRES: every block starts at a multiple of 8.
+// As AccumulateScalar, bit for bit. REQUIRES: every block starts at a
+// multiple of 8.
 PSERVER_AVX2 void AccumulateAvx2(const uint8_t* scales, const uint8_t* signs,
                                  uint64_t n, const Layout& l, float alpha,
-                                 float* acc) {
+                                 const float* base, float* out) {
   const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   for (uint64_t b = 0; b < l.blocks; ++b) {
     const uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
@@ -273,18 +275,18 @@ PSERVER_AVX2 void AccumulateAvx2(const uint8_t* scales, const uint8_t* signs,
       m1 = _mm256_cmpeq_epi32(_mm256_and_si256(m1, bit), bit);
       __m256 v0 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m0));
       __m256 v1 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m1));
-      _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), v0));
-      _mm256_storeu_ps(acc + i + 8,
-                       _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), v1));
+      _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(base + i), v0));
+      _mm256_storeu_ps(out + i + 8,
+                       _mm256_add_ps(_mm256_loadu_ps(base + i + 8), v1));
     }
     for (; i + 8 <= b1; i += 8) {
       __m256i m0 = _mm256_set1_epi32(signs[i >> 3]);
       m0 = _mm256_cmpeq_epi32(_mm256_and_si256(m0, bit), bit);
       __m256 v0 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m0));
-      _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), v0));
+      _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(base + i), v0));
     }
     for (; i < b1; ++i) {
-      acc[i] += ((signs[i >> 3] >> (i & 7)) & 1) ? pos : -pos;
+      out[i] = base[i] + (((signs[i >> 3] >> (i & 7)) & 1) ? pos : -pos);
     }
   }
 }
@@ -311,13 +313,19 @@ absl::Status OneBitEncode(const OneBitInput& a, uint64_t n,
 
 void OneBitAccumulate(const uint8_t* scales, const uint8_t* signs, uint64_t n,
                       const OneBitLayout& l, float alpha, float* acc) {
+  OneBitAddTo(scales, signs, n, l, alpha, acc, acc);
+}
+
+void OneBitAddTo(const uint8_t* scales, const uint8_t* signs, uint64_t n,
+                 const OneBitLayout& l, float alpha, const float* base,
+                 float* out) {
 #if defined(__x86_64__)
   if (AvxUsable(l)) {
-    AccumulateAvx2(scales, signs, n, l, alpha, acc);
+    AccumulateAvx2(scales, signs, n, l, alpha, base, out);
     return;
   }
 #endif
-  AccumulateScalar(scales, signs, n, l, alpha, acc);
+  AccumulateScalar(scales, signs, n, l, alpha, base, out);
 }
 
 }  // namespace impl

@@ -48,6 +48,13 @@ absl::Status OneBitEncode(const OneBitInput& a, uint64_t n,
 void OneBitAccumulate(const uint8_t* scales, const uint8_t* signs, uint64_t n,
                       const OneBitLayout& l, float alpha, float* acc);
 
+// out[i] = base[i] + alpha * decode(element i), bit for bit a copy of base
+// followed by OneBitAccumulate, in one pass. base may equal out (otherwise
+// they must not overlap). REQUIRES: the payload was validated.
+void OneBitAddTo(const uint8_t* scales, const uint8_t* signs, uint64_t n,
+                 const OneBitLayout& l, float alpha, const float* base,
+                 float* out);
+
 }  // namespace impl
 }  // namespace pserver
 

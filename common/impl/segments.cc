@@ -86,6 +86,16 @@ class SegmentsCodec final : public CodecBase {
       offset += s.num_elements();
     }
   }
+  void AddValid(const v1::EncodedTensor& t, absl::Span<const float> base,
+                absl::Span<float> out) const override {
+    uint64_t offset = 0;
+    for (const v1::EncodedTensor& s : t.segments()) {
+      const uint64_t n = s.num_elements();
+      DecoderFor(s.codec())->AddValid(s, base.subspan(offset, n),
+                                      out.subspan(offset, n));
+      offset += n;
+    }
+  }
 };
 
 std::unique_ptr<Codec> NewSegmentsDecoder() {

@@ -288,6 +288,25 @@ v1::EncodedTensor TwoSegments() {
   return t;
 }
 
+// A segments tensor adds each segment with its own codec's AddValid: the
+// same bits as a copy and a DecodeAccumulate.
+TEST(SegmentsDecoderTest, AddIntoIsCopyThenAccumulatePerSegment) {
+  const v1::EncodedTensor t = TwoSegments();
+  absl::StatusOr<ValidatedTensor> v = ValidateTensor(t, 10);
+  ASSERT_TRUE(v.ok()) << v.status();
+  const std::vector<float> base = Ramp(10, -0.7f);
+  std::vector<float> want = base;
+  ASSERT_TRUE(DecoderFor(v1::CODEC_SEGMENTS)
+                  ->DecodeAccumulate(t, 1.0f, absl::MakeSpan(want))
+                  .ok());
+  std::vector<float> out(10, 9.0f);
+  v->AddInto(base, absl::MakeSpan(out));
+  EXPECT_EQ(out, want);
+  std::vector<float> in_place = base;
+  v->AddInto(in_place, absl::MakeSpan(in_place));
+  EXPECT_EQ(in_place, want);
+}
+
 std::string Refusal(const v1::EncodedTensor& t, uint64_t n = 10) {
   // Through the decoder's DecodeAccumulate too: the output is untouched.
   std::vector<float> acc(n, 3.0f);

@@ -69,6 +69,33 @@ TEST_P(ValidatedTensorAllCodecs, DecodesBitForBitLikeCodecDecode) {
   }
 }
 
+// AddInto (the replica applying a pulled delta) is a copy of the base and
+// then AccumulateInto(1), bit for bit, into another buffer and in place;
+// the base is left as it was when it is not the output.
+TEST_P(ValidatedTensorAllCodecs, AddIntoIsCopyThenAccumulateBitForBit) {
+  auto codec = MustMake(GetParam().codec, GetParam().params);
+  for (size_t n : {0, 1, 7, 255, 257, 1000, 4097, 70000}) {
+    SCOPED_TRACE(n);
+    std::vector<float> u = RandomVector(n, 5 + n);
+    v1::EncodedTensor t;
+    ASSERT_TRUE(codec->Encode(u, 19, &t).ok());
+    absl::StatusOr<ValidatedTensor> v = ValidateTensor(t, n);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const std::vector<float> base = RandomVector(n, 11 + n);
+    std::vector<float> want = base;
+    v->AccumulateInto(1.0f, absl::MakeSpan(want));
+
+    std::vector<float> out(n, 7.0f);
+    v->AddInto(base, absl::MakeSpan(out));
+    EXPECT_TRUE(SameBits(out, want));
+    EXPECT_TRUE(SameBits(base, RandomVector(n, 11 + n)));
+
+    std::vector<float> in_place = base;
+    v->AddInto(in_place, absl::MakeSpan(in_place));
+    EXPECT_TRUE(SameBits(in_place, want));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, ValidatedTensorAllCodecs,
                          ::testing::ValuesIn(AllCodecCases()), CaseName);
 
