@@ -19,12 +19,31 @@ void Replica::Reset(uint64_t total, std::vector<ShardRange> ranges,
   checksums_.assign(ranges_.size(), 0);
   staged_checksums_.assign(ranges_.size(), 0);
   staged_.assign(ranges_.size(), false);
+  hashing_.assign(ranges_.size(), Hashing());
   steps_.assign(ranges_.size(), step);
   step_ = step;
 }
 
 void Replica::BeginUpdate() {
   std::fill(staged_.begin(), staged_.end(), false);
+  hashing_.assign(ranges_.size(), Hashing());
+}
+
+void Replica::HashStaged(size_t s, uint64_t offset, uint64_t size) {
+  Hashing& hs = hashing_[s];
+  if (offset == 0) hs = Hashing();  // a pull's answer starts again
+  if (offset < hs.to) {
+    hs.stale = true;
+    return;
+  }
+  hs.waiting[offset] = size;
+  const float* base = staging_.data() + ranges_[s].begin;
+  for (auto it = hs.waiting.begin();
+       it != hs.waiting.end() && it->first == hs.to;
+       it = hs.waiting.erase(it)) {
+    hs.h.Update(base + it->first, it->second * sizeof(float));
+    hs.to += it->second;
+  }
 }
 
 absl::Status Replica::Stage(size_t s, const v1::PullResponse& resp) {
@@ -74,6 +93,7 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
     valid->AddInto(slice(s).subspan(offset, size), out);
     for (const ValidatedTensor& v : later) v.AccumulateInto(1.0f, out);
   }
+  HashStaged(s, offset, size);
   return absl::OkStatus();
 }
 
@@ -81,7 +101,12 @@ absl::Status Replica::FinishStage(size_t s, uint64_t checksum) {
   const ShardRange& r = ranges_[s];
   absl::Span<const float> out =
       absl::MakeConstSpan(staging_).subspan(r.begin, r.size());
-  if (ChecksumOf(out) != checksum) {
+  const Hashing& hs = hashing_[s];
+  const uint64_t got = !hs.stale && hs.to == r.size() && hs.waiting.empty()
+                           ? hs.h.Finish()
+                           : ChecksumOf(out);
+  hashing_[s] = Hashing();
+  if (got != checksum) {
     return absl::DataLossError(absl::StrCat(
         "replica of shard ", s, " does not match the shard's checksum"));
   }

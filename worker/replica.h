@@ -17,10 +17,12 @@
 #define PSERVER_WORKER_REPLICA_H_
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/checksum.h"
 #include "common/layout.h"
 #include "pserver/v1/parameter_server.pb.h"
 
@@ -62,7 +64,11 @@ class Replica {
   // The same in chunks: StageChunk decodes one chunk's answer (elements
   // [offset, offset + size) of slice s) into the staging buffer; once every
   // chunk is in, FinishStage checks the staged slice against `checksum` and
-  // marks it staged. INVALID_ARGUMENT / DATA_LOSS as Stage.
+  // marks it staged. INVALID_ARGUMENT / DATA_LOSS as Stage. Chunks are
+  // hashed as they are staged, in slice order (one that arrives early waits
+  // for those before it), while later chunks are still on the wire; a slice
+  // whose chunks were not all hashed once in order (a chunk staged again,
+  // a chunk missing) is hashed whole by FinishStage instead.
   absl::Status StageChunk(size_t s, uint64_t offset, uint64_t size,
                           const v1::PullResponse& resp);
   absl::Status FinishStage(size_t s, uint64_t checksum);
@@ -80,6 +86,17 @@ class Replica {
   std::vector<uint64_t> checksums_;
   std::vector<uint64_t> staged_checksums_;
   std::vector<bool> staged_;
+  // Per shard: the Checksum64 of the staged slice's prefix [0, to), the
+  // chunks staged past it (offset -> size), and whether a chunk inside the
+  // prefix was staged again (the running hash is then stale).
+  struct Hashing {
+    Checksum64 h;
+    uint64_t to = 0;
+    std::map<uint64_t, uint64_t> waiting;
+    bool stale = false;
+  };
+  void HashStaged(size_t s, uint64_t offset, uint64_t size);
+  std::vector<Hashing> hashing_;
   std::vector<uint64_t> steps_;  // per shard
   uint64_t step_ = 0;            // the lowest of steps_
 };
