@@ -10,6 +10,7 @@
 #include "common/validated_tensor.h"
 #include "common/fp32_tensor.h"
 #include "common/mix.h"
+#include "common/norms.h"
 #include "server/optimizer.h"
 
 namespace pserver {
@@ -185,13 +186,7 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
                    std::string(s.message()).c_str());
       delta_.clear();
     }
-    if (norm) {
-      for (uint64_t i = 0; i < n; ++i) {
-        double r = double{x[i]} - x_hat_[i];
-        residual_norm += r * r;
-      }
-      residual_norm = std::sqrt(residual_norm);
-    }
+    if (norm) residual_norm = std::sqrt(SquaredDistance(x, x_hat_, pool_));
   }
   checksum_ = ChecksumOf(hat_);
   return residual_norm;

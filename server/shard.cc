@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/norms.h"
 #include "common/tensor_codecs.h"
 #include "common/validated_tensor.h"
 #include "common/rejection.h"
@@ -21,12 +22,6 @@ namespace {
 
 using internal::NotRegistered;
 using internal::ShuttingDown;
-
-double L2Norm(absl::Span<const float> v) {
-  double s = 0;
-  for (float f : v) s += double{f} * f;
-  return std::sqrt(s);
-}
 
 const char* SpaceName(v1::GradientSpace s) {
   return s == v1::GRADIENT_SPACE_PRECONDITIONED ? "PRECONDITIONED" : "RAW";
@@ -326,7 +321,9 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
   metrics_->SetSchedulePhase(PhaseAt(step_));
   if (norms) {
     norms_at_ = clock_->Now();
-    metrics_->SetNorms(update_norm, L2Norm(optimizer_->m()), residual_norm);
+    metrics_->SetNorms(update_norm,
+                       std::sqrt(SquaredNorm(optimizer_->m(), pool_)),
+                       residual_norm);
   }
 
   std::vector<Ready> ready = round_.Clear();  // none: every chunk was summed
