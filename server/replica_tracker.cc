@@ -119,32 +119,34 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
   DropAnswers();
   prev_checksum_ = checksum_;
   double residual_norm = 0;
-  const uint64_t n = x.size();
   if (pull_codec_id_ == v1::CODEC_FP32) {
     hat_ = x;  // updated in place by the optimizer
     delta_.clear();
   } else {
     const float* xp = x.data();
     const float* hat = x_hat_.data();
-    float* diff = scratch.data();
-    pool_->ParallelFor(n, kMinParallelChunk, [=](uint64_t b, uint64_t e) {
-      for (uint64_t i = b; i < e; ++i) diff[i] = xp[i] - hat[i];
-    });
     // Each chunk is encoded on its own (and decoded into x_hat) on the
     // pool's threads; the seed depends on the chunk, so the result does not
-    // depend on which thread ran it.
+    // depend on which thread ran it. A thread forms each chunk's x - x_hat
+    // just before encoding it, in one chunk-sized piece of the scratch (its
+    // first chunk's), so the difference is read back from the cache, not
+    // from memory.
     const uint32_t chunks = plan_.num_chunks();
     std::vector<v1::EncodedTensor> d(chunks);
     std::vector<absl::Status> status(chunks);
     pool_->ParallelFor(chunks, 1, [&](uint64_t b, uint64_t e) {
+      // The first chunk is the largest of [b, e) (only the last chunk of
+      // the slice is shorter).
+      float* const diff = scratch.data() + plan_.begin(static_cast<uint32_t>(b));
       for (uint64_t c = b; c < e; ++c) {
         const uint32_t ci = static_cast<uint32_t>(c);
+        const uint64_t at = plan_.begin(ci), len = plan_.size(ci);
+        for (uint64_t i = 0; i < len; ++i) diff[i] = xp[at + i] - hat[at + i];
         const uint64_t seed =
             c == 0 ? PullSeed(shard_index_, step)
                    : Mix64(PullSeed(shard_index_, step) ^ (c << 20));
-        status[c] = EncodeWithPlan(
-            tensor_plan_, *active_, /*ef=*/nullptr, plan_.begin(ci),
-            scratch.subspan(plan_.begin(ci), plan_.size(ci)), seed, &d[c]);
+        status[c] = EncodeWithPlan(tensor_plan_, *active_, /*ef=*/nullptr, at,
+                                   absl::MakeSpan(diff, len), seed, &d[c]);
       }
     });
     absl::Status s;

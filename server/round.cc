@@ -181,6 +181,8 @@ void RoundSum::WithMean(
     kept.insert(kept.end(), acc + b, acc + std::min<uint64_t>(e, sum_.size()));
   }
   for (uint32_t c = 0; c < counts.size(); ++c) {
+    // One push: the sum is the mean (x * 1 is x), no pass over the chunk.
+    if (counts[c] == 1) continue;
     const float inv =
         counts[c] == 0 ? 0.0f : 1.0f / static_cast<float>(counts[c]);
     float* chunk = acc + plan_.begin(c);
