@@ -1,7 +1,10 @@
 #include "common/error_feedback.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +51,32 @@ double CopyWithSquaredNorm(absl::Span<const float> src, absl::Span<float> dst) {
   }
   return (a0 + a1) + (a2 + a3);
 }
+
+// max |v_i| in double (+inf if any is not finite): the compare runs on
+// the bits (|v| is v without its sign bit, ordered as an integer, and a
+// non-finite value's exponent is all ones), so the loop vectorizes.
+__attribute__((target_clones("avx2", "default"))) uint32_t MaxAbsBits(
+    const float* v, size_t n) {
+  uint32_t top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    top = std::max(top, bits & 0x7FFFFFFFu);
+  }
+  return top;
+}
+
+double MaxAbs(absl::Span<const float> v) {
+  const uint32_t top = MaxAbsBits(v.data(), v.size());
+  if (top >= 0x7F800000u) return std::numeric_limits<double>::infinity();
+  float m;
+  std::memcpy(&m, &top, sizeof(m));
+  return m;
+}
+
+// Where the in-place kernel may run: |u| at most a quarter of FLT_MAX, so
+// that u - decode(u) (|decode(u)| <= max |u|) is finite too.
+constexpr double kInPlaceBound = 0.25 * FLT_MAX;
 
 }  // namespace
 
@@ -118,17 +147,39 @@ absl::Status ErrorFeedback::EncodeAtWith(const Codec& codec, uint64_t offset,
     // all zeros and is never allocated. Encode refuses non-finite input.
     return codec.Encode(g, seed, out);
   }
-  if (residual_.empty()) residual_.assign(size_, 0.0f);
-  if (scratch_.size() < g.size()) scratch_.resize(g.size());
+  const bool fresh = residual_.empty();
+  if (fresh) residual_.assign(size_, 0.0f);
   absl::Span<float> e = absl::MakeSpan(residual_).subspan(offset, g.size());
-  absl::Span<float> next = absl::MakeSpan(scratch_).subspan(0, g.size());
-  absl::Status s =
-      EncodeWithFeedback(codec, g, e, decay_, seed, out, next);
-  if (!s.ok()) return s;
-  const double next_sq = CopyWithSquaredNorm(next, e);
+  auto it = piece_sq_.find(offset);
+  const bool known = it != piece_sq_.end() && it->second.first == g.size();
+  double next_sq = 0;
+  // In place when the kernel has that mode and cannot refuse: every
+  // |u| = |g + decay e| <= max|g| + |decay| ||e|| must stay far from
+  // FLT_MAX (so u and u - decode(u) are finite). A refusal in place would
+  // leave the piece half updated, so the bound is checked first; the
+  // residual's norm is the piece's, recorded last time. That saves the
+  // scratch buffer and the copy back (a read and a write of the piece).
+  const FusedFeedbackEncoder* fused = codec.fused_feedback();
+  if (fused != nullptr && fused->in_place() && (fresh || known) &&
+      std::isfinite(decay_) &&
+      MaxAbs(g) + std::fabs(double{decay_}) *
+                      (fresh ? 0.0 : std::sqrt(it->second.second)) <=
+          kInPlaceBound) {
+    absl::Status s =
+        fused->EncodeWithFeedbackInPlace(g, e, decay_, seed, out, &next_sq);
+    if (!s.ok()) return s;  // unreachable under the bound
+    // The kernel sums squares in float lanes: past ~1e19 an element's
+    // square is not finite there. Then in double.
+    if (!std::isfinite(next_sq)) next_sq = SquaredNorm(e);
+  } else {
+    if (scratch_.size() < g.size()) scratch_.resize(g.size());
+    absl::Span<float> next = absl::MakeSpan(scratch_).subspan(0, g.size());
+    absl::Status s = EncodeWithFeedback(codec, g, e, decay_, seed, out, next);
+    if (!s.ok()) return s;
+    next_sq = CopyWithSquaredNorm(next, e);
+  }
   // Record the piece's squared norm; pieces cut differently before (another
   // chunking) are forgotten.
-  auto it = piece_sq_.find(offset);
   if (it == piece_sq_.end() || it->second.first != g.size()) {
     const uint64_t end = offset + g.size();
     auto first = piece_sq_.lower_bound(offset);

@@ -63,7 +63,9 @@ class ErrorFeedback {
                       v1::EncodedTensor* out);
   // The same for the piece [offset, offset + g.size()) of the stream (one
   // chunk of a push): only that piece of the residual is read and written,
-  // through a scratch buffer of the piece's size (reused across calls).
+  // in place where the codec's kernel can (1-bit) and the piece's values
+  // are bounded so that it cannot refuse, else through a scratch buffer of
+  // the piece's size (reused across calls).
   absl::Status EncodeAt(uint64_t offset, absl::Span<const float> g,
                         uint64_t seed, v1::EncodedTensor* out);
   // EncodeAt with `codec` instead of codec() (one piece of a chunk whose
@@ -75,9 +77,11 @@ class ErrorFeedback {
   // The residual; empty while it is all zeros and was never needed (a
   // lossless codec such as fp32 never needs one, so it costs no memory).
   absl::Span<const float> residual() const { return residual_; }
-  // ||e||_2, accumulated in double. Each EncodeAt records its piece's
-  // squared norm, so this is a sum over the pieces (no pass over the
-  // residual) once the pieces cover it.
+  // ||e||_2. Each EncodeAt records its piece's squared norm, so this is a
+  // sum over the pieces (no pass over the residual) once the pieces cover
+  // it; otherwise a pass in double. A piece's norm is summed in double, or
+  // by an in-place kernel in float lanes per block (then within ~1e-7 of
+  // the double sum).
   double ResidualNorm() const;
   // For checkpoints (empty: all zeros). INVALID_ARGUMENT on a size mismatch
   // or non-finite values, leaving the residual unchanged.

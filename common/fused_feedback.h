@@ -31,6 +31,21 @@ class FusedFeedbackEncoder {
                                           float decay, uint64_t seed,
                                           v1::EncodedTensor* out,
                                           absl::Span<float> e_out) const = 0;
+
+  // Whether EncodeWithFeedbackInPlace is implemented.
+  virtual bool in_place() const { return false; }
+  // The same with e_in and e_out one buffer e, updated in place, and
+  // *e_sq = the sum of the squares of the new e (double; in an order of
+  // the kernel's own). Nothing to copy back, no second buffer. But a
+  // refused call leaves e partly updated: callers use it only where every
+  // u is known to be finite (ErrorFeedback checks bounds first).
+  // UNIMPLEMENTED unless in_place().
+  virtual absl::Status EncodeWithFeedbackInPlace(
+      absl::Span<const float> /*g*/, absl::Span<float> /*e*/, float /*decay*/,
+      uint64_t /*seed*/, v1::EncodedTensor* /*out*/,
+      double* /*e_sq*/) const {
+    return absl::UnimplementedError("no in-place error-feedback kernel");
+  }
 };
 
 }  // namespace pserver

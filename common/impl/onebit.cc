@@ -39,6 +39,15 @@ class OneBitCodec final : public CodecBase, public FusedFeedbackEncoder {
     return Run(a, g.size(), out);
   }
 
+  bool in_place() const override { return true; }
+  absl::Status EncodeWithFeedbackInPlace(absl::Span<const float> g,
+                                         absl::Span<float> e, float decay,
+                                         uint64_t seed, v1::EncodedTensor* out,
+                                         double* e_sq) const override {
+    OneBitInput a{g.data(), e.data(), decay, e.data(), IsL2(), e_sq};
+    return Run(a, g.size(), out);
+  }
+
   absl::Status Validate(const v1::EncodedTensor& t,
                         uint64_t n) const override {
     absl::Status s = CheckHeader(t, n);

@@ -70,19 +70,27 @@ absl::Status FirstBadInBlock(const EncodeArgs& a, uint64_t b0, uint64_t b1) {
 
 // Signs and residual for elements [i0, i1) of a block with scale s, one
 // element at a time (the scalar kernel, and the tails of the AVX2 one).
+// With e_out, adds each residual's square to lanes[(i - b0) & 7] (b0: the
+// block's first element).
 inline void SignsScalar(const float* src, float* e_out, uint8_t* signs,
-                        float s, uint64_t i0, uint64_t i1) {
+                        float s, uint64_t i0, uint64_t i1, uint64_t b0,
+                        float* lanes) {
   for (uint64_t i = i0; i < i1; ++i) {
     float u = src[i];
     bool pos = u >= 0.0f;
     if (pos) signs[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
-    if (e_out) e_out[i] = u - (pos ? s : -s);
+    if (e_out) {
+      float r = u - (pos ? s : -s);
+      e_out[i] = r;
+      lanes[(i - b0) & 7] += r * r;
+    }
   }
 }
 
 absl::Status EncodeScalar(const EncodeArgs& a, uint64_t n, const Layout& l,
                           uint8_t* scales, uint8_t* signs) {
   const float* src = a.e_out ? a.e_out : a.g;
+  double e_sq = 0;
   for (uint64_t b = 0; b < l.blocks; ++b) {
     uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
     float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -97,8 +105,11 @@ absl::Status EncodeScalar(const EncodeArgs& a, uint64_t n, const Layout& l,
     if (bad) return FirstBadInBlock(a, b0, b1);
     float s = FinishScale(ReduceLanes(lanes), src + b0, b1 - b0, a.l2);
     StoreScale(scales, b, s);
-    SignsScalar(src, a.e_out, signs, s, b0, b1);
+    float sq[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    SignsScalar(src, a.e_out, signs, s, b0, b1, b0, sq);
+    e_sq += ReduceLanes(sq);
   }
+  if (a.e_sq != nullptr) *a.e_sq = e_sq;
   return absl::OkStatus();
 }
 
@@ -134,11 +145,13 @@ constexpr uint64_t kStreamBytes = uint64_t{16} << 20;
 // and, with error feedback, their residuals u - (+-s) into e_out.
 template <bool kEf, bool kStream>
 PSERVER_AVX2 inline __attribute__((always_inline)) uint32_t Signs8(
-    const float* src, float* e_out, uint64_t at, __m256 vpos, __m256 vneg) {
+    const float* src, float* e_out, uint64_t at, __m256 vpos, __m256 vneg,
+    __m256* sq) {
   __m256 u = _mm256_loadu_ps(src + at);
   __m256 ge = _mm256_cmp_ps(u, _mm256_setzero_ps(), _CMP_GE_OQ);
   if (kEf) {
     __m256 r = _mm256_sub_ps(u, _mm256_blendv_ps(vneg, vpos, ge));
+    *sq = _mm256_add_ps(*sq, _mm256_mul_ps(r, r));
     if (kStream) {
       _mm_stream_ps(e_out + at, _mm256_castps256_ps128(r));
       _mm_stream_ps(e_out + at + 4, _mm256_extractf128_ps(r, 1));
@@ -167,6 +180,7 @@ PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
   const uint64_t block = l.block, blocks = l.blocks;
   const bool buffered = kEf && block <= kBufferedBlock;
   alignas(32) float ubuf[kEf ? kBufferedBlock : 8];
+  [[maybe_unused]] double e_sq = 0;
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t b0 = b * block, b1 = std::min(n, b0 + block);
     // Where this block's u lives for the sign pass, indexed by i - off.
@@ -211,28 +225,32 @@ PSERVER_AVX2 absl::Status EncodeAvx2(const EncodeArgs& a, uint64_t n,
     const float s = FinishScale(total, src + b0, b1 - b0, kL2);
     StoreScale(scales, b, s);
     const __m256 vpos = _mm256_set1_ps(s), vneg = _mm256_set1_ps(-s);
+    // The residuals' squares, lane j % 8 (blocks start at multiples of 8).
+    __m256 sq = zero;
     i = b0;
     for (; i + 32 <= b1; i += 32) {  // one 4-byte store per 32 signs
-      uint32_t m = Signs8<kEf, kStream>(src, e_out, i, vpos, vneg) |
-                   Signs8<kEf, kStream>(src, e_out, i + 8, vpos, vneg) << 8 |
-                   Signs8<kEf, kStream>(src, e_out, i + 16, vpos, vneg) << 16 |
-                   Signs8<kEf, kStream>(src, e_out, i + 24, vpos, vneg) << 24;
+      uint32_t m0 = Signs8<kEf, kStream>(src, e_out, i, vpos, vneg, &sq);
+      uint32_t m1 = Signs8<kEf, kStream>(src, e_out, i + 8, vpos, vneg, &sq);
+      uint32_t m2 = Signs8<kEf, kStream>(src, e_out, i + 16, vpos, vneg, &sq);
+      uint32_t m3 = Signs8<kEf, kStream>(src, e_out, i + 24, vpos, vneg, &sq);
+      uint32_t m = m0 | m1 << 8 | m2 << 16 | m3 << 24;
       std::memcpy(signs + (i >> 3), &m, 4);
     }
     for (; i + 8 <= b1; i += 8) {
-      signs[i >> 3] =
-          static_cast<uint8_t>(Signs8<kEf, kStream>(src, e_out, i, vpos, vneg));
+      signs[i >> 3] = static_cast<uint8_t>(
+          Signs8<kEf, kStream>(src, e_out, i, vpos, vneg, &sq));
     }
-    if (i < b1) {
+    if (kEf) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, sq);
       // The tail's u is in src; SignsScalar reads src and writes e_out.
-      for (uint64_t j = i; j < b1; ++j) {
-        float u = src[j];
-        bool pos = u >= 0.0f;
-        if (pos) signs[j >> 3] |= static_cast<uint8_t>(1u << (j & 7));
-        if (kEf) e_out[j] = u - (pos ? s : -s);
-      }
+      SignsScalar(src, e_out, signs, s, i, b1, b0, lanes);
+      e_sq += ReduceLanes(lanes);
+    } else if (i < b1) {
+      SignsScalar(src, nullptr, signs, s, i, b1, b0, nullptr);
     }
   }
+  if (kEf && a.e_sq != nullptr) *a.e_sq = e_sq;
   // Non-temporal stores are weakly ordered: fence them before whoever
   // synchronises with this thread reads e_out.
   if (kStream) _mm_sfence();

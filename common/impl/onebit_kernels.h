@@ -29,12 +29,19 @@ inline OneBitLayout MakeOneBitLayout(uint64_t n, uint32_t block_size) {
 // The input of one encode call: u = g (e_in null) or g + decay * e_in (the
 // product rounded to fp32 first). e_out, if set, receives u - decode(u);
 // kernels may keep u there between their sum pass and their sign pass.
+// e_out may be e_in itself (updated in place: each element is read before
+// it is written), but then a refused call (a non-finite u) leaves e_in
+// partly updated and its message may name a wrong value. e_sq, if set (with
+// e_out), receives the sum of the squares of e_out: per block in 8 float
+// lanes (element j of a block in lane j % 8, the lanes in ReduceLanes'
+// tree), the blocks' sums added in double.
 struct OneBitInput {
   const float* g;
   const float* e_in;
   float decay;
   float* e_out;
   bool l2;  // scale = sqrt(mean u^2) instead of mean |u|
+  double* e_sq = nullptr;
 };
 
 // Writes the scales and sign bits of the n elements of a (signs must be

@@ -98,7 +98,9 @@ TEST_F(ClientState, SaveLoadRoundTripAndRefusals) {
   auto b = Worker(0);
   EXPECT_EQ(b->ResidualNorm(), 0.0);
   ASSERT_TRUE(b->LoadState(path).ok());
-  EXPECT_EQ(b->ResidualNorm(), a->ResidualNorm());
+  // A loaded residual's norm is a pass in double; the encode's, the
+  // kernel's float lanes (error_feedback.h): equal to ~1e-7.
+  EXPECT_NEAR(b->ResidualNorm(), a->ResidualNorm(), 1e-6 * a->ResidualNorm());
   const std::string again = path + ".again";
   ASSERT_TRUE(b->SaveState(again).ok());
   EXPECT_EQ(ReadAll(again), ReadAll(path));
@@ -133,7 +135,9 @@ TEST_F(ClientState, SerializedRecordIsTheFile) {
   EXPECT_NE(st.message().find("state_dict"), std::string::npos) << st;
   EXPECT_EQ(b->ResidualNorm(), 0.0);
   ASSERT_TRUE(b->RestoreState(*record, "state_dict").ok());
-  EXPECT_EQ(b->ResidualNorm(), a->ResidualNorm());
+  // A loaded residual's norm is a pass in double; the encode's, the
+  // kernel's float lanes (error_feedback.h): equal to ~1e-7.
+  EXPECT_NEAR(b->ResidualNorm(), a->ResidualNorm(), 1e-6 * a->ResidualNorm());
 
   auto unregistered = Client::Connect(options_);
   ASSERT_TRUE(unregistered.ok());
@@ -229,7 +233,9 @@ TEST_F(ClientState, Hole7LoadStateAllOrNothing) {
   EXPECT_EQ(ReadAll(Path("hole7.after")), ReadAll(Path("hole7.before")));
   // The valid file still loads.
   EXPECT_TRUE(b->LoadState(good).ok());
-  EXPECT_EQ(b->ResidualNorm(), a->ResidualNorm());
+  // A loaded residual's norm is a pass in double; the encode's, the
+  // kernel's float lanes (error_feedback.h): equal to ~1e-7.
+  EXPECT_NEAR(b->ResidualNorm(), a->ResidualNorm(), 1e-6 * a->ResidualNorm());
 }
 
 }  // namespace
