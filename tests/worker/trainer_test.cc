@@ -83,7 +83,9 @@ TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
       RunTraining(t, second->get(), nullptr, nullptr, 0, 1);
   ASSERT_TRUE(r2.ok()) << r2.status();
   EXPECT_EQ((*second)->step(), 5u);
-  EXPECT_EQ((*second)->ResidualNorm(), residual);
+  // The loaded residual's norm is a pass in double, the saved one summed
+  // by the 1-bit kernel in float lanes (error_feedback.h): ~1e-7 apart.
+  EXPECT_NEAR((*second)->ResidualNorm(), residual, 1e-6 * residual);
 
   // And it trains on from there and saves again at its new last step: a
   // third incarnation loads the residuals of step 7, not those of step 5.
@@ -95,7 +97,8 @@ TEST(Trainer, Issue9SyntheticModelSavesAndReloadsResiduals) {
   auto third = Client::Connect(c);
   ASSERT_TRUE(third.ok());
   ASSERT_TRUE(RunTraining(t, third->get(), nullptr, nullptr, 0, 1).ok());
-  EXPECT_EQ((*third)->ResidualNorm(), (*second)->ResidualNorm());
+  EXPECT_NEAR((*third)->ResidualNorm(), (*second)->ResidualNorm(),
+              1e-6 * (*second)->ResidualNorm());
 
   server->Shutdown(absl::Seconds(1));
   std::filesystem::remove_all(dir);
