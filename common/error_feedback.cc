@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fused_feedback.h"
+#include "common/internal/cpu.h"
 #include "common/validated_tensor.h"
 
 namespace pserver {
@@ -55,7 +56,7 @@ double CopyWithSquaredNorm(absl::Span<const float> src, absl::Span<float> dst) {
 // max |v_i| in double (+inf if any is not finite): the compare runs on
 // the bits (|v| is v without its sign bit, ordered as an integer, and a
 // non-finite value's exponent is all ones), so the loop vectorizes.
-__attribute__((target_clones("avx2", "default"))) uint32_t MaxAbsBits(
+PSERVER_CLONES_AVX2 uint32_t MaxAbsBits(
     const float* v, size_t n) {
   uint32_t top = 0;
   for (size_t i = 0; i < n; ++i) {

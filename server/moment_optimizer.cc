@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/internal/cpu.h"
+
 namespace pserver {
 
 namespace moment_kernels {
@@ -10,11 +12,11 @@ namespace moment_kernels {
 // The per-element updates, one function per optimizer and stage, over
 // restrict pointers and with no dependence between elements, so that the
 // compiler vectorizes them (the sums of squares are apart, in Tiled).
-// Compiled for AVX2 and for the baseline, chosen at load time; no multiply-
-// add is fused (AVX2 alone has no FMA), so both give the bits the scalar
-// formulas of optimizer.h give, operation for operation. d[j] receives the
-// change to x[j].
-#define PSERVER_MOMENT_KERNEL __attribute__((target_clones("avx2", "default")))
+// Compiled for AVX2 and for the baseline, chosen at load time
+// (PSERVER_CLONES_AVX2); no multiply-add is fused, so both give the bits
+// the scalar formulas of optimizer.h give, operation for operation. d[j]
+// receives the change to x[j].
+#define PSERVER_MOMENT_KERNEL PSERVER_CLONES_AVX2
 
 PSERVER_MOMENT_KERNEL void Sgd(float* __restrict x, float* __restrict m,
                                const float* __restrict g, float* __restrict d,

@@ -4,6 +4,28 @@
 #ifndef PSERVER_COMMON_INTERNAL_CPU_H_
 #define PSERVER_COMMON_INTERNAL_CPU_H_
 
+// PSERVER_CLONES_AVX2 before a function: the compiler builds it twice, for
+// AVX2 and for the baseline, and the loader picks one for the CPU (GCC's and
+// Clang's target_clones, an ifunc). For plain loops the compiler vectorizes
+// (no intrinsics); AVX2 alone has no FMA, so both clones give the same bits.
+// Empty off x86-64 and under the sanitizers: an ifunc resolver runs while
+// relocations are processed, before a sanitizer's runtime is up
+// (ThreadSanitizer crashes in it), so those builds take the baseline.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define PSERVER_INTERNAL_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define PSERVER_INTERNAL_SANITIZED 1
+#endif
+#if defined(__x86_64__) && !defined(PSERVER_INTERNAL_SANITIZED)
+#define PSERVER_CLONES_AVX2 __attribute__((target_clones("avx2", "default")))
+#else
+#define PSERVER_CLONES_AVX2
+#endif
+
 namespace pserver {
 namespace internal {
 
