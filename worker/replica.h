@@ -7,7 +7,8 @@
 //
 // Memory: the staging buffer is a second fp32 copy of the model (4 bytes per
 // parameter, allocated once at Reset and reused every step; Commit swaps the
-// two buffers, so a step copies only the slices pulled as deltas).
+// two buffers, and a delta is added from the replica straight into the
+// staging buffer, so nothing is copied).
 //
 // Usage:
 //   replica.BeginUpdate();
