@@ -31,7 +31,9 @@ void Replica::BeginUpdate() {
 
 void Replica::HashStaged(size_t s, uint64_t offset, uint64_t size) {
   Hashing& hs = hashing_[s];
-  if (offset == 0) hs = Hashing();  // a pull's answer starts again
+  // Chunk 0 after a hashed prefix: the answer starts again (a new attempt).
+  // Before any (chunks may arrive out of order), what waits is kept.
+  if (offset == 0 && (hs.to > 0 || hs.stale)) hs = Hashing();
   if (offset < hs.to) {
     hs.stale = true;
     return;

@@ -109,7 +109,7 @@ TEST_P(ErrorFeedbackAllCodecs, PiecesReadAndWriteOnlyTheirOwnResidual) {
 
 // The pieces' norms come from the encode: the in-place 1-bit kernel sums
 // each block's squares in float lanes, so a sum over pieces agrees with a
-// full pass in double to about 1e-7, not to the last bit.
+// full pass in double to about 1e-7 (blocks of 256), not to the last bit.
 TEST(ErrorFeedback, ResidualNormFromPiecesEqualsAFullPass) {
   auto codec = MustMake(v1::CODEC_ONEBIT, v1::CodecParams());
   ErrorFeedback ef(codec.get(), 1000);
