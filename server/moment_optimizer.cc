@@ -63,65 +63,21 @@ PSERVER_MOMENT_KERNEL void Adam(float* __restrict x, float* __restrict m,
   }
 }
 
-PSERVER_MOMENT_KERNEL void WorkerMomentumPre(float* __restrict x,
-                                             float* __restrict m,
-                                             const float* __restrict g,
-                                             float* __restrict d, uint64_t n,
-                                             float lr, float wd, float c1,
-                                             float grow) {
+// 1-bit Adam's compression stage. worker: g is the workers' momentum and m
+// only decays; else m follows g. pre: the preconditioned step (v unread,
+// may be null); else divided by sqrt(v) + eps. The flags are the same for
+// the whole loop, which the compiler unswitches into four vector loops.
+PSERVER_MOMENT_KERNEL void CompressionStage(
+    float* __restrict x, float* __restrict m, const float* __restrict v,
+    const float* __restrict g, float* __restrict d, uint64_t n, float lr,
+    float wd, float c1, float grow, float eps, bool worker, bool pre) {
   for (uint64_t i = 0; i < n; ++i) {
-    float mi = c1 * m[i];
+    const float mi = worker ? c1 * m[i] : c1 * m[i] + (1.0f - c1) * g[i];
     m[i] = mi;
-    float mom = mi + g[i];
-    float di = lr * (grow * mom + wd * x[i]);
-    x[i] -= di;
-    d[i] = di;
-  }
-}
-
-PSERVER_MOMENT_KERNEL void WorkerMomentum(float* __restrict x,
-                                          float* __restrict m,
-                                          const float* __restrict v,
-                                          const float* __restrict g,
-                                          float* __restrict d, uint64_t n,
-                                          float lr, float wd, float c1,
-                                          float grow, float eps) {
-  for (uint64_t i = 0; i < n; ++i) {
-    float mi = c1 * m[i];
-    m[i] = mi;
-    float mom = mi + g[i];
-    float di = lr * (grow * mom / (std::sqrt(v[i]) + eps) + wd * x[i]);
-    x[i] -= di;
-    d[i] = di;
-  }
-}
-
-PSERVER_MOMENT_KERNEL void ServerMomentumPre(float* __restrict x,
-                                             float* __restrict m,
-                                             const float* __restrict g,
-                                             float* __restrict d, uint64_t n,
-                                             float lr, float wd, float c1,
-                                             float grow) {
-  for (uint64_t i = 0; i < n; ++i) {
-    float mi = c1 * m[i] + (1.0f - c1) * g[i];
-    m[i] = mi;
-    float di = lr * (grow * mi + wd * x[i]);
-    x[i] -= di;
-    d[i] = di;
-  }
-}
-
-PSERVER_MOMENT_KERNEL void ServerMomentum(float* __restrict x,
-                                          float* __restrict m,
-                                          const float* __restrict v,
-                                          const float* __restrict g,
-                                          float* __restrict d, uint64_t n,
-                                          float lr, float wd, float c1,
-                                          float grow, float eps) {
-  for (uint64_t i = 0; i < n; ++i) {
-    float mi = c1 * m[i] + (1.0f - c1) * g[i];
-    m[i] = mi;
-    float di = lr * (grow * mi / (std::sqrt(v[i]) + eps) + wd * x[i]);
+    const float mom = worker ? mi + g[i] : mi;
+    const float di =
+        pre ? lr * (grow * mom + wd * x[i])
+            : lr * (grow * mom / (std::sqrt(v[i]) + eps) + wd * x[i]);
     x[i] -= di;
     d[i] = di;
   }
@@ -261,28 +217,14 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
     });
   }
   const float c1 = CompressionBeta1(config_);
-  const bool pre = config_.preconditioned;
-  if (config_.worker_momentum) {
-    // g is the mean of the workers' momenta since the freeze; m carries the
-    // momentum the freeze found, decaying as if no gradient followed.
-    return Tiled(n, [&](uint64_t o, uint64_t len, float* d) {
-      if (pre) {
-        moment_kernels::WorkerMomentumPre(xb + o, m + o, gb + o, d, len, lr,
-                                          wd, c1, grow);
-      } else {
-        moment_kernels::WorkerMomentum(xb + o, m + o, v + o, gb + o, d, len,
-                                       lr, wd, c1, grow, eps);
-      }
-    });
-  }
+  const bool worker = config_.worker_momentum, pre = config_.preconditioned;
+  // With worker momentum, g is the mean of the workers' momenta since the
+  // freeze; m carries the momentum the freeze found, decaying as if no
+  // gradient followed.
   return Tiled(n, [&](uint64_t o, uint64_t len, float* d) {
-    if (pre) {
-      moment_kernels::ServerMomentumPre(xb + o, m + o, gb + o, d, len, lr, wd,
-                                        c1, grow);
-    } else {
-      moment_kernels::ServerMomentum(xb + o, m + o, v + o, gb + o, d, len, lr,
-                                     wd, c1, grow, eps);
-    }
+    moment_kernels::CompressionStage(xb + o, m + o, pre ? nullptr : v + o,
+                                     gb + o, d, len, lr, wd, c1, grow, eps,
+                                     worker, pre);
   });
 }
 
