@@ -38,8 +38,13 @@ void Replica::HashStaged(size_t s, uint64_t offset, uint64_t size) {
     hs.stale = true;
     return;
   }
-  hs.waiting[offset] = size;
   const float* base = staging_.data() + ranges_[s].begin;
+  if (offset != hs.to) {
+    hs.waiting[offset] = size;  // early: waits for the chunks before it
+    return;
+  }
+  hs.h.Update(base + offset, size * sizeof(float));
+  hs.to += size;
   for (auto it = hs.waiting.begin();
        it != hs.waiting.end() && it->first == hs.to;
        it = hs.waiting.erase(it)) {
