@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fused_feedback.h"
-#include "common/internal/cpu.h"
+#include "common/norms.h"
 #include "common/validated_tensor.h"
 
 namespace pserver {
@@ -51,28 +51,6 @@ double CopyWithSquaredNorm(absl::Span<const float> src, absl::Span<float> dst) {
     a0 += static_cast<double>(src[i]) * src[i];
   }
   return (a0 + a1) + (a2 + a3);
-}
-
-// max |v_i| in double (+inf if any is not finite): the compare runs on
-// the bits (|v| is v without its sign bit, ordered as an integer, and a
-// non-finite value's exponent is all ones), so the loop vectorizes.
-PSERVER_CLONES_AVX2 uint32_t MaxAbsBits(
-    const float* v, size_t n) {
-  uint32_t top = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, sizeof(bits));
-    top = std::max(top, bits & 0x7FFFFFFFu);
-  }
-  return top;
-}
-
-double MaxAbs(absl::Span<const float> v) {
-  const uint32_t top = MaxAbsBits(v.data(), v.size());
-  if (top >= 0x7F800000u) return std::numeric_limits<double>::infinity();
-  float m;
-  std::memcpy(&m, &top, sizeof(m));
-  return m;
 }
 
 // Where the in-place kernel may run: |u| at most a quarter of FLT_MAX, so

@@ -21,6 +21,12 @@ double SquaredNorm(absl::Span<const float> v, ThreadPool* pool);
 double SquaredDistance(absl::Span<const float> a, absl::Span<const float> b,
                        ThreadPool* pool);
 
+// max_i |v[i]|, +inf if any v[i] is not finite (0 for an empty span): the
+// compare runs on the bits (|v| is v without its sign bit, ordered as an
+// integer; a non-finite value's exponent is all ones), so one vectorized
+// pass serves as the finite check too.
+double MaxAbs(absl::Span<const float> v);
+
 }  // namespace pserver
 
 #endif  // PSERVER_COMMON_NORMS_H_

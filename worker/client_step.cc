@@ -12,22 +12,15 @@
 #include "absl/time/clock.h"
 #include "common/codec.h"
 #include "common/mix.h"
+#include "common/norms.h"
 #include "worker/client.h"
 
 namespace pserver {
 namespace {
 
-// Whether no value is NaN or infinite: an exponent of all ones. A branch-
-// free loop the compiler vectorizes (std::isfinite per element is not).
-bool AllFinite(absl::Span<const float> v) {
-  uint32_t bad = 0;
-  for (float f : v) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
-  }
-  return bad == 0;
-}
+// Whether no value is NaN or infinite (common/norms.h's one vectorized
+// pass over the bits).
+bool AllFinite(absl::Span<const float> v) { return std::isfinite(MaxAbs(v)); }
 
 }  // namespace
 

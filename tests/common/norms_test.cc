@@ -2,7 +2,9 @@
 // gauges, against a serial long-double sum, the same on every call.
 #include "common/norms.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -47,6 +49,22 @@ TEST(Norms, MatchSerialSumsForEverySizeAndPool) {
   EXPECT_EQ(SquaredDistance(big, big, &one), 0.0);
   const double sq = 5 * (double{3e30f} * double{3e30f});
   EXPECT_NEAR(SquaredNorm(big, &one), sq, 1e-15 * sq);
+}
+
+TEST(Norms, MaxAbsIsTheLargestMagnitudeOrInfinity) {
+  EXPECT_EQ(MaxAbs({}), 0.0);
+  std::vector<float> v = Values(1001, 6.0f, 3);
+  double want = 0;
+  for (float f : v) want = std::max(want, double{std::fabs(f)});
+  EXPECT_EQ(MaxAbs(v), want);
+  v[500] = -3e38f;
+  EXPECT_EQ(MaxAbs(v), double{3e38f});
+  for (float bad : {std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    v[777] = bad;
+    EXPECT_TRUE(std::isinf(MaxAbs(v))) << bad;
+  }
 }
 
 }  // namespace
