@@ -128,6 +128,20 @@ ROWS = {
                       "script": "--local-steps 16 --push-codec quantize --bits 2"},
     "diloco_h16_onebit": {"kind": "ps", "shard": f"{DILOCO} --pull-codec onebit",
                           "script": "--local-steps 16 --push-codec onebit"},
+    # DiLoCo with the outer Nesterov momentum kept by each worker (the
+    # shards apply its step with plain SGD at the outer lr): measured with
+    # --extra-row first (results/lm_local_steps), rows since.
+    "diloco_h16_q2_wm": {"kind": "ps",
+                         "shard": "--optimizer sgd --momentum=0 --lr 0.7 "
+                                  f"--weight_decay=0 {LONG_LEASE} "
+                                  "--pull-codec quantize --pull_bits=2",
+                         "script": "--local-steps 16 --push-codec quantize "
+                                   "--bits 2 --outer-momentum 0.9"},
+    "diloco_h16_onebit_wm": {"kind": "ps",
+                             "shard": "--optimizer sgd --momentum=0 --lr 0.7 "
+                                      "--weight_decay=0 --pull-codec onebit",
+                             "script": "--local-steps 16 --push-codec onebit "
+                                       "--outer-momentum 0.9"},
     "diloco_h64_q8": {"kind": "ps",
                       "shard": f"{DILOCO} {LONG_LEASE} --pull-codec quantize "
                                "--pull_bits=8",

@@ -59,6 +59,7 @@ ROWS = {
     "diloco_h16_onebit": dict(
         lmf.ROWS["diloco_h16_onebit"],
         shard=lmf.ROWS["diloco_h16_onebit"]["shard"] + LONG_LEASE),
+    "diloco_h16_q2_wm": lmf.ROWS["diloco_h16_q2_wm"],  # has the long lease
     # BytePS's layout: a shard beside each worker, on the worker's host (4
     # shards, no shard hosts), so every host's link carries an equal share.
     "ps_onebit_colocated": dict(lmf.ROWS["ps_onebit"], layout="colocated"),
@@ -69,7 +70,8 @@ BASELINE = "ddp_fp32"
 # Issue 29's targets: (rate in bit/s, rows, at least this much sooner than
 # BASELINE); a list of rows is met by its best row.
 GOALS = [(100e6, ["ps_onebit", "ps_onebit_colocated"], 5),
-         (100e6, ["diloco_h16_q8", "diloco_h16_onebit"], 10),
+         (100e6, ["diloco_h16_q8", "diloco_h16_onebit", "diloco_h16_q2_wm"],
+          10),
          (1e9, ["ps_onebit", "ps_onebit_colocated"], 2)]
 # Where each layout puts the shards: (hosts, shards).
 LAYOUTS = {"dedicated": ("2 shard hosts", SHARDS),
@@ -626,6 +628,30 @@ def report(args):
     return 1 if failures else 0
 
 
+def restore(args):
+    """Writes the runs of a report's JSON (time_to_loss.json) into WORK as
+    the result.json files they were made from, where WORK has none: a new
+    machine then adds rows or seeds to the committed table (a restored run
+    is reused only when its spec is still the one planned)."""
+    doc = json.loads(pathlib.Path(args.source).read_text())
+    written = kept = 0
+    for rate, entry in doc.get("rates", {}).items():
+        for r in entry.get("runs", []):
+            s = r["spec"]
+            if s["rate"] != rate:
+                raise SystemExit(f"time_to_loss.py restore: {args.source}: a run "
+                                 f"of rate {s['rate']!r} under {rate!r}")
+            rd = args.work / rate / s["row"] / str(int(s["seed"]))
+            if load_result(rd) is not None:
+                kept += 1
+                continue
+            rd.mkdir(parents=True, exist_ok=True)
+            (rd / "result.json").write_text(json.dumps(r, indent=1))
+            written += 1
+    print(f"time_to_loss: restored {written} run(s) from {args.source} into "
+          f"{args.work} ({kept} already there, kept)", file=sys.stderr)
+
+
 # ---------------------------------------------------------------------------
 
 def parse(argv=None):
@@ -634,6 +660,9 @@ def parse(argv=None):
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect", help="DIR's result.json")
     c.add_argument("--dir", required=True)
+    r = sub.add_parser("restore", help="a report's runs into WORK")
+    r.add_argument("--work", required=True, type=pathlib.Path)
+    r.add_argument("--source", required=True)
     for name in ("plan", "report"):
         q = sub.add_parser(name)
         q.add_argument("--work", required=True, type=pathlib.Path)
@@ -653,7 +682,7 @@ def parse(argv=None):
         if name == "report":
             q.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    if a.command != "collect":
+    if a.command not in ("collect", "restore"):
         a.work = a.work.resolve()
         a.rates = [(n, float(b), int(u)) for n, b, u in
                    (x.split(":") for x in a.rates.split())]
@@ -671,6 +700,8 @@ def main():
         plan(args)
     elif args.command == "collect":
         collect(args)
+    elif args.command == "restore":
+        restore(args)
     else:
         sys.exit(report(args))
 

@@ -10,10 +10,12 @@
 # (tests/bench/time_to_loss.py's ROWS):
 #   ddp_fp32, ddp_fp16, ddp_powersgd   train_gpt.py --ddp on the 4 worker
 #                     hosts over gloo (rank 0's store on the first)
-#   ps_fp32, ps_onebit, ps_topk, diloco_h16_q8, diloco_h16_onebit
+#   ps_fp32, ps_onebit, ps_topk, diloco_h16_q8, diloco_h16_onebit,
+#   diloco_h16_q2_wm
 #                     train_gpt.py --pserver on the worker hosts, pserver_server
 #                     on the shard hosts, lm_fidelity.py's rows (the local-step
-#                     ones with a 600 s lease)
+#                     ones with a 600 s lease; _wm: the workers keep the outer
+#                     momentum)
 #   ps_onebit_colocated, ps_topk_colocated
 #                     the same as ps_onebit and ps_topk with 4 shards, one on
 #                     each worker's host (BytePS's layout; in the default
@@ -33,10 +35,13 @@
 #   sudo RATES=100mbit RUNS="ddp_fp32 ps_onebit" REPEATS=1 tests/bench/time_to_loss.sh
 #
 # Options: --results (write to tests/bench/results), --out DIR, --work DIR,
-# --build DIR (default build/, as BUILD_DIR), --report-only, --help.
+# --build DIR (default build/, as BUILD_DIR), --report-only, --help,
+# --restore FILE (first the runs of a report's time_to_loss.json into WORK,
+# where WORK has none of its own: to add rows or seeds to a committed table
+# on another machine, e.g. --restore tests/bench/results/time_to_loss.json).
 # Variables (defaults):
 #   RATES="100mbit 1gbit"  link rates each way, tc units (bit, kbit, mbit, gbit)
-#   RUNS="ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit ps_onebit_colocated ps_topk_colocated"
+#   RUNS="ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit diloco_h16_q2_wm ps_onebit_colocated ps_topk_colocated"
 #   REPEATS=3         runs per row and rate
 #   CAP=1500          seconds of training after which a run stops unreached
 #                     (at its next evaluation: train_gpt.py --max-seconds)
@@ -61,6 +66,7 @@ BUILD="${BUILD_DIR:-$ROOT/build}"
 OUT="${OUT:-$ROOT/results/time_to_loss}"
 WORK="${WORK:-$ROOT/results/time_to_loss/runs}"
 report_only=0
+RESTORE=""
 die() { echo "time_to_loss.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -69,13 +75,14 @@ while [[ $# -gt 0 ]]; do
     --work) [[ $# -ge 2 && -n "$2" ]] || die "--work needs a folder"; WORK="$2"; shift 2 ;;
     --build) [[ $# -ge 2 && -n "$2" ]] || die "--build needs a folder"; BUILD="$2"; shift 2 ;;
     --report-only) report_only=1; shift ;;
+    --restore) [[ $# -ge 2 && -f "$2" ]] || die "--restore needs a report's time_to_loss.json"; RESTORE="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1'; expected --results, --out DIR, --work DIR, --build DIR, --report-only or --help" ;;
+    *) die "unknown argument '$1'; expected --results, --out DIR, --work DIR, --build DIR, --restore FILE, --report-only or --help" ;;
   esac
 done
 
 RATES="${RATES:-100mbit 1gbit}"
-RUNS="${RUNS:-ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit ps_onebit_colocated ps_topk_colocated}"
+RUNS="${RUNS:-ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit diloco_h16_q2_wm ps_onebit_colocated ps_topk_colocated}"
 REPEATS="${REPEATS:-3}"
 CAP="${CAP:-1500}"
 EVAL_EVERY="${EVAL_EVERY:-100}"
@@ -128,6 +135,10 @@ OUT="$(cd "$OUT" && pwd)"
 settings=(--work "$WORK" --rates "$rate_list" --runs "$RUNS" --repeats "$REPEATS" --cap "$CAP"
           --eval-every "$EVAL_EVERY" --tbf-latency "$TBF_LATENCY" --reference "$REFERENCE"
           ${STEPS:+--steps "$STEPS"} ${TARGET:+--target "$TARGET"})
+if [[ -n "$RESTORE" ]]; then
+  "$PYTHON" "$HERE/time_to_loss.py" restore --work "$WORK" --source "$RESTORE" ||
+    die "could not restore the runs of $RESTORE"
+fi
 report() {
   "$PYTHON" "$HERE/time_to_loss.py" report "${settings[@]}" --out "$OUT"
 }

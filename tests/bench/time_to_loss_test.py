@@ -169,3 +169,42 @@ def test_report_reads_the_runs_it_planned(tmp_path):
     assert "| 0.008 | 0.100 |" in md
     assert got["ps_onebit"]["cpu_s_per_step"] == pytest.approx(0.1)
     assert (out / "time_to_loss_100mbit.svg").exists()
+
+
+def test_restore_writes_a_reports_runs_back_and_the_report_reads_them(
+        tmp_path):
+    """A committed report's runs, restored into an empty WORK, give the same
+    report; a folder that has a result of its own is kept."""
+    pytest.importorskip("pserver.launch")
+    work, out = tmp_path / "runs", tmp_path / "out"
+    rows = ["ddp_fp32", "ps_onebit"]
+    a = args_for(work, rows, repeats=2, out=out)
+    rate = a.rates[0]
+    for row in rows:
+        for seed, t in ((1, 900), (2, None)):
+            rd = work / "100mbit" / row / str(seed)
+            rd.mkdir(parents=True)
+            r = fake_result(row, seed, t, 2000, {"w0": {"in": 1e8, "out": 2e8}},
+                            {"w0": 0.1, "w1": 0.05})
+            r["spec"] = ttl.spec(a, row, rate, seed, 1.6)
+            (rd / "result.json").write_text(json.dumps(r))
+    assert ttl.report(a) == 0
+    first = (out / "time_to_loss.md").read_text()
+
+    again = tmp_path / "again"
+    mine = again / "100mbit" / "ps_onebit" / "2"
+    mine.mkdir(parents=True)
+    kept = fake_result("ps_onebit", 2, 300, 2000, {"w0": {"in": 1, "out": 1}},
+                       {"w0": 0.1, "w1": 0.05})
+    kept["spec"] = ttl.spec(a, "ps_onebit", rate, 2, 1.6)
+    (mine / "result.json").write_text(json.dumps(kept))
+    ttl.restore(ttl.parse(["restore", "--work", str(again), "--source",
+                           str(out / "time_to_loss.json")]))
+    assert json.loads((mine / "result.json").read_text()) == kept
+    (mine / "result.json").unlink()
+    ttl.restore(ttl.parse(["restore", "--work", str(again), "--source",
+                           str(out / "time_to_loss.json")]))
+    b = args_for(again, rows, repeats=2, out=tmp_path / "out2")
+    assert ttl.report(b) == 0
+    second = (tmp_path / "out2" / "time_to_loss.md").read_text()
+    assert second.replace(str(again), "W") == first.replace(str(work), "W")
