@@ -160,9 +160,14 @@ absl::Status Codec::Decode(const v1::EncodedTensor& t,
                            absl::Span<float> out) const {
   absl::Status s = Validate(t, out.size());
   if (!s.ok()) return s;
-  std::fill(out.begin(), out.end(), 0.0f);
-  AccumulateValid(t, 1.0f, out);
+  AssignValid(t, 1.0f, out);
   return absl::OkStatus();
+}
+
+void Codec::AssignValid(const v1::EncodedTensor& t, float alpha,
+                        absl::Span<float> out) const {
+  std::fill(out.begin(), out.end(), 0.0f);
+  AccumulateValid(t, alpha, out);
 }
 
 void Codec::AddValid(const v1::EncodedTensor& t, absl::Span<const float> base,

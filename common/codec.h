@@ -86,6 +86,13 @@ class Codec {
   virtual void AddValid(const v1::EncodedTensor& t,
                         absl::Span<const float> base,
                         absl::Span<float> out) const;
+  // out = 0.0f + alpha * decode(t) without checks, bit for bit a zero-filled
+  // out then AccumulateValid(t, alpha, out) (what it overwrites is not
+  // read). The default is that fill and accumulate; codecs override it
+  // with one pass that writes out once (the shard's first push of a chunk
+  // in a round, a decoded snapshot).
+  virtual void AssignValid(const v1::EncodedTensor& t, float alpha,
+                           absl::Span<float> out) const;
 
  private:
   // Runs AccumulateValid on tensors it has validated (or that the encoder

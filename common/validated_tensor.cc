@@ -50,10 +50,13 @@ void ValidatedTensor::AddInto(absl::Span<const float> base,
   decoder_->AddValid(*tensor_, base, out);
 }
 
-void ValidatedTensor::DecodeInto(absl::Span<float> out) const {
+void ValidatedTensor::AssignInto(float alpha, absl::Span<float> out) const {
   CheckSize(out.size());
-  std::fill(out.begin(), out.end(), 0.0f);
-  decoder_->AccumulateValid(*tensor_, 1.0f, out);
+  decoder_->AssignValid(*tensor_, alpha, out);
+}
+
+void ValidatedTensor::DecodeInto(absl::Span<float> out) const {
+  AssignInto(1.0f, out);
 }
 
 }  // namespace pserver

@@ -47,6 +47,11 @@ class ValidatedTensor {
   // REQUIRES: base.size() == out.size() == num_elements() (checked as
   // below).
   void AddInto(absl::Span<const float> base, absl::Span<float> out) const;
+  // out = 0.0f + alpha * decode(tensor()) (overwrites, without reading
+  // out), bit for bit a zero-filled out followed by AccumulateInto(alpha,
+  // out), in one pass where the codec has one.
+  // REQUIRES: out.size() == num_elements() (checked as above).
+  void AssignInto(float alpha, absl::Span<float> out) const;
   // out = decode(tensor()) (overwrites), bit for bit Codec::Decode.
   // REQUIRES: out.size() == num_elements() (checked as above).
   void DecodeInto(absl::Span<float> out) const;

@@ -91,6 +91,7 @@ std::optional<Round::Batch> Round::BeginSum(
     batch.chunk = c;
     batch.first = next_[c];
     batch.skipped = next_[c] - before;
+    batch.assign = count_[c] == 0;
     batch.a = &queued_[c].at(next_[c]);
     busy_[c] = true;
     ++busy_count_;
@@ -132,7 +133,6 @@ std::vector<std::function<void()>> Round::Clear() {
     }
     chunk.clear();
   }
-  sum_->Zero();
   std::fill(next_.begin(), next_.end(), 0);
   std::fill(count_.begin(), count_.end(), 0);
   std::fill(busy_.begin(), busy_.end(), false);
@@ -167,7 +167,11 @@ void RoundSum::Add(const Round::Batch& batch) {
   float* base = const_cast<float*>(sum_.data());
   absl::Span<float> chunk(base + plan_.begin(batch.chunk),
                           plan_.size(batch.chunk));
-  batch.a->valid->AccumulateInto(batch.a->weight, chunk);
+  if (batch.assign) {
+    batch.a->valid->AssignInto(batch.a->weight, chunk);
+  } else {
+    batch.a->valid->AccumulateInto(batch.a->weight, chunk);
+  }
 }
 
 void RoundSum::WithMean(
@@ -176,15 +180,21 @@ void RoundSum::WithMean(
     absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum) {
   absl::MutexLock l(&mu_);
   float* acc = sum_.data();
+  // A chunk no push wrote holds the last round's scratch: its mean is zero.
+  for (uint32_t c = 0; c < counts.size(); ++c) {
+    if (counts[c] == 0) {
+      std::fill_n(acc + plan_.begin(c), plan_.size(c), 0.0f);
+    }
+  }
   std::vector<float> kept;  // small: broadcast buffers only
   for (const auto& [b, e] : keep_sum) {
     kept.insert(kept.end(), acc + b, acc + std::min<uint64_t>(e, sum_.size()));
   }
   for (uint32_t c = 0; c < counts.size(); ++c) {
-    // One push: the sum is the mean (x * 1 is x), no pass over the chunk.
-    if (counts[c] == 1) continue;
-    const float inv =
-        counts[c] == 0 ? 0.0f : 1.0f / static_cast<float>(counts[c]);
+    // One push: the sum is the mean (x * 1 is x), no pass over the chunk;
+    // none: zeroed above.
+    if (counts[c] <= 1) continue;
+    const float inv = 1.0f / static_cast<float>(counts[c]);
     float* chunk = acc + plan_.begin(c);
     pool_->ParallelFor(plan_.size(c), kMinParallelChunk,
                        [chunk, inv](uint64_t b, uint64_t e) {
@@ -198,11 +208,6 @@ void RoundSum::WithMean(
     at += end - b;
   }
   fn(absl::MakeSpan(sum_));
-}
-
-void RoundSum::Zero() {
-  absl::MutexLock l(&mu_);
-  std::fill(sum_.begin(), sum_.end(), 0.0f);
 }
 
 }  // namespace pserver

@@ -67,6 +67,9 @@ class Round {
     uint32_t chunk = 0;
     uint32_t first = 0;    // the worker
     uint32_t skipped = 0;  // workers before it passed over in this chunk
+    // The chunk's first push this round: its decode overwrites the chunk
+    // (which holds the last round's scratch) instead of adding to it.
+    bool assign = false;
     const Push* a = nullptr;
   };
 
@@ -121,8 +124,9 @@ class Round {
   std::function<void()> EndSum(const Batch& batch);
 
   // Runs fn on the mean (each chunk's sum / its contributors; a chunk no
-  // worker contributed to is zero), which fn may then overwrite (scratch
-  // until Clear()). REQUIRES: all_in(), contributors() > 0.
+  // worker contributed to is zero), which fn may then overwrite (scratch:
+  // the next round's first pushes write over it). REQUIRES: all_in(),
+  // contributors() > 0.
   // Elements in `keep_sum` (sorted, disjoint [begin, end) ranges) stay the
   // sum (broadcast buffers: one worker pushes, the rest push zeros).
   void WithMean(
@@ -168,18 +172,21 @@ class RoundSum {
 
   // Sets the length and chunking and zeroes the sum.
   void Resize(const ChunkPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
-  // Decodes the batch's push into its chunk of the sum. Cannot fail: only
-  // validated pushes (tokens) get into a round. The push must stay alive
-  // until it returns.
+  // Decodes the batch's push into its chunk of the sum: written over the
+  // chunk when batch.assign (0 + w x decode, bit for bit an add to a zeroed
+  // chunk), added to it otherwise. A chunk is not zeroed between rounds:
+  // its first push's decode writes it, so nothing is read or written twice.
+  // Cannot fail: only validated pushes (tokens) get into a round. The push
+  // must stay alive until it returns.
   void Add(const Round::Batch& batch) ABSL_LOCKS_EXCLUDED(mu_);
-  // Divides chunk c by counts[c] (zero when 0), except the elements of
-  // `keep_sum`, and runs fn on the result, which fn may overwrite (the sum
-  // is scratch until Zero()).
+  // Zeroes each chunk c with counts[c] == 0 (no push wrote it this round),
+  // divides chunk c by counts[c] > 1, except the elements of `keep_sum`, and
+  // runs fn on the result, which fn may overwrite (the sum is scratch until
+  // the next round's first pushes).
   void WithMean(const std::vector<uint32_t>& counts,
                 absl::FunctionRef<void(absl::Span<float>)> fn,
                 absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum = {})
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Zero() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   ThreadPool* const pool_;

@@ -99,6 +99,14 @@ class OneBitCodec final : public CodecBase, public FusedFeedbackEncoder {
     OneBitAddTo(scales, scales + 4 * l.blocks, n, l, 1.0f, base.data(),
                 out.data());
   }
+  void AssignValid(const v1::EncodedTensor& t, float alpha,
+                   absl::Span<float> out) const override {
+    const uint64_t n = out.size();
+    OneBitLayout l = MakeOneBitLayout(n, t.params().block_size());
+    const uint8_t* scales =
+        reinterpret_cast<const uint8_t*>(t.payload().data());
+    OneBitAssign(scales, scales + 4 * l.blocks, n, l, alpha, out.data());
+  }
 
  private:
   bool IsL2() const { return params().scale_mode() == v1::SCALE_MODE_L2; }

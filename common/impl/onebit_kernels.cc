@@ -113,7 +113,10 @@ absl::Status EncodeScalar(const EncodeArgs& a, uint64_t n, const Layout& l,
   return absl::OkStatus();
 }
 
-// out[i] = base[i] + alpha * decode(i); base may be out.
+// out[i] = base[i] + alpha * decode(i); base may be out. kZero: base[i] is
+// 0.0f (base is not read), still added, so that -0.0 comes out +0.0 as it
+// does from a zero-filled buffer.
+template <bool kZero>
 void AccumulateScalar(const uint8_t* scales, const uint8_t* signs, uint64_t n,
                       const Layout& l, float alpha, const float* base,
                       float* out) {
@@ -122,7 +125,8 @@ void AccumulateScalar(const uint8_t* scales, const uint8_t* signs, uint64_t n,
     float pos = alpha * LoadScale(scales, b);
     float neg = -pos;
     for (uint64_t i = b0; i < b1; ++i) {
-      out[i] = base[i] + (((signs[i >> 3] >> (i & 7)) & 1) ? pos : neg);
+      out[i] = (kZero ? 0.0f : base[i]) +
+               (((signs[i >> 3] >> (i & 7)) & 1) ? pos : neg);
     }
   }
 }
@@ -277,10 +281,15 @@ absl::Status EncodeAvx2Dispatch(const EncodeArgs& a, uint64_t n,
 
 // As AccumulateScalar, bit for bit. REQUIRES: every block starts at a
 // multiple of 8.
+template <bool kZero>
 PSERVER_AVX2 void AccumulateAvx2(const uint8_t* scales, const uint8_t* signs,
                                  uint64_t n, const Layout& l, float alpha,
                                  const float* base, float* out) {
   const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 zero = _mm256_setzero_ps();
+  auto load = [base, zero](uint64_t i) PSERVER_AVX2 {
+    return kZero ? zero : _mm256_loadu_ps(base + i);
+  };
   for (uint64_t b = 0; b < l.blocks; ++b) {
     const uint64_t b0 = b * l.block, b1 = std::min(n, b0 + l.block);
     const float pos = alpha * LoadScale(scales, b);
@@ -293,18 +302,18 @@ PSERVER_AVX2 void AccumulateAvx2(const uint8_t* scales, const uint8_t* signs,
       m1 = _mm256_cmpeq_epi32(_mm256_and_si256(m1, bit), bit);
       __m256 v0 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m0));
       __m256 v1 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m1));
-      _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(base + i), v0));
-      _mm256_storeu_ps(out + i + 8,
-                       _mm256_add_ps(_mm256_loadu_ps(base + i + 8), v1));
+      _mm256_storeu_ps(out + i, _mm256_add_ps(load(i), v0));
+      _mm256_storeu_ps(out + i + 8, _mm256_add_ps(load(i + 8), v1));
     }
     for (; i + 8 <= b1; i += 8) {
       __m256i m0 = _mm256_set1_epi32(signs[i >> 3]);
       m0 = _mm256_cmpeq_epi32(_mm256_and_si256(m0, bit), bit);
       __m256 v0 = _mm256_blendv_ps(vneg, vpos, _mm256_castsi256_ps(m0));
-      _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(base + i), v0));
+      _mm256_storeu_ps(out + i, _mm256_add_ps(load(i), v0));
     }
     for (; i < b1; ++i) {
-      out[i] = base[i] + (((signs[i >> 3] >> (i & 7)) & 1) ? pos : -pos);
+      out[i] = (kZero ? 0.0f : base[i]) +
+               (((signs[i >> 3] >> (i & 7)) & 1) ? pos : -pos);
     }
   }
 }
@@ -339,11 +348,22 @@ void OneBitAddTo(const uint8_t* scales, const uint8_t* signs, uint64_t n,
                  float* out) {
 #if defined(__x86_64__)
   if (AvxUsable(l)) {
-    AccumulateAvx2(scales, signs, n, l, alpha, base, out);
+    AccumulateAvx2<false>(scales, signs, n, l, alpha, base, out);
     return;
   }
 #endif
-  AccumulateScalar(scales, signs, n, l, alpha, base, out);
+  AccumulateScalar<false>(scales, signs, n, l, alpha, base, out);
+}
+
+void OneBitAssign(const uint8_t* scales, const uint8_t* signs, uint64_t n,
+                  const OneBitLayout& l, float alpha, float* out) {
+#if defined(__x86_64__)
+  if (AvxUsable(l)) {
+    AccumulateAvx2<true>(scales, signs, n, l, alpha, nullptr, out);
+    return;
+  }
+#endif
+  AccumulateScalar<true>(scales, signs, n, l, alpha, nullptr, out);
 }
 
 }  // namespace impl

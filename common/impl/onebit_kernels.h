@@ -62,6 +62,12 @@ void OneBitAddTo(const uint8_t* scales, const uint8_t* signs, uint64_t n,
                  const OneBitLayout& l, float alpha, const float* base,
                  float* out);
 
+// out[i] = 0.0f + alpha * decode(element i): bit for bit a zero-filled out
+// followed by OneBitAccumulate, in one pass that does not read out.
+// REQUIRES: the payload was validated.
+void OneBitAssign(const uint8_t* scales, const uint8_t* signs, uint64_t n,
+                  const OneBitLayout& l, float alpha, float* out);
+
 }  // namespace impl
 }  // namespace pserver
 

@@ -96,6 +96,15 @@ class SegmentsCodec final : public CodecBase {
       offset += n;
     }
   }
+  void AssignValid(const v1::EncodedTensor& t, float alpha,
+                   absl::Span<float> out) const override {
+    uint64_t offset = 0;
+    for (const v1::EncodedTensor& s : t.segments()) {
+      const uint64_t n = s.num_elements();
+      DecoderFor(s.codec())->AssignValid(s, alpha, out.subspan(offset, n));
+      offset += n;
+    }
+  }
 };
 
 std::unique_ptr<Codec> NewSegmentsDecoder() {

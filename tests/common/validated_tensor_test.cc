@@ -2,8 +2,10 @@
 // and every refusal is the one MakeDecoderFor + Validate gave.
 #include "common/validated_tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -93,6 +95,31 @@ TEST_P(ValidatedTensorAllCodecs, AddIntoIsCopyThenAccumulateBitForBit) {
     std::vector<float> in_place = base;
     v->AddInto(in_place, absl::MakeSpan(in_place));
     EXPECT_TRUE(SameBits(in_place, want));
+  }
+}
+
+// AssignInto (the shard's first push of a chunk, a decoded snapshot) is a
+// zero-filled output and then AccumulateInto(alpha), bit for bit: what the
+// output held (NaN here) is not read, and a decoded -0 comes out +0 as
+// 0 + -0 does. Zero blocks give 1-bit and quantize a scale of 0 (+-0).
+TEST_P(ValidatedTensorAllCodecs, AssignIntoIsZeroFillThenAccumulateBitForBit) {
+  auto codec = MustMake(GetParam().codec, GetParam().params);
+  for (size_t n : {0, 1, 7, 255, 257, 1000, 4097, 70000}) {
+    SCOPED_TRACE(n);
+    std::vector<float> u = RandomVector(n, 7 + n);
+    for (size_t i = 0; i < std::min<size_t>(n, 600); ++i) u[i] = -0.0f;
+    v1::EncodedTensor t;
+    ASSERT_TRUE(codec->Encode(u, 23, &t).ok());
+    absl::StatusOr<ValidatedTensor> v = ValidateTensor(t, n);
+    ASSERT_TRUE(v.ok()) << v.status();
+    for (float alpha : {1.0f, -0.3f, 0.0f}) {
+      SCOPED_TRACE(alpha);
+      std::vector<float> want(n, 0.0f);
+      v->AccumulateInto(alpha, absl::MakeSpan(want));
+      std::vector<float> got(n, std::numeric_limits<float>::quiet_NaN());
+      v->AssignInto(alpha, absl::MakeSpan(got));
+      EXPECT_TRUE(SameBits(got, want));
+    }
   }
 }
 

@@ -5,9 +5,12 @@
 // the same bits as one at a time.
 #include "server/round.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -284,6 +287,40 @@ TEST(Round, MeanMayBeOverwrittenAsScratchUntilClear) {
   r.Queue(0, PushOf(std::vector<float>{1.0f, 1.0f}));
   DrainAll(r, WaitAll);
   EXPECT_EQ(MeanOf(r), (std::vector<float>{1.0f, 1.0f}));
+}
+
+// The sum is not zeroed between rounds: each chunk's first push writes over
+// what the last round left (scratch, NaN here), and a chunk no push wrote
+// is zero, in the mean and in a kept (broadcast) range.
+TEST(Round, NextRoundWritesOverTheScratchAndAnUnsentChunkIsZero) {
+  ThreadPool pool(1);
+  Round r(2, &pool);
+  r.Resize(6, 2);
+  for (uint32_t c = 0; c < 3; ++c) {
+    r.Queue(0, PushOf(std::vector<float>{1.0f, 2.0f}), c);
+    r.Queue(1, PushOf(std::vector<float>{3.0f, 4.0f}), c);
+  }
+  DrainAll(r, WaitAll);
+  r.WithMean([](absl::Span<float> mean) {
+    EXPECT_EQ(mean[5], 3.0f);
+    std::fill(mean.begin(), mean.end(),
+              std::numeric_limits<float>::quiet_NaN());
+  });
+  r.Clear();
+  // Chunk 0 from both, chunk 1 from worker 0 only, chunk 2 from nobody.
+  r.Queue(0, PushOf(std::vector<float>{-0.0f, 8.0f}), 0);
+  r.Queue(1, PushOf(std::vector<float>{-0.0f, 2.0f}), 0);
+  r.Queue(0, PushOf(std::vector<float>{7.0f, -0.0f}), 1);
+  DrainAll(r, [](uint32_t) { return false; });  // waits for nobody now
+  ASSERT_TRUE(r.all_in());
+  const std::vector<std::pair<uint64_t, uint64_t>> keep = {{4, 6}};
+  std::vector<float> got;
+  r.WithMean([&got](absl::Span<float> mean) {
+    got.assign(mean.begin(), mean.end());
+  }, keep);
+  // As sums from zero: 0 + -0 is +0.
+  EXPECT_TRUE(BitEqual(got, std::vector<float>{0.0f, 5.0f, 7.0f, 0.0f,
+                                               0.0f, 0.0f}));
 }
 
 }  // namespace
