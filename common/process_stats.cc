@@ -22,4 +22,11 @@ uint64_t MinorPageFaults() {
   return static_cast<uint64_t>(u.ru_minflt);
 }
 
+double ProcessCpuSeconds() {
+  struct rusage u {};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 }  // namespace pserver

@@ -18,6 +18,9 @@ std::string_view AllocatorName();
 // Minor page faults of the whole process so far (getrusage's ru_minflt).
 uint64_t MinorPageFaults();
 
+// User + system CPU seconds of the whole process so far (getrusage).
+double ProcessCpuSeconds();
+
 }  // namespace pserver
 
 #endif  // PSERVER_COMMON_PROCESS_STATS_H_

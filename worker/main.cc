@@ -252,6 +252,11 @@ void WriteSummary(const std::string& path, const TrainerOptions& t,
                        [](std::string* o, const StepRecord& x) {
                          absl::StrAppend(o, x.minor_faults);
                        })
+      << "], \"step_cpu_seconds\": ["
+      << absl::StrJoin(r.step_log, ", ",
+                       [](std::string* o, const StepRecord& x) {
+                         absl::StrAppendFormat(o, "%.6f", x.cpu_seconds);
+                       })
       << "], \"malloc\": \"" << AllocatorName() << "\"}\n";
 }
 

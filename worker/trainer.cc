@@ -221,6 +221,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   uint64_t pushed = client->stats().push_payload_bytes;
   uint64_t pulled = client->stats().pull_payload_bytes;
   uint64_t faulted = MinorPageFaults();
+  double cpu_used = ProcessCpuSeconds();
   auto evaluate = [&](int64_t epoch, int64_t step) {
     std::optional<EvalResult> e = model.Evaluate(client->weights());
     if (!e.has_value()) return;
@@ -291,12 +292,14 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     }
     const ClientStats& now = client->stats();
     const uint64_t faults = MinorPageFaults();
+    const double cpu = ProcessCpuSeconds();
     result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
                                now.pull_payload_bytes - pulled,
-                               faults - faulted});
+                               faults - faulted, cpu - cpu_used});
     pushed = now.push_payload_bytes;
     pulled = now.pull_payload_bytes;
     faulted = faults;
+    cpu_used = cpu;
     metrics->ObserveStep(seconds, done, result.last_loss);
     StepSample sample;
     sample.step = first;

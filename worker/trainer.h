@@ -84,6 +84,7 @@ struct StepRecord {
   uint64_t push_bytes = 0;
   uint64_t pull_bytes = 0;
   uint64_t minor_faults = 0;  // the whole process's, during the step
+  double cpu_seconds = 0;     // the whole process's, during the step
 };
 
 // One evaluation on the test set: after which step, when (seconds since

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/daemon/process_metrics.h"
 
 namespace pserver {
 
@@ -83,6 +84,7 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
         "--metrics_listen ", listen, ": cannot listen: ", e.what()));
   }
   exposer->RegisterCollectable(registry);
+  exposer->RegisterCollectable(TheProcessMetrics());
   return exposer;
 }
 

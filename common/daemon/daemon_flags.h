@@ -82,10 +82,11 @@ absl::StatusOr<TransportSecurity> LoadSecurityFromFlags(
 std::string SecuritySummary(const TransportSecurity& sec,
                             TransportSecurity::Role role);
 
-// Serves `registry` on http://<listen>/metrics. Null (metrics off) when
-// `listen` is empty; UNAVAILABLE "--metrics_listen <listen>: cannot listen:
-// <why>" when it does not bind. The caller (main) owns the exposer and keeps
-// it for the life of the process.
+// Serves `registry` and the process metrics (process_metrics.h: CPU
+// seconds, resident memory, faults) on http://<listen>/metrics. Null
+// (metrics off) when `listen` is empty; UNAVAILABLE "--metrics_listen
+// <listen>: cannot listen: <why>" when it does not bind. The caller (main)
+// owns the exposer and keeps it for the life of the process.
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
     const std::string& listen,
     const std::shared_ptr<prometheus::Registry>& registry);
