@@ -24,9 +24,13 @@
 # For each run it reports the median step after the first DROP steps, the
 # average step over the whole run (warmup included), bytes per worker per
 # step, the run's wire-time limit (bytes its busiest link must carry per
-# step / RATE) and step / limit: a table on stdout, network.md, network.json
-# and network.svg (tests/bench/network_report.py says how each figure is
-# computed). Takes about 10 minutes with the defaults.
+# step / RATE) and step / limit, the CPU seconds per step of the workers
+# and the busiest shard (workers: their own per-step CPU; shards: their
+# process_cpu_seconds_total between step DROP and the end, from /metrics),
+# and from these an estimate of the step on dedicated hosts (every process
+# on cores of its own; network_report.py gives the model): a table on
+# stdout, network.md, network.json and network.svg. Takes about 10 minutes
+# with the defaults.
 #
 #   sudo tests/bench/network.sh                     # results in a new /tmp/pserver-network.* folder
 #   sudo tests/bench/network.sh --results           # into tests/bench/results/
@@ -114,6 +118,7 @@ for r in $RUNS; do
   esac
 done
 [[ -x "$PYTHON" ]] || die "$PYTHON not found; the report needs it"
+command -v curl >/dev/null || die "curl not found (apt-get install curl); it reads the shards' CPU seconds"
 
 DIR="$(mktemp -d /tmp/pserver-network.XXXXXX)"  # logs and raw data, kept
 OUT="${OUT:-$DIR}"
@@ -143,6 +148,25 @@ scrape() {
 sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$2" >"$3"
 }
 
+# watch_shards RD: each shard's /metrics page once its step has reached DROP
+# (RD/shard<s>.drop), polled with curl from inside its namespace; the report
+# takes the shard's CPU seconds per round from it and the page at the end.
+watch_shards() {
+  local rd=$1 s
+  for ((s = 0; s < NUM_SHARDS; s++)); do
+    for _ in $(seq 2400); do
+      if ip netns exec "$TAG-${SHARD_HOST[$s]}" curl -sf --max-time 2 \
+           "http://${SHARD_IP[$s]}:9100/metrics" -o "$rd/shard$s.drop.tmp" 2>/dev/null &&
+         awk -v d="$DROP" '/^pserver_server_step[{ ]/ { if ($NF + 0 >= d) f = 1 } END { exit !f }' \
+           "$rd/shard$s.drop.tmp"; then
+        mv "$rd/shard$s.drop.tmp" "$rd/shard$s.drop"
+        break
+      fi
+      sleep 0.25
+    done
+  done
+}
+
 # run_pserver NAME SERVER_FLAGS WORKER_FLAGS (flag strings split on spaces)
 run_pserver() {
   local name=$1 rd="$DIR/$1" s w
@@ -170,7 +194,11 @@ run_pserver() {
       --summary_json="$rd/w$w.json" "${wflags[@]}" >"$rd/worker$w.log" 2>&1 &
     wpids+=($!); PIDS+=($!)
   done
+  watch_shards "$rd" &
+  local watcher=$!
   wait_pids "$RUN_TIMEOUT" "$name: workers" "${wpids[@]}"
+  kill "$watcher" 2>/dev/null || true
+  wait "$watcher" 2>/dev/null || true
   for ((s = 0; s < NUM_SHARDS; s++)); do
     scrape "$TAG-${SHARD_HOST[$s]}" "http://${SHARD_IP[$s]}:9100/metrics" "$rd/shard$s.metrics" ||
       fail "$name: cannot read shard $s's /metrics"

@@ -130,15 +130,16 @@ def main():
     noise = (torch.rand(a.params, generator=g) - 0.5) * 0.01
     sizes = [n * m for n, m in shapes]
     dist.barrier()
-    seconds = []
+    seconds, cpu = [], []
     for step in range(a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()  # every thread's CPU
         shift = (step * 2654435761 + 12345) % a.params
         grads = torch.roll(noise, shift).split(sizes)
         opt.zero_grad(set_to_none=True)
         model(grads).backward()  # returns once DDP's allreduces are done
         opt.step()
         seconds.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         print(f"rank {a.rank} step {step + 1}/{a.steps} {seconds[-1]:.3f} s", flush=True)
     dist.barrier()
     dist.destroy_process_group()
@@ -152,6 +153,7 @@ def main():
             "compressed_from_step": a.powersgd_start if a.hook == "powersgd" else 0,
             "allreduce_bytes": allreduce_bytes(shapes, a.hook, a.powersgd_rank, min_rate),
             "step_seconds": seconds,
+            "step_cpu_seconds": cpu,
         }, f)
 
 

@@ -38,6 +38,18 @@ Figures:
                 the ring sends and receives at once on full-duplex links, so
                 one direction: 2(N-1)/N x B.
   wire limit    busiest link bytes per step / rate
+  CPU per step  workers (and DDP ranks): the slowest one's median CPU seconds
+                per step over the kept steps (its own getrusage / process
+                time, every thread); shards: process_cpu_seconds_total from
+                the /metrics page taken when its step reached DROP to the
+                one at the end, over the rounds between, the busiest shard.
+                Measured with every process sharing the machine's cores.
+  dedicated-host estimate
+                what the step would take with every process on cores of its
+                own, from the link and the CPU figures: at best the largest
+                of the wire limit, the worker's CPU and the shard's CPU (all
+                overlapped, as chunked streaming pipelines them), at worst
+                their sum (nothing overlapped; DDP: wire + rank CPU).
   tc            the bytes the busiest link's tbf qdiscs really carried,
                 divided by STEPS: the whole run including setup, with all
                 framing (a check on the computed figure, not a replacement);
@@ -79,6 +91,27 @@ def metric_sum(path, name):
     return total
 
 
+def median_cpu(summaries, drop):
+    """The slowest process's median CPU seconds per step after `drop`, or
+    None for summaries without per-step CPU (runs made before it)."""
+    per = [statistics.median(x["step_cpu_seconds"][drop:]) for x in summaries
+           if len(x.get("step_cpu_seconds", [])) > drop]
+    return max(per) if per and len(per) == len(summaries) else None
+
+
+def shard_cpu_per_round(rd, s):
+    """Shard s's CPU seconds per round from its /metrics at step DROP
+    (shard<s>.drop) to the end (shard<s>.metrics); None without both."""
+    start, end = os.path.join(rd, f"shard{s}.drop"), os.path.join(rd, f"shard{s}.metrics")
+    if not (os.path.exists(start) and os.path.exists(end)):
+        return None
+    rounds = metric_sum(end, "pserver_server_step") - metric_sum(start, "pserver_server_step")
+    if rounds <= 0:
+        return None
+    return (metric_sum(end, "process_cpu_seconds_total") -
+            metric_sum(start, "process_cpu_seconds_total")) / rounds
+
+
 def tc_delta(rd):
     before, after = read_tc(os.path.join(rd, "tc.before")), read_tc(os.path.join(rd, "tc.after"))
     hosts = sorted({h for h, _ in after})
@@ -106,6 +139,7 @@ def pserver_run(name, rd, a):
         shard_bytes.append(metric_sum(p, "pserver_server_received_payload_bytes_total") +
                            metric_sum(p, "pserver_server_sent_payload_bytes_total"))
     share = max(shard_bytes) / sum(shard_bytes)
+    shard_cpu = [shard_cpu_per_round(rd, i) for i in range(len(shard_bytes))]
     tc = tc_delta(rd)
     if a.layout == "colocated":
         n = len(workers)
@@ -130,6 +164,9 @@ def pserver_run(name, rd, a):
         "busiest_shard_share": share,
         "busiest_link_bytes_per_step": busiest,
         "tc_busiest_link_bytes_per_step_whole_run": tc_busiest,
+        "worker_cpu_seconds_per_step": median_cpu(workers, a.drop),
+        "shard_cpu_seconds_per_round": (max(shard_cpu) if shard_cpu and
+                                        None not in shard_cpu else None),
         "step_seconds": steps,
     }
 
@@ -163,6 +200,8 @@ def ddp_run(name, rd, a):
         "busiest_link_bytes_per_step": ring,
         "tc_busiest_link_bytes_per_step_whole_run": tc_busiest,
         "compressed_from_step": ranks[0]["compressed_from_step"],
+        "worker_cpu_seconds_per_step": median_cpu(ranks, a.drop),
+        "shard_cpu_seconds_per_round": None,
         "step_seconds": steps,
     }
 
@@ -186,6 +225,50 @@ def table(runs, a):
             f"| {fmt(r['busiest_link_bytes_per_step'] / 1e6)} | {r['wire_limit_seconds']:.3f} "
             f"| {r['step_over_limit']:.2f} | {fmt(r['tc_busiest_link_bytes_per_step_whole_run'] / 1e6)} |")
     return lines
+
+
+def estimate(r):
+    """(overlapped, sequential) step seconds on dedicated hosts, or None
+    without the CPU figures."""
+    w = r["worker_cpu_seconds_per_step"]
+    if w is None:
+        return None
+    parts = [r["wire_limit_seconds"], w]
+    if r["kind"] == "pserver":
+        if r["shard_cpu_seconds_per_round"] is None:
+            return None
+        parts.append(r["shard_cpu_seconds_per_round"])
+    return max(parts), sum(parts)
+
+
+def cpu_table(runs):
+    lines = [
+        "| run | worker CPU s / step | busiest shard CPU s / round | wire limit s "
+        "| dedicated hosts: step s, overlapped .. sequential |",
+        "|---|---|---|---|---|",
+    ]
+    for r in runs:
+        w, sh, e = (r["worker_cpu_seconds_per_step"], r["shard_cpu_seconds_per_round"],
+                    r.get("dedicated_estimate_seconds"))
+        lines.append(f"| {r['name']} | {'-' if w is None else f'{w:.3f}'} "
+                     f"| {'-' if sh is None else f'{sh:.3f}'} | {r['wire_limit_seconds']:.3f} "
+                     f"| {'-' if e is None else f'{e[0]:.3f} .. {e[1]:.3f}'} |")
+    return lines
+
+
+def estimate_comparisons(runs):
+    by = {r["name"]: r for r in runs}
+    out = []
+    for fast in ("onebit", "topk"):
+        for base in ("fp32", "ddp_fp32"):
+            f, b = by.get(fast), by.get(base)
+            if not (f and b and f.get("dedicated_estimate_seconds")
+                    and b.get("dedicated_estimate_seconds")):
+                continue
+            fe, be = f["dedicated_estimate_seconds"], b["dedicated_estimate_seconds"]
+            out.append(f"dedicated hosts (estimate): {fast} is {be[0] / fe[0]:.1f}x faster than "
+                       f"{base} overlapped, {be[1] / fe[1]:.1f}x sequential")
+    return out
 
 
 def comparisons(runs, dedicated=None):
@@ -321,6 +404,7 @@ def main():
         r = pserver_run(name, rd, a) if kind == "kind=pserver" else ddp_run(name, rd, a)
         r["wire_limit_seconds"] = r["busiest_link_bytes_per_step"] * 8 / a.rate_bps
         r["step_over_limit"] = r["median_step_seconds"] / r["wire_limit_seconds"]
+        r["dedicated_estimate_seconds"] = estimate(r)
         runs.append(r)
 
     hosts = {"dedicated": "2 shard hosts, 4 worker hosts, one bridge.",
@@ -366,7 +450,9 @@ def main():
             notes.append("No network.json of the dedicated layout with these settings in this "
                          "folder: no comparison between layouts.")
     lines = table(runs, a)
-    cmp_lines = comparisons(runs, dedicated)
+    if any(r["worker_cpu_seconds_per_step"] is not None for r in runs):
+        lines += [""] + cpu_table(runs)
+    cmp_lines = comparisons(runs, dedicated) + estimate_comparisons(runs)
     md = "\n".join(lines) + "\n\n" + "\n".join(f"- {c}" for c in cmp_lines) + "\n\n" + \
         "\n".join(f"{n}" for n in notes) + "\n\nSettings per run:\n\n" + \
         "\n".join(f"- {r['name']}: {r['settings']}" for r in runs) + "\n"
