@@ -115,6 +115,20 @@ lines.append("")
 lines.append("targets (issue 10, 100M): fp32 <= 1.2 s/step, 1-bit <= 0.3 s/step, "
              "shard <= 5x, worker <= 4x the model")
 lines.append("fp32 / 1-bit step time (medians, this run): %.2fx" % (med["fp32"] / med["onebit"]))
+# The model-sized fp32 arrays each process holds by design, and what the
+# peak RSS has beyond them (messages in flight, buffers, the binary).
+# Shard: x, m, v and the round's sum; with 1-bit pulls also x_hat, the
+# workers' replica. Worker: the replica, its staging copy (a pull is applied
+# there and committed whole) and the gradient; with 1-bit pushes also the
+# error-feedback residual.
+arrays = {"fp32": (4, 3), "onebit": (5, 4)}
+for codec, rs in rows.items():
+    sa, wa = arrays[codec]
+    srv = statistics.median(x["server"] for x in rs)
+    wrk = statistics.median(x["worker"] for x in rs)
+    lines.append("%s: shard %d arrays + %.0f MiB, worker %d arrays + %.0f MiB (peak RSS "
+                 "beyond the model-sized arrays, medians)" %
+                 (codec, sa, (srv - sa) * model / 2**20, wa, (wrk - wa) * model / 2**20))
 text = "\n".join(lines)
 print(text)
 if results:

@@ -6,7 +6,8 @@
 # Each measurement is two runs, SHORT and LONG steps: the difference of the
 # processes' user+sys CPU seconds (and of the wall clock), divided by
 # LONG - SHORT, is what a step costs once start-up, registration and the
-# warmup are over. With several build folders the builds alternate, REPEAT
+# warmup are over; minor page faults per step likewise (a machine that
+# faults more per step shows it there). With several build folders the builds alternate, REPEAT
 # times, so that they share the machine's state; medians per build.
 #
 #   tests/bench/step_cpu.sh [BUILD_DIR ...]      # default: build/
@@ -29,14 +30,14 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$DI
 
 run() {  # run BUILD STEPS TAG: writes TAG.server and TAG.worker ("user sys wall")
   local b=$1 steps=$2 tag=$3
-  /usr/bin/time -f "%U %S %e" -o "$DIR/$tag.server" "$b/server/pserver_server" \
+  /usr/bin/time -f "%U %S %e %R" -o "$DIR/$tag.server" "$b/server/pserver_server" \
     --num_workers=1 --optimizer=onebit_adam --freeze_step="$FREEZE_STEP" \
     --pull_codec=onebit --listen=127.0.0.1:0 --metrics_listen= \
     --port_file="$DIR/$tag.port" 2>"$DIR/$tag.server.log" &
   local timer=$!
   for _ in $(seq 600); do [[ -s "$DIR/$tag.port" ]] && break; sleep 0.05; done
   [[ -s "$DIR/$tag.port" ]] || { cat "$DIR/$tag.server.log" >&2; exit 1; }
-  /usr/bin/time -f "%U %S %e" -o "$DIR/$tag.worker" "$b/worker/pserver_worker" \
+  /usr/bin/time -f "%U %S %e %R" -o "$DIR/$tag.worker" "$b/worker/pserver_worker" \
     --servers="127.0.0.1:$(cat "$DIR/$tag.port")" --model=synthetic \
     --synthetic_params="$PARAMS" --synthetic_tensors=8 --steps="$steps" \
     --push_codec=onebit --warmup_codec=bf16 --progress=lines --log_interval=1000 \
@@ -58,28 +59,31 @@ import os, statistics, sys
 d, repeat, short, long_, params = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 builds = sys.argv[6:]
 def read(tag):
-    u, s, e = map(float, open(os.path.join(d, tag)).read().split()[-3:])
-    return u + s, e
+    u, s, e, f = map(float, open(os.path.join(d, tag)).read().split()[-4:])
+    return u + s, e, f
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
             if l.startswith("model name")), "?")
 print(f"{params} parameters, 1-bit Adam, 1 shard and 1 worker on loopback; per step "
       f"from runs of {short} and {long_} steps; machine: {cpu}, {os.cpu_count()} cores")
-print("%-40s %-8s %14s %14s %10s" % ("build", "run", "shard CPU s", "worker CPU s", "wall s"))
+print("%-40s %-8s %14s %14s %10s %18s" % ("build", "run", "shard CPU s", "worker CPU s",
+                                          "wall s", "faults/step s, w"))
+line = "%-40s %-8s %14.4f %14.4f %10.4f %9.0f %8.0f"
 medians = []
 for i, b in enumerate(builds):
     rows = []
     for r in range(1, repeat + 1):
-        per = []
+        per, faults = [], []
         for who in ("server", "worker"):
-            c1, w1 = read(f"b{i}.r{r}.short.{who}")
-            c2, w2 = read(f"b{i}.r{r}.long.{who}")
+            c1, w1, f1 = read(f"b{i}.r{r}.short.{who}")
+            c2, w2, f2 = read(f"b{i}.r{r}.long.{who}")
             per.append((c2 - c1) / (long_ - short))
+            faults.append((f2 - f1) / (long_ - short))
         wall = (w2 - w1) / (long_ - short)
-        rows.append((per[0], per[1], wall))
-        print("%-40s %-8s %14.4f %14.4f %10.4f" % (b[-40:], r, *rows[-1]))
-    med = tuple(statistics.median(x[k] for x in rows) for k in range(3))
+        rows.append((per[0], per[1], wall, *faults))
+        print(line % (b[-40:], r, *rows[-1]))
+    med = tuple(statistics.median(x[k] for x in rows) for k in range(5))
     medians.append(med)
-    print("%-40s %-8s %14.4f %14.4f %10.4f" % (b[-40:], "median", *med))
+    print(line % (b[-40:], "median", *med))
 if len(builds) > 1:
     base = medians[0]
     for b, m in zip(builds[1:], medians[1:]):
