@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/norms.h"
 #include "common/process_stats.h"
+#include "common/thread_pool.h"
 #include "worker/diagnostics.h"
 #include "worker/workloads.h"
 
@@ -268,9 +270,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   };
   auto gradient_norm = [&](int64_t step) {
     if (step % norm_stride != 0) return 0.0;
-    double sum = 0;
-    for (float v : grad) sum += double{v} * v;
-    return std::sqrt(sum);
+    // In 8 lanes (common/norms.h): one serial chain of double adds took
+    // ~4 cycles an element, 7% of a 25M worker's CPU at this stride.
+    return std::sqrt(SquaredNorm(grad, ThreadPool::Default()));
   };
   // `compute`: the step's forward and backward time; `gnorm`: ||g|| (0:
   // not sampled).
