@@ -56,8 +56,11 @@ Client::Client(const ClientOptions& options, prometheus::Registry* registry)
 
 Client::~Client() {
   if (pusher_.joinable()) {
-    // A step abandoned midway: let the push thread finish (everything is
-    // handed over; shards that do not answer time out).
+    // A step abandoned midway: the push thread gets every chunk and ends
+    // its calls at once (CANCELLED), rather than retrying shards that do
+    // not answer for the retry budget. The shards treat this worker as one
+    // that stopped: its lease runs out.
+    calls_->Abandon();
     for (const auto& [b, e] : ready_.Missing()) (void)ready_.Mark(b, e);
     pusher_.join();
   }

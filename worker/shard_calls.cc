@@ -83,6 +83,12 @@ ShardCalls::ShardCalls(const ShardCallOptions& options, ClientMetrics* metrics)
 
 ShardCalls::~ShardCalls() = default;
 
+absl::Status ShardCalls::Abandoned(const char* method, size_t s) const {
+  return absl::CancelledError(absl::StrCat(
+      method, " to shard ", s, " (", address(s),
+      "): abandoned (the client is going away)"));
+}
+
 absl::Status ShardCalls::CallError(const char* method, size_t s,
                                    const grpc::Status& status,
                                    const grpc::ClientContext& ctx) const {
@@ -145,6 +151,10 @@ std::vector<absl::Status> ShardCalls::CallEach(
       }
     }
     if (again.empty()) break;
+    if (abandoned_.load()) {
+      for (size_t i : again) out[i] = Abandoned(method, shards[i]);
+      break;
+    }
     metrics_->CountRetries(again.size());
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -259,6 +269,10 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     const absl::Time now = absl::Now();
     absl::Time wake = absl::InfiniteFuture();
     bool waiting = false;
+    if (abandoned_.load()) {
+      // Cancels what is in flight (fail) and drops what waits to be resent.
+      for (size_t i = 0; i < m; ++i) fail(i, Abandoned(method, shards[i]));
+    }
     for (size_t i = 0; i < m; ++i) {
       for (int k = 0; k < kWindow; ++k) {
         auto& slot = slot_of(i, k);
@@ -303,8 +317,11 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     Event ev;
     {
       absl::MutexLock l(&mu);
+      // Looks up at least every kAbandonPoll: an owner may abandon the
+      // calls while answers are awaited.
+      const absl::Time until = std::min(wake, absl::Now() + kAbandonPoll);
       while (events.empty()) {
-        if (cv.WaitWithDeadline(&mu, wake)) break;  // a retry is due
+        if (cv.WaitWithDeadline(&mu, until)) break;  // a retry is due
       }
       if (events.empty()) continue;
       ev = std::move(events.front());

@@ -14,6 +14,7 @@
 #ifndef PSERVER_WORKER_SHARD_CALLS_H_
 #define PSERVER_WORKER_SHARD_CALLS_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -58,6 +59,13 @@ class ShardCalls {
 
   size_t size() const { return stubs_.size(); }
   const std::string& address(size_t s) const { return options_.addresses[s]; }
+
+  // For an owner going away with a call under way (a client destroyed
+  // mid-step): from now on no call is retried, chunk calls in flight are
+  // cancelled within ~0.1 s, and calls end with CANCELLED instead of
+  // retrying unreachable shards for the retry budget. Thread-safe; cannot
+  // be undone.
+  void Abandon() { abandoned_.store(true); }
 
   // One call per shard in `shards`, all in flight at once; blocks until
   // each has an answer or gave up. reqs/resps are indexed by shard (size()
@@ -146,6 +154,10 @@ class ShardCalls {
       absl::FunctionRef<absl::Status(size_t, uint32_t, Req*)> prepare,
       absl::FunctionRef<absl::Status(size_t, uint32_t, const Resp&)> finish,
       Issue issue, const ChunkOrder& order);
+  // How often a chunk call waiting for answers looks at abandoned_.
+  static constexpr absl::Duration kAbandonPoll = absl::Milliseconds(100);
+  // CANCELLED for a call to shard s ended by Abandon().
+  absl::Status Abandoned(const char* method, size_t s) const;
   // An error status for a failed call to shard s.
   absl::Status CallError(const char* method, size_t s,
                          const grpc::Status& status,
@@ -157,6 +169,7 @@ class ShardCalls {
 
   const ShardCallOptions options_;
   ClientMetrics* const metrics_;
+  std::atomic<bool> abandoned_{false};
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
   // Per shard: the chunk calls' reusable requests and responses.
   std::vector<std::unique_ptr<Slots<v1::PushRequest, v1::PushResponse>>>

@@ -109,14 +109,14 @@ PyClient::PyClient(const PyClientArgs& a)
 }
 
 PyClient::~PyClient() {
-  if (step_gradient_ != nullptr && client_ != nullptr && client_->in_step()) {
-    // An overlapped step left open: the client's push thread reads the
-    // gradient buffer until it ends, so end it (without the GIL: it may
-    // wait on the shards) before the buffer is released.
-    exposer_.reset();  // no scrape of the client's counters from here on
-    py::gil_scoped_release release;
-    client_.reset();
-  }
+  // Without the GIL (often this runs in the garbage collector, on whatever
+  // thread allocated): ending an overlapped step left open joins the
+  // client's push thread, which reads the gradient buffer until it ends,
+  // so it must end before the buffer is released; the exposer's threads
+  // stop too. Python's other threads go on meanwhile.
+  py::gil_scoped_release release;
+  exposer_.reset();  // no scrape of the client's counters from here on
+  client_.reset();
 }
 
 void PyClient::Register(const std::vector<std::string>& names,

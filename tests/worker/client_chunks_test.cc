@@ -270,5 +270,31 @@ TEST(ClientChunks, OverlappedStepRefusesBadRangesAndKeepsTheStep) {
   EXPECT_TRUE(BitEqual((*client)->weights(), want));
 }
 
+// A client destroyed with an overlapped step open while its shard is gone
+// (a Python optimizer collected after its shards stopped): the push thread
+// gets the rest of the gradient and its calls are abandoned, so the
+// destructor returns instead of retrying the dead shard for the whole
+// retry budget (an hour here).
+TEST(ClientChunks, DestroyedMidStepDoesNotRetryForTheRetryBudget) {
+  auto cluster = StartCluster(1, 1, ExactSgd(), v1::CODEC_FP32, kChunk);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = ChunkyLayout();
+  const uint64_t n = TotalElements(layout);
+  ClientOptions o = Options(*cluster, 0, v1::CODEC_FP32);
+  o.rpc_timeout = absl::Milliseconds(200);
+  o.retry_budget = absl::Hours(1);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register(layout, Values(n, 7)).ok());
+  std::vector<float> grad = Gradient(n, 0, 0);
+  ASSERT_TRUE((*client)->StartStep(grad).ok());
+  ASSERT_TRUE((*client)->GradientReady(0, 1000).ok());
+  cluster->servers[0].reset();  // the shard stops
+  const absl::Time start = absl::Now();
+  client->reset();
+  EXPECT_LT(absl::Now() - start, absl::Minutes(6))
+      << "the destructor waited for the retry budget";
+}
+
 }  // namespace
 }  // namespace pserver
