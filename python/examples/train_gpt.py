@@ -477,8 +477,16 @@ def main(argv=None):
                                             if isinstance(v, (int, float))}},
                           f, indent=1)
     if args.ddp:
+        import gc
         import torch.distributed as dist
         dist.barrier()  # rank 0's final evaluation and --json
+        # The DDP wrapper goes first, while the process group lives on: had
+        # its reducer dropped the group's last reference, the group's
+        # destructor would join gloo's threads under the GIL while one of
+        # them waits for the GIL to free a tensor (torch 1.13; seen as a
+        # rank that never exits).
+        del forward
+        gc.collect()
         dist.destroy_process_group()
 
 
