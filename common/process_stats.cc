@@ -16,17 +16,16 @@ std::string_view AllocatorName() {
   return "glibc";
 }
 
-uint64_t MinorPageFaults() {
+ProcessUsage ReadProcessUsage() {
   struct rusage u {};
-  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  return static_cast<uint64_t>(u.ru_minflt);
-}
-
-double ProcessCpuSeconds() {
-  struct rusage u {};
-  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  if (getrusage(RUSAGE_SELF, &u) != 0) return ProcessUsage();
+  ProcessUsage out;
+  out.cpu_seconds =
+      static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+      static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  out.minor_faults = static_cast<uint64_t>(u.ru_minflt);
+  out.peak_resident_bytes = static_cast<uint64_t>(u.ru_maxrss) * 1024;  // KiB
+  return out;
 }
 
 }  // namespace pserver

@@ -1,6 +1,6 @@
-// What a process can say about its own memory behaviour: which malloc it
-// runs on, and how many minor page faults it has taken. The benchmarks
-// print both beside step times: a step that hands its buffers back to the
+// What a process can say about its own behaviour: which malloc it runs on,
+// and its CPU seconds and minor page faults so far. The benchmarks print
+// the faults beside step times: a step that hands its buffers back to the
 // kernel and faults them in again costs several times a step that keeps
 // them, and which one a machine gets depends on the allocator.
 #ifndef PSERVER_COMMON_PROCESS_STATS_H_
@@ -15,11 +15,15 @@ namespace pserver {
 // preloaded one is named too): "tcmalloc", "jemalloc" or "glibc".
 std::string_view AllocatorName();
 
-// Minor page faults of the whole process so far (getrusage's ru_minflt).
-uint64_t MinorPageFaults();
-
-// User + system CPU seconds of the whole process so far (getrusage).
-double ProcessCpuSeconds();
+// The whole process so far, from one getrusage call (all zero if it
+// fails): user + system CPU seconds, minor page faults (ru_minflt) and the
+// peak resident memory (ru_maxrss).
+struct ProcessUsage {
+  double cpu_seconds = 0;
+  uint64_t minor_faults = 0;
+  uint64_t peak_resident_bytes = 0;
+};
+ProcessUsage ReadProcessUsage();
 
 }  // namespace pserver
 

@@ -222,8 +222,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   absl::Time start = absl::Now();
   uint64_t pushed = client->stats().push_payload_bytes;
   uint64_t pulled = client->stats().pull_payload_bytes;
-  uint64_t faulted = MinorPageFaults();
-  double cpu_used = ProcessCpuSeconds();
+  ProcessUsage used = ReadProcessUsage();
   auto evaluate = [&](int64_t epoch, int64_t step) {
     std::optional<EvalResult> e = model.Evaluate(client->weights());
     if (!e.has_value()) return;
@@ -293,15 +292,14 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
                                    : "by --push_codec/--warmup_codec");
     }
     const ClientStats& now = client->stats();
-    const uint64_t faults = MinorPageFaults();
-    const double cpu = ProcessCpuSeconds();
+    const ProcessUsage usage = ReadProcessUsage();
     result.step_log.push_back({seconds, now.push_payload_bytes - pushed,
                                now.pull_payload_bytes - pulled,
-                               faults - faulted, cpu - cpu_used});
+                               usage.minor_faults - used.minor_faults,
+                               usage.cpu_seconds - used.cpu_seconds});
     pushed = now.push_payload_bytes;
     pulled = now.pull_payload_bytes;
-    faulted = faults;
-    cpu_used = cpu;
+    used = usage;
     metrics->ObserveStep(seconds, done, result.last_loss);
     StepSample sample;
     sample.step = first;

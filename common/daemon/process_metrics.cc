@@ -1,7 +1,6 @@
 #include "common/daemon/process_metrics.h"
 
 #include <dirent.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -97,19 +96,19 @@ double OpenFds() {
 std::vector<prometheus::MetricFamily> ProcessMetrics::Collect() const {
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
-  struct rusage u {};
-  if (getrusage(RUSAGE_SELF, &u) == 0) {
-    out.push_back(Family("process_cpu_seconds_total",
-                         "User and system CPU time spent in seconds.",
-                         MetricType::Counter, ProcessCpuSeconds()));
-    out.push_back(Family("pserver_process_minor_page_faults_total",
-                         "Minor page faults of the process (memory handed back "
-                         "to the kernel and touched again shows here).",
-                         MetricType::Counter, static_cast<double>(u.ru_minflt)));
-    out.push_back(Family("pserver_process_peak_resident_memory_bytes",
-                         "The most resident memory the process has had, in bytes.",
-                         MetricType::Gauge, static_cast<double>(u.ru_maxrss) * 1024.0));
-  }
+  const ProcessUsage u = ReadProcessUsage();
+  out.push_back(Family("process_cpu_seconds_total",
+                       "User and system CPU time spent in seconds.",
+                       MetricType::Counter, u.cpu_seconds));
+  out.push_back(Family("pserver_process_minor_page_faults_total",
+                       "Minor page faults of the process (memory handed back "
+                       "to the kernel and touched again shows here).",
+                       MetricType::Counter,
+                       static_cast<double>(u.minor_faults)));
+  out.push_back(Family("pserver_process_peak_resident_memory_bytes",
+                       "The most resident memory the process has had, in bytes.",
+                       MetricType::Gauge,
+                       static_cast<double>(u.peak_resident_bytes)));
   if (const double rss = ResidentBytes(); rss >= 0) {
     out.push_back(Family("process_resident_memory_bytes",
                          "Resident memory size in bytes.", MetricType::Gauge, rss));

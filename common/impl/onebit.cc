@@ -83,32 +83,37 @@ class OneBitCodec final : public CodecBase, public FusedFeedbackEncoder {
  protected:
   void AccumulateValid(const v1::EncodedTensor& t, float alpha,
                        absl::Span<float> acc) const override {
-    const uint64_t n = acc.size();
-    OneBitLayout l = MakeOneBitLayout(n, t.params().block_size());
-    const uint8_t* scales =
-        reinterpret_cast<const uint8_t*>(t.payload().data());
-    const uint8_t* signs = scales + 4 * l.blocks;
-    OneBitAccumulate(scales, signs, n, l, alpha, acc.data());
+    const Payload p = View(t, acc.size());
+    OneBitAccumulate(p.scales, p.signs, acc.size(), p.l, alpha, acc.data());
   }
   void AddValid(const v1::EncodedTensor& t, absl::Span<const float> base,
                 absl::Span<float> out) const override {
-    const uint64_t n = out.size();
-    OneBitLayout l = MakeOneBitLayout(n, t.params().block_size());
-    const uint8_t* scales =
-        reinterpret_cast<const uint8_t*>(t.payload().data());
-    OneBitAddTo(scales, scales + 4 * l.blocks, n, l, 1.0f, base.data(),
+    const Payload p = View(t, out.size());
+    OneBitAddTo(p.scales, p.signs, out.size(), p.l, 1.0f, base.data(),
                 out.data());
   }
   void AssignValid(const v1::EncodedTensor& t, float alpha,
                    absl::Span<float> out) const override {
-    const uint64_t n = out.size();
-    OneBitLayout l = MakeOneBitLayout(n, t.params().block_size());
-    const uint8_t* scales =
-        reinterpret_cast<const uint8_t*>(t.payload().data());
-    OneBitAssign(scales, scales + 4 * l.blocks, n, l, alpha, out.data());
+    const Payload p = View(t, out.size());
+    OneBitAssign(p.scales, p.signs, out.size(), p.l, alpha, out.data());
   }
 
  private:
+  // A validated payload of n elements: its layout, block scales and sign
+  // bits (which follow the scales).
+  struct Payload {
+    OneBitLayout l;
+    const uint8_t* scales;
+    const uint8_t* signs;
+  };
+  static Payload View(const v1::EncodedTensor& t, uint64_t n) {
+    Payload p;
+    p.l = MakeOneBitLayout(n, t.params().block_size());
+    p.scales = reinterpret_cast<const uint8_t*>(t.payload().data());
+    p.signs = p.scales + 4 * p.l.blocks;
+    return p;
+  }
+
   bool IsL2() const { return params().scale_mode() == v1::SCALE_MODE_L2; }
 
   static absl::Status SizeError(size_t got, uint64_t n, uint32_t block) {

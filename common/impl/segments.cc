@@ -78,31 +78,36 @@ class SegmentsCodec final : public CodecBase {
  protected:
   void AccumulateValid(const v1::EncodedTensor& t, float alpha,
                        absl::Span<float> acc) const override {
-    uint64_t offset = 0;
-    for (const v1::EncodedTensor& s : t.segments()) {
-      // Validated: every segment's codec is known.
-      const Codec* decoder = DecoderFor(s.codec());
-      decoder->AccumulateValid(s, alpha, acc.subspan(offset, s.num_elements()));
-      offset += s.num_elements();
-    }
+    ForEachSegment(t, [&](const Codec* d, const v1::EncodedTensor& s,
+                          uint64_t offset, uint64_t n) {
+      d->AccumulateValid(s, alpha, acc.subspan(offset, n));
+    });
   }
   void AddValid(const v1::EncodedTensor& t, absl::Span<const float> base,
                 absl::Span<float> out) const override {
-    uint64_t offset = 0;
-    for (const v1::EncodedTensor& s : t.segments()) {
-      const uint64_t n = s.num_elements();
-      DecoderFor(s.codec())->AddValid(s, base.subspan(offset, n),
-                                      out.subspan(offset, n));
-      offset += n;
-    }
+    ForEachSegment(t, [&](const Codec* d, const v1::EncodedTensor& s,
+                          uint64_t offset, uint64_t n) {
+      d->AddValid(s, base.subspan(offset, n), out.subspan(offset, n));
+    });
   }
   void AssignValid(const v1::EncodedTensor& t, float alpha,
                    absl::Span<float> out) const override {
+    ForEachSegment(t, [&](const Codec* d, const v1::EncodedTensor& s,
+                          uint64_t offset, uint64_t n) {
+      d->AssignValid(s, alpha, out.subspan(offset, n));
+    });
+  }
+
+ private:
+  // fn(decoder, segment, offset, n) for each segment in order, offset its
+  // first element in the whole tensor. Validated: every segment's codec is
+  // known.
+  template <typename Fn>
+  static void ForEachSegment(const v1::EncodedTensor& t, Fn fn) {
     uint64_t offset = 0;
     for (const v1::EncodedTensor& s : t.segments()) {
-      const uint64_t n = s.num_elements();
-      DecoderFor(s.codec())->AssignValid(s, alpha, out.subspan(offset, n));
-      offset += n;
+      fn(DecoderFor(s.codec()), s, offset, s.num_elements());
+      offset += s.num_elements();
     }
   }
 };
