@@ -270,6 +270,21 @@ def wrap_ddp(model, hook, powersgd_start, seed, powersgd_rank=POWERSGD_RANK):
     return ddp
 
 
+def end_ddp():
+    """Ends a DDP job's gloo process group, every rank together, once the
+    caller has dropped its DistributedDataParallel wrappers: they are freed
+    here, while the group lives on. Had a wrapper's reducer dropped the
+    group's last reference after destroy_process_group, the group's
+    destructor would join gloo's threads under the GIL while one of them
+    waits for the GIL to free a tensor (torch 1.13): a rank that never
+    exits."""
+    import gc
+    import torch.distributed as dist
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 class _Stop:
     """Rank 0's decision after an evaluation: go on, or stop (and why)."""
     CODES = (None, "target", "max_seconds")
@@ -477,17 +492,8 @@ def main(argv=None):
                                             if isinstance(v, (int, float))}},
                           f, indent=1)
     if args.ddp:
-        import gc
-        import torch.distributed as dist
-        dist.barrier()  # rank 0's final evaluation and --json
-        # The DDP wrapper goes first, while the process group lives on: had
-        # its reducer dropped the group's last reference, the group's
-        # destructor would join gloo's threads under the GIL while one of
-        # them waits for the GIL to free a tensor (torch 1.13; seen as a
-        # rank that never exits).
-        del forward
-        gc.collect()
-        dist.destroy_process_group()
+        del forward  # the DDP wrapper (end_ddp says why first)
+        end_ddp()  # after rank 0's final evaluation and --json
 
 
 if __name__ == "__main__":

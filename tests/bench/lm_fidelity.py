@@ -334,8 +334,8 @@ def _ddp_rank(rank, rec, seed, port, work):
              "parameters": sum(p.numel() for p in model.parameters())}
         with open(os.path.join(work, "train.json"), "w") as f:
             json.dump(r, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    del ddp  # the DDP wrapper first (train_gpt.end_ddp says why)
+    train_gpt.end_ddp()
 
 
 def free_port():

@@ -24,6 +24,7 @@ import argparse
 import datetime
 import json
 import math
+import pathlib
 import sys
 import time
 
@@ -33,6 +34,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "python" / "examples"
 
 
 def tensor_shapes(params, tensors):
@@ -141,8 +144,10 @@ def main():
         seconds.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         print(f"rank {a.rank} step {step + 1}/{a.steps} {seconds[-1]:.3f} s", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    sys.path.insert(0, str(EXAMPLES))
+    import train_gpt
+    del model  # the DDP wrapper first (train_gpt.end_ddp says why)
+    train_gpt.end_ddp()
 
     with open(a.json, "w") as f:
         json.dump({

@@ -223,8 +223,9 @@ def _ddp_rank(rank, args, port, out):
                       parameters=sum(p.numel() for p in net.parameters()))
         with open(out, "w") as f:
             json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    import train_gpt  # python/examples, on sys.path
+    del ddp  # the DDP wrapper first (train_gpt.end_ddp says why)
+    train_gpt.end_ddp()
 
 
 def free_port():
