@@ -259,6 +259,10 @@ class Client {
                                    const PendingPush& push);
   absl::StatusOr<uint64_t> RecoverOnce(size_t s, Recovery recovery,
                                        const PendingPush& push);
+  // Pushes the step's chunks to shard s again: those sent are resent
+  // unchanged (a duplicate is answered as one), those never encoded are
+  // encoded now; `reencode`: every chunk anew (the shard's stage changed).
+  absl::Status Resend(size_t s, bool reencode, const PendingPush& push);
   // After a pull of the step in progress was answered with a later step (a
   // synchronous run went on without this worker): registers again with
   // every shard and pulls their current step as Register does. The step's
@@ -317,7 +321,8 @@ class Client {
   std::vector<ChunkPlan> plans_;                         // per shard
   // Per shard: the step's encoded chunks, kept to resend them unchanged to
   // a shard that restarted (a lossy codec's residual has moved on); an
-  // fp32 chunk is not kept (re-encoding it gives the same bytes).
+  // fp32 chunk is not kept (re-encoding it gives the same bytes), nor one
+  // not encoded in this step (cleared at StartStep).
   std::vector<std::vector<v1::EncodedTensor>> sent_;
   std::vector<v1::GradientSpace> sent_space_;
   // The step in progress (StartStep .. FinishStep): the caller's gradient,
@@ -327,6 +332,9 @@ class Client {
   ReadyChunks ready_;
   std::thread pusher_;
   std::vector<absl::Status> pushed_;  // per shard, set by the pusher
+  // Per shard: its push stopped because another shard's failed first
+  // (ShardCalls' `interrupted`); resent once that one is recovered.
+  std::vector<bool> push_interrupted_;
   absl::Duration encoding_;
   absl::Time push_start_;
   Replica replica_;

@@ -46,16 +46,24 @@ absl::StatusOr<uint64_t> Client::RecoverOnce(size_t s, Recovery recovery,
   // this push was for is over (lost on that shard); just pull.
   if (*now > step) return *now;
   // The same chunks again. A shard that came back in warmup expects the
-  // warmup codec in RAW space: then every chunk is encoded anew, as is an
-  // fp32 chunk (not kept; the same bytes) or any chunk when the shard's
-  // chunking changed.
+  // warmup codec in RAW space: then every chunk is encoded anew.
   const bool reencode = sent_space_[s] != v1::GRADIENT_SPACE_RAW &&
                         encoders_[s]->stage() != v1::OPTIMIZER_STAGE_COMPRESSION;
+  if (absl::Status pushed = Resend(s, reencode, push); !pushed.ok()) {
+    return pushed;
+  }
+  return *now;
+}
+
+absl::Status Client::Resend(size_t s, bool reencode, const PendingPush& push) {
+  const uint64_t step = replica_.step(s);
+  // An fp32 chunk (not kept; the same bytes), a chunk not sent in this
+  // step, or any chunk when the shard's chunking changed, is encoded now.
   const uint32_t chunks = plans_[s].num_chunks();
   const std::vector<v1::EncodedTensor> kept =
       sent_[s].size() == chunks ? sent_[s] : std::vector<v1::EncodedTensor>();
   const v1::GradientSpace space = sent_space_[s];
-  absl::Status pushed = calls_->PushChunks(
+  return calls_->PushChunks(
       {s}, {chunks},
       [&](size_t, uint32_t c, v1::PushRequest* req) {
         if (reencode || kept.empty() ||
@@ -73,8 +81,6 @@ absl::StatusOr<uint64_t> Client::RecoverOnce(size_t s, Recovery recovery,
       [](size_t, uint32_t, const v1::PushResponse&) {
         return absl::OkStatus();
       })[0];
-  if (!pushed.ok()) return pushed;
-  return *now;
 }
 
 absl::StatusOr<uint64_t> Client::Rejoin(size_t s, uint64_t resume_step) {

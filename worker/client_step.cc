@@ -85,6 +85,11 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
   std::vector<ShardRange> ranges(n);
   for (size_t s = 0; s < n; ++s) ranges[s] = replica_.range(s);
   ready_.Reset(num_params(), ranges, plans_);
+  // Nothing of this step is sent yet: a resend must not take a chunk of the
+  // last step's (the strings keep their capacity).
+  for (std::vector<v1::EncodedTensor>& kept : sent_) {
+    for (v1::EncodedTensor& t : kept) t.Clear();
+  }
   step_gradient_ = gradient;
   encoding_ = absl::ZeroDuration();
   push_start_ = absl::Now();
@@ -114,7 +119,7 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
         [](size_t, uint32_t, const v1::PushResponse&) {
           return absl::OkStatus();
         },
-        [this](size_t s) { return ready_.Take(s); });
+        [this](size_t s) { return ready_.Take(s); }, &push_interrupted_);
   });
   return absl::OkStatus();
 }
@@ -179,15 +184,27 @@ absl::Status Client::FinishStep() {
   // rounds (stalled past its lease), and the shards may be at different
   // steps (one of them waiting for this worker's push of the older one).
   bool behind = false;
-  for (size_t s = 0; s < n; ++s) {
-    if (pushed_[s].ok()) continue;
-    const Recovery r = RecoveryFor(pushed_[s]);
-    if (r == Recovery::kFail) return pushed_[s];
+  auto recover = [&](size_t s, const absl::Status& refused) -> absl::Status {
+    const Recovery r = RecoveryFor(refused);
+    if (r == Recovery::kFail) return refused;
     absl::StatusOr<uint64_t> now = Recover(s, r, push);
     if (!now.ok()) return now.status();
     if (!relaxed() && *now > replica_.step() + 1) behind = true;
     if (r == Recovery::kRejoinNextRound) pull_step = std::max(pull_step, *now);
     snapshot[s] = true;  // its replica is not ours any more
+    return absl::OkStatus();
+  };
+  // The shards that refused first, then those whose push stopped for it:
+  // their answers may wait on workers that wait for this one's rejoin.
+  for (size_t s = 0; s < n; ++s) {
+    if (pushed_[s].ok() || push_interrupted_[s]) continue;
+    if (absl::Status st = recover(s, pushed_[s]); !st.ok()) return st;
+  }
+  for (size_t s = 0; s < n; ++s) {
+    if (!push_interrupted_[s]) continue;
+    if (absl::Status st = Resend(s, /*reencode=*/false, push); !st.ok()) {
+      if (absl::Status r = recover(s, st); !r.ok()) return r;
+    }
   }
   metrics_.AddEncodeSeconds(absl::ToDoubleSeconds(encoding_));
   metrics_.AddPushSeconds(
@@ -255,6 +272,7 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     // A refusal no retry fixes, per shard (set by `finish`).
     std::vector<absl::Status> fatal(n);
     bool behind = false;
+    std::vector<bool> interrupted;
     std::vector<absl::Status> pulled = calls_->PullChunks(
         todo, chunks,
         [&](size_t s, uint32_t c, v1::PullRequest* q) {
@@ -334,12 +352,21 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
             return fatal[s];
           }
           return absl::OkStatus();
-        });
+        },
+        &interrupted);
     if (behind) return Resync();
     std::vector<size_t> again;
+    // Stopped because another shard's pull failed: asked again as before
+    // once that one is recovered (staging a chunk again is idempotent).
+    std::vector<size_t> resume;
     for (size_t i = 0; i < todo.size(); ++i) {
       const size_t s = todo[i];
       if (!fatal[s].ok()) return fatal[s];
+      if (interrupted[i]) {
+        mismatch[s] = std::string(pulled[i].message());
+        resume.push_back(s);
+        continue;
+      }
       if (absl::IsDataLoss(pulled[i])) {
         metrics_.CountChecksumMismatch();
         mismatch[s] = std::string(pulled[i].message());
@@ -370,8 +397,9 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
         return st;
       }
     }
+    for (size_t s : again) snapshot[s] = true;  // re-sync what did not verify
     todo = std::move(again);
-    for (size_t s : todo) snapshot[s] = true;  // re-sync what did not verify
+    todo.insert(todo.end(), resume.begin(), resume.end());
   }
   if (!todo.empty()) {
     return absl::DataLossError(absl::StrCat(

@@ -219,7 +219,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     std::vector<std::unique_ptr<Slots<Req, Resp>>>* slots,
     absl::FunctionRef<absl::Status(size_t, uint32_t, Req*)> prepare,
     absl::FunctionRef<absl::Status(size_t, uint32_t, const Resp&)> finish,
-    Issue issue, const ChunkOrder& order) {
+    Issue issue, const ChunkOrder& order, std::vector<bool>* interrupted) {
   struct Event {
     size_t i;  // index into shards
     int k;     // slot
@@ -236,6 +236,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     if ((*slots)[s] == nullptr) (*slots)[s] = std::make_unique<Slots<Req, Resp>>();
   }
   std::vector<absl::Status> out(m);
+  if (interrupted != nullptr) interrupted->assign(m, false);
   std::vector<uint32_t> next(m, 0);
   std::vector<int> in_flight(m, 0);
   const absl::Time give_up = absl::Now() + options_.retry_budget;
@@ -263,6 +264,27 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     for (int k = 0; k < kWindow; ++k) {
       auto& slot = slot_of(i, k);
       if (slot.busy && !slot.retry && slot.ctx != nullptr) slot.ctx->TryCancel();
+    }
+  };
+  // Shard i failed (a refusal, an error, the retry budget spent): with
+  // `interrupted`, the other shards' calls still under way stop too, so
+  // the caller can recover shard i first. Waiting for them could wait
+  // forever: a shard answers a push once it is summed, after the lower
+  // workers' pushes of that chunk, and those workers may be waiting for
+  // this one to rejoin shard i (a restarted shard).
+  auto failed = [&](size_t i, absl::Status st) {
+    if (!out[i].ok()) return;  // already failed (or interrupted)
+    fail(i, std::move(st));
+    if (interrupted == nullptr) return;
+    for (size_t j = 0; j < m; ++j) {
+      if (j == i || !out[j].ok()) continue;
+      bool busy = next[j] < chunks[j];
+      for (int k = 0; k < kWindow && !busy; ++k) busy = slot_of(j, k).busy;
+      if (!busy) continue;  // every chunk answered: that shard is done
+      (*interrupted)[j] = true;
+      fail(j, absl::AbortedError(absl::StrCat(
+                  method, " to shard ", shards[j], " (", address(shards[j]),
+                  ") interrupted: shard ", shards[i], " failed first")));
     }
   };
   while (true) {
@@ -304,7 +326,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
         slot.backoff = absl::Milliseconds(50);
         if (absl::Status st = prepare(shards[i], slot.chunk, &slot.req);
             !st.ok()) {
-          fail(i, std::move(st));
+          failed(i, std::move(st));
           break;
         }
         slot.busy = true;
@@ -335,7 +357,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
       if (out[ev.i].ok()) {
         if (absl::Status st = finish(shards[ev.i], slot.chunk, slot.resp);
             !st.ok()) {
-          fail(ev.i, std::move(st));
+          failed(ev.i, std::move(st));
         }
       }
     } else if (out[ev.i].ok() && Retriable(ev.status) && absl::Now() < give_up) {
@@ -347,7 +369,7 @@ std::vector<absl::Status> ShardCalls::CallChunks(
     } else {
       slot.busy = false;
       notes.Answered(shards[ev.i], ev.status);  // an answer: it is back
-      fail(ev.i, CallError(method, shards[ev.i], ev.status, *slot.ctx));
+      failed(ev.i, CallError(method, shards[ev.i], ev.status, *slot.ctx));
     }
   }
   return out;
@@ -355,7 +377,8 @@ std::vector<absl::Status> ShardCalls::CallChunks(
 
 std::vector<absl::Status> ShardCalls::PushChunks(
     const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
-    PreparePush prepare, FinishPush finish, const ChunkOrder& order) {
+    PreparePush prepare, FinishPush finish, const ChunkOrder& order,
+    std::vector<bool>* interrupted) {
   return CallChunks<v1::PushRequest, v1::PushResponse>(
       "Push", options_.rpc_timeout, shards, chunks, &push_slots_, prepare,
       finish,
@@ -363,12 +386,12 @@ std::vector<absl::Status> ShardCalls::PushChunks(
              v1::PushResponse* resp, Done done) {
         stubs_[s]->async()->Push(ctx, req, resp, std::move(done));
       },
-      order);
+      order, interrupted);
 }
 
 std::vector<absl::Status> ShardCalls::PullChunks(
     const std::vector<size_t>& shards, const std::vector<uint32_t>& chunks,
-    PreparePull prepare, FinishPull finish) {
+    PreparePull prepare, FinishPull finish, std::vector<bool>* interrupted) {
   return CallChunks<v1::PullRequest, v1::PullResponse>(
       "Pull", options_.pull_timeout, shards, chunks, &pull_slots_, prepare,
       finish,
@@ -376,7 +399,7 @@ std::vector<absl::Status> ShardCalls::PullChunks(
              v1::PullResponse* resp, Done done) {
         stubs_[s]->async()->Pull(ctx, req, resp, std::move(done));
       },
-      nullptr);
+      nullptr, interrupted);
 }
 
 std::vector<absl::Status> ShardCalls::FrozenVarianceChunks(
@@ -392,7 +415,7 @@ std::vector<absl::Status> ShardCalls::FrozenVarianceChunks(
             stubs_[s]->async()->GetFrozenVariance(ctx, req, resp,
                                                   std::move(done));
           },
-          nullptr);
+          nullptr, nullptr);
   // Needed once per shard (at the freeze): free the buffers.
   for (size_t s : shards) variance_slots_[s].reset();
   return out;
@@ -410,7 +433,7 @@ std::vector<absl::Status> ShardCalls::RegisterChunks(
                  Done done) {
             stubs_[s]->async()->Register(ctx, req, resp, std::move(done));
           },
-          nullptr);
+          nullptr, nullptr);
   // Weight chunks are needed once per shard: free their buffers.
   for (size_t s : shards) register_slots_[s].reset();
   return out;

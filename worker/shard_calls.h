@@ -96,6 +96,13 @@ class ShardCalls {
   // are sent again, unchanged, within the retry budget. The request and
   // response objects are reused across calls (no per-step allocation).
   // Returns one status per entry of `shards`.
+  // With `interrupted` (pushes and pulls of a step): when one shard's calls
+  // fail, the calls of every shard not done yet stop as well (cancelled,
+  // ABORTED, (*interrupted)[i] set), so the caller can recover the failed
+  // shard before it waits on the others, then send theirs again. A shard
+  // answers a push once it is summed, after the lower workers' pushes of
+  // that chunk, and a pull once its round is complete: both can wait on a
+  // worker that is itself waiting for this one to rejoin a restarted shard.
   using PreparePush =
       absl::FunctionRef<absl::Status(size_t s, uint32_t c, v1::PushRequest*)>;
   using FinishPush = absl::FunctionRef<absl::Status(
@@ -112,10 +119,12 @@ class ShardCalls {
   std::vector<absl::Status> PushChunks(const std::vector<size_t>& shards,
                                        const std::vector<uint32_t>& chunks,
                                        PreparePush prepare, FinishPush finish,
-                                       const ChunkOrder& order = nullptr);
+                                       const ChunkOrder& order = nullptr,
+                                       std::vector<bool>* interrupted = nullptr);
   std::vector<absl::Status> PullChunks(const std::vector<size_t>& shards,
                                        const std::vector<uint32_t>& chunks,
-                                       PreparePull prepare, FinishPull finish);
+                                       PreparePull prepare, FinishPull finish,
+                                       std::vector<bool>* interrupted = nullptr);
   // The frozen variance, chunk by chunk.
   using PrepareVariance = absl::FunctionRef<absl::Status(
       size_t s, uint32_t c, v1::GetFrozenVarianceRequest*)>;
@@ -153,7 +162,7 @@ class ShardCalls {
       std::vector<std::unique_ptr<Slots<Req, Resp>>>* slots,
       absl::FunctionRef<absl::Status(size_t, uint32_t, Req*)> prepare,
       absl::FunctionRef<absl::Status(size_t, uint32_t, const Resp&)> finish,
-      Issue issue, const ChunkOrder& order);
+      Issue issue, const ChunkOrder& order, std::vector<bool>* interrupted);
   // How often a chunk call waiting for answers looks at abandoned_.
   static constexpr absl::Duration kAbandonPoll = absl::Milliseconds(100);
   // CANCELLED for a call to shard s ended by Abandon().

@@ -233,6 +233,179 @@ TEST(ClientRecovery, Issue9RestartedShardIsRejoinedAndTrainingResumes) {
   ASSERT_TRUE((*c)->Step(Gradient(n, 0, 3)).ok());
 }
 
+// A shard that restarts refuses a multi-chunk push at its first chunks; the
+// chunks after the window were never encoded in that step. The resend must
+// carry this step's gradient in every chunk: a kept chunk of the step before
+// (bf16 is kept for resends; fp32 is re-encoded) was sent in their place.
+TEST(ClientRecovery, AResendCarriesThisStepsGradientInEveryChunk) {
+  constexpr uint32_t kShards = 2;
+  auto cluster = StartCluster(kShards, 1, ExactSgd(), v1::CODEC_FP32,
+                              kMinChunkElements);
+  ASSERT_NE(cluster, nullptr);
+  v1::ModelLayout layout;
+  v1::TensorSpec* t = layout.add_tensors();
+  t->set_name("w");
+  t->add_shape(9001);  // 2 slices of ~4500: 5 chunks each, 4 sent at once
+  const uint64_t n = TotalElements(layout);
+  auto c = Client::Connect(Options(*cluster, 0, v1::CODEC_BF16));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE((*c)->Step(Gradient(n, 0, step)).ok());
+  }
+  const int port = cluster->servers[1]->port();
+  cluster->servers[1]->Shutdown(absl::ZeroDuration());
+  cluster->servers[1].reset();
+  auto restarted = StartShard(cluster->config, 1, port, nullptr);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  cluster->servers[1] = std::move(restarted).value();
+
+  const std::vector<float> before((*c)->weights().begin(),
+                                  (*c)->weights().end());
+  // Multiples of 1/64 in [-1, 1]: bf16 holds them exactly, so the step is
+  // x - g bit for bit (one worker, lr 1).
+  const std::vector<float> g = Gradient(n, 0, 2);
+  absl::Status st = (*c)->Step(g);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ((*c)->stats().rejoins, 1u);
+  std::vector<float> expected(n);
+  for (uint64_t i = 0; i < n; ++i) expected[i] = before[i] - g[i];
+  EXPECT_TRUE(BitEqual((*c)->weights(), expected));
+}
+
+// Worker 1's push is refused by a restarted shard 1 while shard 0 holds it
+// (a push is answered once summed, after worker 0's push of that chunk).
+// Worker 0 waits for worker 1 to rejoin shard 1 before it pushes, as it
+// does when it waits on a round of shard 1 only that rejoin completes: so
+// worker 1 must rejoin shard 1 without waiting for shard 0's answer. It
+// used to wait (to the rpc timeout: the e2e shard failure test's 30 s
+// stalls) and then found every round stuck behind it.
+TEST(ClientRecovery, ARefusalIsRecoveredBeforeWaitingOnTheOtherShards) {
+  constexpr uint32_t kShards = 2;
+  auto cluster = StartCluster(kShards, 2, ExactSgd(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  std::vector<std::unique_ptr<Client>> w;
+  for (uint32_t id = 0; id < 2; ++id) {
+    ClientOptions o = Options(*cluster, id, v1::CODEC_FP32);
+    o.rpc_timeout = o.pull_timeout = o.retry_budget = absl::Seconds(120);
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
+    w.push_back(std::move(c).value());
+  }
+  absl::Status st0, st1;
+  std::thread first([&] { st1 = w[1]->Step(Gradient(n, 1, 0)); });
+  st0 = w[0]->Step(Gradient(n, 0, 0));
+  first.join();
+  ASSERT_TRUE(st0.ok() && st1.ok()) << st0 << "; " << st1;
+
+  const int port = cluster->servers[1]->port();
+  cluster->servers[1]->Shutdown(absl::ZeroDuration());
+  cluster->servers[1].reset();
+  auto restarted = StartShard(cluster->config, 1, port, nullptr);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  cluster->servers[1] = std::move(restarted).value();
+
+  const std::vector<float> before(w[0]->weights().begin(),
+                                  w[0]->weights().end());
+  std::thread second([&] { st1 = w[1]->Step(Gradient(n, 1, 1)); });
+  bool rejoined = false;
+  for (const absl::Time until = absl::Now() + absl::Seconds(60);
+       absl::Now() < until; absl::SleepFor(absl::Milliseconds(10))) {
+    if (cluster->shard(1)->Status().workers_registered() > 0) {
+      rejoined = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(rejoined)
+      << "worker 1 did not rejoin shard 1 while shard 0 held its push";
+  st0 = w[0]->Step(Gradient(n, 0, 1));
+  second.join();
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  // Both rounds complete, on the same weights: x - mean(g) (exact).
+  const std::vector<float> g0 = Gradient(n, 0, 1), g1 = Gradient(n, 1, 1);
+  std::vector<float> expected(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    expected[i] = before[i] - (g0[i] + g1[i]) / 2;
+  }
+  EXPECT_EQ(w[0]->step(), 2u);
+  EXPECT_EQ(w[1]->step(), 2u);
+  EXPECT_TRUE(BitEqual(w[0]->weights(), expected));
+  EXPECT_TRUE(BitEqual(w[1]->weights(), expected));
+}
+
+// The same for a pull: worker 0 pushed to both shards and waits for their
+// rounds; shard 1 restarts and refuses its pull while shard 0's round waits
+// for worker 1, which waits (as above) for worker 0 to push to shard 1
+// again. Worker 0 must stop waiting on shard 0 and recover shard 1 first.
+TEST(ClientRecovery, APullRefusalIsRecoveredBeforeWaitingOnTheOtherShards) {
+  constexpr uint32_t kShards = 2;
+  auto cluster = StartCluster(kShards, 2, ExactSgd(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  std::vector<std::unique_ptr<Client>> w;
+  for (uint32_t id = 0; id < 2; ++id) {
+    ClientOptions o = Options(*cluster, id, v1::CODEC_FP32);
+    o.rpc_timeout = o.pull_timeout = o.retry_budget = absl::Seconds(120);
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
+    w.push_back(std::move(c).value());
+  }
+  absl::Status st0, st1;
+  std::thread first([&] { st1 = w[1]->Step(Gradient(n, 1, 0)); });
+  st0 = w[0]->Step(Gradient(n, 0, 0));
+  first.join();
+  ASSERT_TRUE(st0.ok() && st1.ok()) << st0 << "; " << st1;
+
+  const std::vector<float> before(w[0]->weights().begin(),
+                                  w[0]->weights().end());
+  std::thread second([&] { st0 = w[0]->Step(Gradient(n, 0, 1)); });
+  // Worker 0's pushes are in on both shards: it waits for the rounds.
+  for (const absl::Time until = absl::Now() + absl::Seconds(60);
+       absl::Now() < until; absl::SleepFor(absl::Milliseconds(5))) {
+    if (cluster->shard(0)->Status().pushes_pending() > 0 &&
+        cluster->shard(1)->Status().pushes_pending() > 0) {
+      break;
+    }
+  }
+  ASSERT_GT(cluster->shard(1)->Status().pushes_pending(), 0u);
+  const int port = cluster->servers[1]->port();
+  cluster->servers[1]->Shutdown(absl::ZeroDuration());
+  cluster->servers[1].reset();
+  auto restarted = StartShard(cluster->config, 1, port, nullptr);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  cluster->servers[1] = std::move(restarted).value();
+
+  bool rejoined = false;
+  for (const absl::Time until = absl::Now() + absl::Seconds(60);
+       absl::Now() < until; absl::SleepFor(absl::Milliseconds(10))) {
+    if (cluster->shard(1)->Status().pushes_pending() > 0) {
+      rejoined = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(rejoined) << "worker 0 did not push to the restarted shard 1 "
+                           "while shard 0 held its pull";
+  st1 = w[1]->Step(Gradient(n, 1, 1));
+  second.join();
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  const std::vector<float> g0 = Gradient(n, 0, 1), g1 = Gradient(n, 1, 1);
+  std::vector<float> expected(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    expected[i] = before[i] - (g0[i] + g1[i]) / 2;
+  }
+  EXPECT_EQ(w[0]->step(), 2u);
+  EXPECT_EQ(w[1]->step(), 2u);
+  EXPECT_TRUE(BitEqual(w[0]->weights(), expected));
+  EXPECT_TRUE(BitEqual(w[1]->weights(), expected));
+}
+
 // --- All-or-nothing pulls (hole 7) -------------------------------------------
 
 // Shard 0 answers the pull, shard 1 (through the proxy) fails it. Before the
