@@ -63,10 +63,14 @@ ROWS = {
     # Fewer local steps per round: at 100 Mbit/s H = 16 leaves the link
     # idle most of a step (its wire time is a fifth of the CPU's), so a
     # round every 4 steps costs little time. DiLoCo's outer Nesterov (lr
-    # 0.7, momentum 0.9) is made for long rounds: with 4 steps it had a
-    # validation loss of 2.53 at step 1600 (seed 1, stopped there), so this
-    # row averages the workers' models (outer SGD at lr 1, no momentum:
-    # local SGD).
+    # 0.7, momentum 0.9) is made for long rounds: with 4 steps
+    # (diloco_h4_q8, not among the default runs) it had a validation loss
+    # of 2.53 at step 1600 (seed 1, stopped there), so localsgd_h4_q8
+    # averages the workers' models (outer SGD at lr 1, no momentum: local
+    # SGD).
+    "diloco_h4_q8": dict(lmf.ROWS["diloco_h16_q8"],
+                         shard=lmf.ROWS["diloco_h16_q8"]["shard"] + LONG_LEASE,
+                         script="--local-steps 4 --push-codec quantize --bits 8"),
     "localsgd_h4_q8": {"kind": "ps",
                        "shard": "--optimizer sgd --momentum=0 --lr 1.0 "
                                 f"--weight_decay=0 {lmf.LONG_LEASE} "
