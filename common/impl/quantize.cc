@@ -150,6 +150,26 @@ class QuantizeCodec final : public CodecBase {
     QuantizeSpecFrom(t.params(), &spec).IgnoreError();  // validated
     QuantizeAccumulate(t.payload(), acc.size(), spec, alpha, acc.data());
   }
+  // One pass each, in the same arithmetic as a copy (or a zero fill) and
+  // then AccumulateValid: a pulled 8-bit delta applied to the replica, a
+  // shard's first 8-bit push of a chunk in a round.
+  void AddValid(const v1::EncodedTensor& t, absl::Span<const float> base,
+                absl::Span<float> out) const override {
+    QuantizeSpec spec;
+    QuantizeSpecFrom(t.params(), &spec).IgnoreError();  // validated
+    const float* in = base.data();
+    float* o = out.data();
+    DecodeEach(t.payload(), out.size(), spec,
+               [in, o](uint64_t i, float v) { o[i] = in[i] + v; });
+  }
+  void AssignValid(const v1::EncodedTensor& t, float alpha,
+                   absl::Span<float> out) const override {
+    QuantizeSpec spec;
+    QuantizeSpecFrom(t.params(), &spec).IgnoreError();  // validated
+    float* o = out.data();
+    DecodeEach(t.payload(), out.size(), spec,
+               [o, alpha](uint64_t i, float v) { o[i] = 0.0f + alpha * v; });
+  }
 
  private:
   QuantizeSpec spec_;

@@ -14,6 +14,7 @@
 #include "benchmark/benchmark.h"
 #include "common/codec.h"
 #include "common/error_feedback.h"
+#include "common/validated_tensor.h"
 
 namespace pserver {
 namespace {
@@ -109,6 +110,31 @@ void DecodeAcc(benchmark::State& state, v1::Codec c, v1::CodecParams p) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 
+// A pulled delta applied to the replica: out = base + decode(t) in the
+// codec's one pass (AddInto), or as a copy and then an accumulate (what a
+// codec without one does; the baseline, same run).
+void DecodeAdd(benchmark::State& state, v1::Codec c, v1::CodecParams p,
+               bool one_pass) {
+  const size_t n = state.range(0);
+  auto codec = Make(c, p);
+  v1::EncodedTensor t;
+  if (!codec->Encode(Data(n), 1, &t).ok()) std::abort();
+  absl::StatusOr<ValidatedTensor> v = ValidateTensor(t, n);
+  if (!v.ok()) std::abort();
+  const std::vector<float> base = Data(n);
+  std::vector<float> out(n, 0.0f);
+  for (auto _ : state) {
+    if (one_pass) {
+      v->AddInto(base, absl::MakeSpan(out));
+    } else {
+      std::copy(base.begin(), base.end(), out.begin());
+      v->AccumulateInto(1.0f, absl::MakeSpan(out));
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
 // TopK 1% selection only (no error feedback), and the std::nth_element
 // baseline on the same data (copy included: selection must not reorder u).
 void TopKEncode(benchmark::State& state, v1::TopKSelection sel) {
@@ -191,6 +217,14 @@ void Register() {
                                        EncodeEf, e.codec, e.params));
     sizes(benchmark::RegisterBenchmark((std::string(e.name) + "/decode_acc").c_str(),
                                        DecodeAcc, e.codec, e.params));
+  }
+  for (const Entry& e : entries) {
+    if (e.codec != v1::CODEC_ONEBIT && e.codec != v1::CODEC_QUANTIZE) continue;
+    sizes(benchmark::RegisterBenchmark((std::string(e.name) + "/add").c_str(),
+                                       DecodeAdd, e.codec, e.params, true));
+    sizes(benchmark::RegisterBenchmark(
+        (std::string(e.name) + "/copy_then_acc").c_str(), DecodeAdd, e.codec,
+        e.params, false));
   }
   sizes(benchmark::RegisterBenchmark("topk1pct_sampled/encode", TopKEncode,
                                      v1::TOPK_SELECTION_SAMPLED));
