@@ -52,7 +52,8 @@ SERVER_TESTS=(
   tests/server/hyper_test
 )
 WORKER_TESTS=(tests/worker/worker_model_test tests/worker/client_test
-  tests/worker/client_chunks_test)
+  tests/worker/client_chunks_test tests/worker/replica_test
+  tests/worker/client_recovery_test)
 FUZZ_REPLAYS=(
   tests/fuzz/fuzz_codec_replay tests/fuzz/fuzz_shard_replay
   tests/fuzz/fuzz_checkpoint_replay

@@ -14,8 +14,9 @@ namespace pserver {
 void Replica::Reset(uint64_t total, std::vector<ShardRange> ranges,
                     uint64_t step) {
   ranges_ = std::move(ranges);
-  weights_.assign(total, 0.0f);
-  staging_.assign(total, 0.0f);
+  weights_.Allocate(total);  // zeros
+  staging_.Release();        // allocated when first needed
+  chunks_.assign(ranges_.size(), {});
   checksums_.assign(ranges_.size(), 0);
   staged_checksums_.assign(ranges_.size(), 0);
   staged_.assign(ranges_.size(), false);
@@ -27,6 +28,18 @@ void Replica::Reset(uint64_t total, std::vector<ShardRange> ranges,
 void Replica::BeginUpdate() {
   std::fill(staged_.begin(), staged_.end(), false);
   hashing_.assign(ranges_.size(), Hashing());
+  for (auto& shard : chunks_) {
+    for (auto& [offset, c] : shard) c.present = false;
+  }
+}
+
+const float* Replica::Values(size_t s, uint64_t offset, const Chunk& c) {
+  if (!c.kept) return staging_.data() + ranges_[s].begin + offset;
+  if (scratch_.size() < c.size) scratch_.resize(c.size);
+  absl::Span<float> out = absl::MakeSpan(scratch_).subspan(0, c.size);
+  c.valid->AddInto(slice(s).subspan(offset, c.size), out);
+  for (const ValidatedTensor& v : c.later_valid) v.AccumulateInto(1.0f, out);
+  return scratch_.data();
 }
 
 void Replica::HashStaged(size_t s, uint64_t offset, uint64_t size) {
@@ -38,17 +51,18 @@ void Replica::HashStaged(size_t s, uint64_t offset, uint64_t size) {
     hs.stale = true;
     return;
   }
-  const float* base = staging_.data() + ranges_[s].begin;
   if (offset != hs.to) {
     hs.waiting[offset] = size;  // early: waits for the chunks before it
     return;
   }
-  hs.h.Update(base + offset, size * sizeof(float));
+  const std::map<uint64_t, Chunk>& chunks = chunks_[s];
+  hs.h.Update(Values(s, offset, chunks.at(offset)), size * sizeof(float));
   hs.to += size;
   for (auto it = hs.waiting.begin();
        it != hs.waiting.end() && it->first == hs.to;
        it = hs.waiting.erase(it)) {
-    hs.h.Update(base + it->first, it->second * sizeof(float));
+    hs.h.Update(Values(s, it->first, chunks.at(it->first)),
+                it->second * sizeof(float));
     hs.to += it->second;
   }
 }
@@ -61,6 +75,30 @@ absl::Status Replica::Stage(size_t s, const v1::PullResponse& resp) {
   return FinishStage(s, resp.replica_checksum());
 }
 
+absl::Status Replica::Keep(const v1::PullResponse& resp, uint64_t size,
+                           Chunk* c) {
+  // Copied into the node (its strings keep their capacity from the last
+  // update), then validated there: the tokens point at the copies.
+  c->encoded = resp.weights();
+  c->later.resize(resp.later_deltas_size());
+  for (int i = 0; i < resp.later_deltas_size(); ++i) {
+    c->later[i] = resp.later_deltas(i);
+  }
+  absl::StatusOr<ValidatedTensor> valid = ValidateTensor(c->encoded, size);
+  if (!valid.ok()) return valid.status();
+  c->valid = *std::move(valid);
+  c->later_valid.clear();
+  for (size_t i = 0; i < c->later.size(); ++i) {
+    absl::StatusOr<ValidatedTensor> v = ValidateTensor(c->later[i], size);
+    if (!v.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("later_deltas[", i, "]: ", v.status().message()));
+    }
+    c->later_valid.push_back(*std::move(v));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
                                  const v1::PullResponse& resp) {
   staged_[s] = false;
@@ -70,21 +108,31 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
         "chunk [", offset, ", ", offset + size, ") is outside shard ", s,
         "'s ", r.size(), " elements"));
   }
-  absl::Span<float> out =
-      absl::MakeSpan(staging_).subspan(r.begin + offset, size);
   if (resp.kind() != v1::PULL_KIND_SNAPSHOT &&
       resp.kind() != v1::PULL_KIND_DELTA) {
     return absl::InvalidArgumentError("pull response kind is unspecified");
   }
-  // Checked once, then decoded with the codec's shared decoder: nothing is
-  // allocated per pull.
-  absl::StatusOr<ValidatedTensor> valid = ValidateTensor(resp.weights(), size);
-  if (!valid.ok()) return valid.status();
-  if (resp.kind() == v1::PULL_KIND_SNAPSHOT) {
-    valid->DecodeInto(out);
+  const bool delta = resp.kind() == v1::PULL_KIND_DELTA;
+  // A delta of at most a byte per element is kept encoded (the header).
+  uint64_t bytes = resp.weights().payload().size();
+  for (const v1::EncodedTensor& d : resp.later_deltas()) {
+    bytes += d.payload().size();
+  }
+  Chunk& c = chunks_[s][offset];
+  c.present = false;
+  c.size = size;
+  c.delta = delta;
+  c.kept = delta && bytes <= size;
+  if (c.kept) {
+    if (absl::Status st = Keep(resp, size, &c); !st.ok()) return st;
   } else {
-    // Validated first: a bad later delta leaves nothing half applied in
-    // the caller's view (the staging buffer is scratch until FinishStage).
+    // Checked once, then decoded with the codec's shared decoder: nothing
+    // is allocated per pull.
+    absl::StatusOr<ValidatedTensor> valid =
+        ValidateTensor(resp.weights(), size);
+    if (!valid.ok()) return valid.status();
+    // Validated first: a bad later delta leaves nothing half applied in the
+    // caller's view (the staging buffer is scratch until FinishStage).
     std::vector<ValidatedTensor> later;
     later.reserve(resp.later_deltas_size());
     for (int i = 0; i < resp.later_deltas_size(); ++i) {
@@ -96,22 +144,40 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
       }
       later.push_back(*std::move(v));
     }
-    // out = now + delta in one pass (the codec's AddValid).
-    valid->AddInto(slice(s).subspan(offset, size), out);
-    for (const ValidatedTensor& v : later) v.AccumulateInto(1.0f, out);
+    if (staging_.size() != weights_.size()) staging_.Allocate(weights_.size());
+    absl::Span<float> out = staging_.span().subspan(r.begin + offset, size);
+    if (!delta) {
+      valid->DecodeInto(out);
+    } else {
+      // out = now + delta in one pass (the codec's AddValid).
+      valid->AddInto(slice(s).subspan(offset, size), out);
+      for (const ValidatedTensor& v : later) v.AccumulateInto(1.0f, out);
+    }
   }
+  c.present = true;
   HashStaged(s, offset, size);
   return absl::OkStatus();
 }
 
 absl::Status Replica::FinishStage(size_t s, uint64_t checksum) {
   const ShardRange& r = ranges_[s];
-  absl::Span<const float> out =
-      absl::MakeConstSpan(staging_).subspan(r.begin, r.size());
   const Hashing& hs = hashing_[s];
-  const uint64_t got = !hs.stale && hs.to == r.size() && hs.waiting.empty()
-                           ? hs.h.Finish()
-                           : ChecksumOf(out);
+  uint64_t got = 0;
+  if (!hs.stale && hs.to == r.size() && hs.waiting.empty()) {
+    got = hs.h.Finish();
+  } else {
+    // Hashed whole, in slice order, from the newest answer of each chunk;
+    // a gap (a chunk missing) cannot match.
+    Checksum64 h;
+    uint64_t to = 0;
+    for (const auto& [offset, c] : chunks_[s]) {
+      if (!c.present) continue;
+      if (offset != to) break;
+      h.Update(Values(s, offset, c), c.size * sizeof(float));
+      to += c.size;
+    }
+    got = to == r.size() ? h.Finish() : ~checksum;
+  }
   hashing_[s] = Hashing();
   if (got != checksum) {
     return absl::DataLossError(absl::StrCat(
@@ -126,7 +192,38 @@ void Replica::Commit(uint64_t step) {
   ABSL_RAW_CHECK(std::all_of(staged_.begin(), staged_.end(),
                              [](bool b) { return b; }),
                  "Replica::Commit with a shard not staged");
-  weights_.swap(staging_);
+  bool any_kept = false, all_deltas = true;
+  for (const auto& shard : chunks_) {
+    for (const auto& [offset, c] : shard) {
+      if (!c.present) continue;
+      any_kept |= c.kept;
+      all_deltas &= c.delta;
+    }
+  }
+  if (!any_kept) {
+    weights_.swap(staging_);  // every slice is in the staging buffer
+  } else {
+    for (size_t s = 0; s < chunks_.size(); ++s) {
+      const uint64_t begin = ranges_[s].begin;
+      for (const auto& [offset, c] : chunks_[s]) {
+        if (!c.present) continue;
+        absl::Span<float> out = weights_.span().subspan(begin + offset, c.size);
+        if (c.kept) {
+          // The same arithmetic as Values: the bits FinishStage hashed.
+          c.valid->AddInto(out, out);
+          for (const ValidatedTensor& v : c.later_valid) {
+            v.AccumulateInto(1.0f, out);
+          }
+        } else {
+          std::copy_n(staging_.data() + begin + offset, c.size, out.begin());
+        }
+      }
+    }
+  }
+  // Kept only while the pulls are deltas it holds (fp32 or 16-bit): after
+  // a snapshot (Register, a restart) or with compressed deltas it would be
+  // a model-sized buffer held for nothing.
+  if (any_kept || !all_deltas) staging_.Release();
   checksums_ = staged_checksums_;
   std::fill(steps_.begin(), steps_.end(), step);
   step_ = step;

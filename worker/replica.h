@@ -1,14 +1,19 @@
 // The worker's replica x̂ of the shards' weights: the flat vector every
 // worker holds for the same step, the step, and per shard the Checksum64 of
 // its slice as the shard confirmed it. A pull's answers change it all or
-// nothing (hole 7): each shard's answer is decoded into a staging buffer and
-// checked against the shard's checksum, and only when every shard's answer
-// verified does Commit make them the replica, at the new step.
+// nothing (hole 7): each shard's answer is staged and checked against the
+// shard's checksum, and only when every shard's answer verified does Commit
+// make them the replica, at the new step.
 //
-// Memory: the staging buffer is a second fp32 copy of the model (4 bytes per
-// parameter, allocated once at Reset and reused every step; Commit swaps the
-// two buffers, and a delta is added from the replica straight into the
-// staging buffer, so nothing is copied).
+// Memory: a chunk answered with a compressed delta (at most a byte per
+// element: 1-bit, TopK, 8-bit and below) is kept encoded, hashed through a
+// chunk-sized scratch buffer, and added to the replica in place at Commit:
+// nothing model-sized besides the replica (a 1-bit delta is 1/32 of it), at
+// the cost of decoding it twice. Any other chunk (a snapshot, an fp32 or
+// 16-bit delta) is decoded into a staging buffer, a second fp32 copy of
+// the model: allocated when first needed, kept while the pulls are such
+// deltas (Commit swaps the two buffers: nothing is copied) and released
+// after any other commit (a snapshot at Register or after a restart).
 //
 // Usage:
 //   replica.BeginUpdate();
@@ -19,12 +24,15 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/checksum.h"
 #include "common/layout.h"
+#include "common/validated_tensor.h"
+#include "worker/page_buffer.h"
 #include "pserver/v1/parameter_server.pb.h"
 
 namespace pserver {
@@ -38,7 +46,7 @@ class Replica {
   // ranges[s]), at `step`, with nothing staged.
   void Reset(uint64_t total, std::vector<ShardRange> ranges, uint64_t step);
 
-  absl::Span<const float> weights() const { return weights_; }
+  absl::Span<const float> weights() const { return weights_.span(); }
   // The step of the replica: the lowest of the shards' (under bsp every
   // shard's slice is of the same step; under ssp and async each shard's may
   // be its own, see step(s)).
@@ -48,8 +56,7 @@ class Replica {
   size_t num_shards() const { return ranges_.size(); }
   const ShardRange& range(size_t s) const { return ranges_[s]; }
   absl::Span<const float> slice(size_t s) const {
-    return absl::MakeConstSpan(weights_).subspan(ranges_[s].begin,
-                                                 ranges_[s].size());
+    return weights_.span().subspan(ranges_[s].begin, ranges_[s].size());
   }
   // Checksum64 of slice(s) as the shard confirmed it at the last commit
   // (sent back with the next delta pull, not recomputed).
@@ -58,18 +65,20 @@ class Replica {
   // Forgets anything staged.
   void BeginUpdate();
   // Stages shard s's pull answer: a snapshot replaces slice(s), a delta is
-  // added to it. Does not change weights(). INVALID_ARGUMENT when the answer
-  // does not decode (or its kind is unspecified); DATA_LOSS when the result
-  // does not match resp.replica_checksum(). On error shard s is not staged.
+  // added to it (at Commit). Does not change weights(). INVALID_ARGUMENT
+  // when the answer does not decode (or its kind is unspecified);
+  // DATA_LOSS when the result does not match resp.replica_checksum(). On
+  // error shard s is not staged.
   absl::Status Stage(size_t s, const v1::PullResponse& resp);
-  // The same in chunks: StageChunk decodes one chunk's answer (elements
-  // [offset, offset + size) of slice s) into the staging buffer; once every
+  // The same in chunks: StageChunk stages one chunk's answer (elements
+  // [offset, offset + size) of slice s; see Memory above); once every
   // chunk is in, FinishStage checks the staged slice against `checksum` and
   // marks it staged. INVALID_ARGUMENT / DATA_LOSS as Stage. Chunks are
   // hashed as they are staged, in slice order (one that arrives early waits
   // for those before it), while later chunks are still on the wire; a slice
-  // whose chunks were not all hashed once in order (a chunk staged again,
-  // a chunk missing) is hashed whole by FinishStage instead.
+  // whose chunks were not all hashed once in order (a chunk staged again)
+  // is hashed whole by FinishStage instead, and one with a chunk missing
+  // does not verify.
   absl::Status StageChunk(size_t s, uint64_t offset, uint64_t size,
                           const v1::PullResponse& resp);
   absl::Status FinishStage(size_t s, uint64_t checksum);
@@ -79,11 +88,37 @@ class Replica {
   void Commit(uint64_t step);
   // The same, with each shard's slice at its own step (steps[s]).
   void Commit(const std::vector<uint64_t>& steps);
+  // Whether the staging buffer is allocated (for the tests of its life).
+  bool has_staging_buffer() const { return !staging_.empty(); }
 
  private:
+  // One chunk of a shard's answer since BeginUpdate: decoded into staging_,
+  // or kept encoded (a compressed delta, with its validation tokens, which
+  // point into this node: std::map nodes do not move). Nodes are reused
+  // across updates (`present`), so a steady pull allocates nothing.
+  struct Chunk {
+    bool present = false;
+    uint64_t size = 0;
+    bool kept = false;
+    bool delta = false;  // the answer's kind (for the staging buffer's life)
+    v1::EncodedTensor encoded;
+    std::vector<v1::EncodedTensor> later;
+    std::optional<ValidatedTensor> valid;
+    std::vector<ValidatedTensor> later_valid;
+  };
+  // Keeps resp's delta in `c`, validated. On error `c` is not present.
+  absl::Status Keep(const v1::PullResponse& resp, uint64_t size, Chunk* c);
+  // Chunk (s, offset)'s staged values: in staging_, or for a kept chunk
+  // slice + delta computed into scratch_ (valid until the next call).
+  const float* Values(size_t s, uint64_t offset, const Chunk& c);
+
   std::vector<ShardRange> ranges_;
-  std::vector<float> weights_;
-  std::vector<float> staging_;  // same size as weights_
+  // Both from the kernel (worker/page_buffer.h): the staging buffer's pages
+  // go back when it is released.
+  PageBuffer weights_;
+  PageBuffer staging_;  // empty, or the size of weights_
+  std::vector<float> scratch_;  // one kept chunk's staged values
+  std::vector<std::map<uint64_t, Chunk>> chunks_;  // per shard, by offset
   std::vector<uint64_t> checksums_;
   std::vector<uint64_t> staged_checksums_;
   std::vector<bool> staged_;

@@ -1,9 +1,12 @@
 // Replica: a slice pulled in chunks is hashed as its chunks are staged, and
 // FinishStage accepts exactly the slices whose bytes have the shard's
-// checksum, whatever order the chunks came in or how often one was staged.
+// checksum, whatever order the chunks came in or how often one was staged;
+// compressed deltas are kept encoded and applied in place at Commit.
 #include "worker/replica.h"
 
+#include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/checksum.h"
@@ -65,15 +68,19 @@ TEST_F(ReplicaChunks, InOrderOutOfOrderAndMissingChunks) {
     EXPECT_TRUE(replica_.FinishStage(0, sum).ok());
     EXPECT_TRUE(replica_.staged(0));
   }
-  // Chunk 3 never staged this time: the slice holds its old bytes there,
-  // and the checksum must be of those bytes, not of a short prefix.
+  // Chunk 3 never staged this time: nothing verifies, neither the new
+  // bytes' checksum, nor a short prefix's, nor one counting the bytes an
+  // earlier update staged there.
   replica_.BeginUpdate();
   const std::vector<float> next = Values(kSlice, 5.0f);
   for (uint32_t c : {0, 1, 2}) StageChunk(c, next);
   std::vector<float> mixed = next;
   std::copy(want.begin() + 3 * kChunk, want.end(), mixed.begin() + 3 * kChunk);
   EXPECT_TRUE(absl::IsDataLoss(replica_.FinishStage(0, ChecksumOf(next))));
-  EXPECT_TRUE(replica_.FinishStage(0, ChecksumOf(mixed)).ok());
+  EXPECT_TRUE(absl::IsDataLoss(replica_.FinishStage(0, ChecksumOf(mixed))));
+  EXPECT_TRUE(absl::IsDataLoss(replica_.FinishStage(
+      0, ChecksumOf(absl::MakeConstSpan(next).subspan(0, 3 * kChunk)))));
+  EXPECT_FALSE(replica_.staged(0));
 }
 
 TEST_F(ReplicaChunks, AChunkStagedAgainCountsWithItsLastBytes) {
@@ -119,6 +126,178 @@ TEST_F(ReplicaChunks, ShardsHashTheirOwnSlices) {
   replica_.Commit(1);
   EXPECT_EQ(replica_.checksum(0), ChecksumOf(a));
   EXPECT_EQ(replica_.checksum(1), ChecksumOf(b));
+}
+
+// A delta answer: `d` encoded with `codec`, then `later` each with it too.
+v1::PullResponse Delta(v1::Codec codec, absl::Span<const float> d,
+                       const std::vector<std::vector<float>>& later = {}) {
+  v1::PullResponse r;
+  r.set_kind(v1::PULL_KIND_DELTA);
+  auto c = MakeCodec(codec, {});
+  EXPECT_TRUE(c.ok());
+  EXPECT_TRUE((*c)->Encode(d, 1, r.mutable_weights()).ok());
+  for (const std::vector<float>& l : later) {
+    EXPECT_TRUE((*c)->Encode(l, 2, r.add_later_deltas()).ok());
+  }
+  return r;
+}
+
+// What a delta answer makes of `base`: base + decode(weights) + decode of
+// each later delta, by the codec's own decoder.
+std::vector<float> Applied(absl::Span<const float> base,
+                           const v1::PullResponse& r) {
+  std::vector<float> out(base.begin(), base.end());
+  auto c = MakeCodec(r.weights().codec(), {});
+  EXPECT_TRUE(c.ok());
+  EXPECT_TRUE(
+      (*c)->DecodeAccumulate(r.weights(), 1.0f, absl::MakeSpan(out)).ok());
+  for (const v1::EncodedTensor& l : r.later_deltas()) {
+    EXPECT_TRUE((*c)->DecodeAccumulate(l, 1.0f, absl::MakeSpan(out)).ok());
+  }
+  return out;
+}
+
+std::vector<float> Concat(const std::vector<float>& a,
+                          const std::vector<float>& b) {
+  std::vector<float> v = a;
+  v.insert(v.end(), b.begin(), b.end());
+  return v;
+}
+
+bool SameBits(absl::Span<const float> a, absl::Span<const float> b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Compressed deltas are kept encoded and applied at Commit: in any chunk
+// order, restaged or not, the slice verifies against the bytes of base +
+// delta and Commit makes exactly those bytes the replica; nothing
+// model-sized is allocated for them. fp32 deltas go through the staging
+// buffer, which stays while the pulls are such deltas; a snapshot's
+// commit releases it.
+TEST_F(ReplicaChunks, CompressedDeltasAreAppliedInPlaceAtCommit) {
+  const std::vector<float> a = Values(kSlice, 2.0f), b = Values(700, 7.0f);
+  ASSERT_TRUE(replica_.StageChunk(0, 0, kSlice, Snapshot(a)).ok());
+  ASSERT_TRUE(replica_.StageChunk(1, 0, 700, Snapshot(b)).ok());
+  ASSERT_TRUE(replica_.FinishStage(0, ChecksumOf(a)).ok());
+  ASSERT_TRUE(replica_.FinishStage(1, ChecksumOf(b)).ok());
+  EXPECT_TRUE(replica_.has_staging_buffer());
+  replica_.Commit(1);
+  EXPECT_FALSE(replica_.has_staging_buffer()) << "kept after a snapshot";
+  std::vector<float> now = Concat(a, b);
+  ASSERT_TRUE(SameBits(replica_.weights(), now));
+
+  for (int step = 1; step <= 3; ++step) {
+    SCOPED_TRACE(step);
+    // Shard 0 in 4 chunks (out of order, chunk 1 staged twice, the second
+    // time with a later delta), shard 1 whole, all 1-bit.
+    replica_.BeginUpdate();
+    std::vector<float> want(now.begin(), now.end());
+    const std::vector<float> d = Values(1700, -0.5f * step);
+    std::vector<v1::PullResponse> answers;
+    for (uint32_t c = 0; c < 4; ++c) {
+      const uint64_t b0 = c * kChunk, n = std::min(kChunk, kSlice - b0);
+      const auto part = absl::MakeConstSpan(d).subspan(b0, n);
+      answers.push_back(c == 1 ? Delta(v1::CODEC_ONEBIT, part,
+                                       {Values(n, 0.125f)})
+                               : Delta(v1::CODEC_ONEBIT, part));
+      const std::vector<float> got =
+          Applied(absl::MakeConstSpan(now).subspan(b0, n), answers.back());
+      std::copy(got.begin(), got.end(), want.begin() + b0);
+    }
+    for (uint32_t c : {2, 1, 0, 3}) {
+      const uint64_t b0 = c * kChunk, n = std::min(kChunk, kSlice - b0);
+      ASSERT_TRUE(replica_.StageChunk(0, b0, n,
+                                      c == 1 ? Delta(v1::CODEC_ONEBIT,
+                                                     absl::MakeConstSpan(d)
+                                                         .subspan(b0, n))
+                                             : answers[c])
+                      .ok());
+    }
+    ASSERT_TRUE(replica_.StageChunk(0, kChunk, kChunk, answers[1]).ok());
+    const v1::PullResponse whole =
+        Delta(v1::CODEC_ONEBIT, absl::MakeConstSpan(d).subspan(kSlice, 700));
+    ASSERT_TRUE(replica_.StageChunk(1, 0, 700, whole).ok());
+    const std::vector<float> w1 =
+        Applied(absl::MakeConstSpan(now).subspan(kSlice, 700), whole);
+    std::copy(w1.begin(), w1.end(), want.begin() + kSlice);
+
+    const auto want0 = absl::MakeConstSpan(want).subspan(0, kSlice);
+    EXPECT_TRUE(
+        absl::IsDataLoss(replica_.FinishStage(0, ChecksumOf(want0) ^ 1)));
+    ASSERT_TRUE(replica_.FinishStage(0, ChecksumOf(want0)).ok());
+    ASSERT_TRUE(replica_
+                    .FinishStage(1, ChecksumOf(absl::MakeConstSpan(want)
+                                                   .subspan(kSlice, 700)))
+                    .ok());
+    EXPECT_TRUE(SameBits(replica_.weights(), now)) << "changed before Commit";
+    EXPECT_FALSE(replica_.has_staging_buffer());
+    replica_.Commit(1 + step);
+    EXPECT_TRUE(SameBits(replica_.weights(), want));
+    EXPECT_EQ(replica_.checksum(0), ChecksumOf(want0));
+    now = want;
+  }
+
+  // fp32 deltas (4 bytes an element) are staged: the buffer stays between
+  // such commits.
+  for (int step = 4; step <= 5; ++step) {
+    replica_.BeginUpdate();
+    const std::vector<float> d = Values(1700, 0.25f * step);
+    std::vector<float> want(now.size());
+    for (size_t s = 0; s < 2; ++s) {
+      const uint64_t b0 = s == 0 ? 0 : kSlice, n = s == 0 ? kSlice : 700;
+      const v1::PullResponse r =
+          Delta(v1::CODEC_FP32, absl::MakeConstSpan(d).subspan(b0, n));
+      ASSERT_TRUE(replica_.StageChunk(s, 0, n, r).ok());
+      const std::vector<float> got =
+          Applied(absl::MakeConstSpan(now).subspan(b0, n), r);
+      std::copy(got.begin(), got.end(), want.begin() + b0);
+      ASSERT_TRUE(replica_
+                      .FinishStage(s, ChecksumOf(absl::MakeConstSpan(want)
+                                                     .subspan(b0, n)))
+                      .ok());
+    }
+    EXPECT_TRUE(SameBits(replica_.weights(), now));
+    replica_.Commit(1 + step);
+    EXPECT_TRUE(SameBits(replica_.weights(), want));
+    EXPECT_TRUE(replica_.has_staging_buffer());
+    now = want;
+  }
+
+  // A snapshot of shard 0 beside a 1-bit delta of shard 1 (a restarted
+  // shard): both applied, the buffer released.
+  replica_.BeginUpdate();
+  const std::vector<float> fresh = Values(kSlice, 9.0f);
+  const v1::PullResponse delta1 =
+      Delta(v1::CODEC_ONEBIT, Values(700, 0.75f));
+  ASSERT_TRUE(replica_.StageChunk(0, 0, kSlice, Snapshot(fresh)).ok());
+  ASSERT_TRUE(replica_.StageChunk(1, 0, 700, delta1).ok());
+  std::vector<float> want = Concat(
+      fresh, Applied(absl::MakeConstSpan(now).subspan(kSlice, 700), delta1));
+  ASSERT_TRUE(replica_.FinishStage(0, ChecksumOf(fresh)).ok());
+  ASSERT_TRUE(replica_
+                  .FinishStage(1, ChecksumOf(absl::MakeConstSpan(want)
+                                                 .subspan(kSlice, 700)))
+                  .ok());
+  replica_.Commit(7);
+  EXPECT_TRUE(SameBits(replica_.weights(), want));
+  EXPECT_FALSE(replica_.has_staging_buffer());
+}
+
+// A kept delta that does not validate is refused and leaves the shard
+// unstaged; the replica is untouched.
+TEST_F(ReplicaChunks, ABadCompressedDeltaIsRefused) {
+  v1::PullResponse r = Delta(v1::CODEC_ONEBIT, Values(kSlice, 1.0f));
+  r.mutable_weights()->mutable_payload()->resize(10);
+  EXPECT_TRUE(absl::IsInvalidArgument(replica_.StageChunk(0, 0, kSlice, r)));
+  v1::PullResponse later =
+      Delta(v1::CODEC_ONEBIT, Values(kSlice, 1.0f), {Values(kSlice, 2.0f)});
+  later.mutable_later_deltas(0)->set_num_elements(3);
+  absl::Status st = replica_.StageChunk(0, 0, kSlice, later);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("later_deltas[0]"), std::string::npos) << st;
+  EXPECT_FALSE(replica_.staged(0));
+  EXPECT_TRUE(SameBits(replica_.weights(), std::vector<float>(1700, 0.0f)));
 }
 
 }  // namespace
