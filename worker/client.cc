@@ -290,6 +290,10 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
       !st.ok()) {
     return st;
   }
+  // The initial snapshot's staging copy: a run whose pulls are compressed
+  // deltas never needs it again, one with fp32 pulls takes it back at its
+  // first pull (worker/replica.h).
+  replica_.ReleaseStaging();
   settings_ = resps[0].optimizer_settings();
   if (hyper_.size() != 0 && hyper_.size() != GroupCount(layout_)) {
     hyper_.Clear();  // set for another layout

@@ -192,12 +192,12 @@ void Replica::Commit(uint64_t step) {
   ABSL_RAW_CHECK(std::all_of(staged_.begin(), staged_.end(),
                              [](bool b) { return b; }),
                  "Replica::Commit with a shard not staged");
-  bool any_kept = false, all_deltas = true;
+  bool any_kept = false, any_staged = false;
   for (const auto& shard : chunks_) {
     for (const auto& [offset, c] : shard) {
       if (!c.present) continue;
       any_kept |= c.kept;
-      all_deltas &= c.delta;
+      any_staged |= !c.kept;
     }
   }
   if (!any_kept) {
@@ -220,10 +220,9 @@ void Replica::Commit(uint64_t step) {
       }
     }
   }
-  // Kept only while the pulls are deltas it holds (fp32 or 16-bit): after
-  // a snapshot (Register, a restart) or with compressed deltas it would be
-  // a model-sized buffer held for nothing.
-  if (any_kept || !all_deltas) staging_.Release();
+  // Kept while the pulls use it (fp32 pulls: every step); an update that
+  // did not (compressed deltas) gives it back.
+  if (!any_staged) staging_.Release();
   checksums_ = staged_checksums_;
   std::fill(steps_.begin(), steps_.end(), step);
   step_ = step;

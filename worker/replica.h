@@ -9,11 +9,12 @@
 // element: 1-bit, TopK, 8-bit and below) is kept encoded, hashed through a
 // chunk-sized scratch buffer, and added to the replica in place at Commit:
 // nothing model-sized besides the replica (a 1-bit delta is 1/32 of it), at
-// the cost of decoding it twice. Any other chunk (a snapshot, an fp32 or
-// 16-bit delta) is decoded into a staging buffer, a second fp32 copy of
-// the model: allocated when first needed, kept while the pulls are such
-// deltas (Commit swaps the two buffers: nothing is copied) and released
-// after any other commit (a snapshot at Register or after a restart).
+// the cost of decoding it twice. Any other chunk (a snapshot, such as every
+// fp32 pull; a 16-bit delta) is decoded into a staging buffer, a second
+// fp32 copy of the model: allocated when first needed, kept while the
+// updates use it (Commit swaps the two buffers: nothing is copied), given
+// back by a commit that did not use it and by ReleaseStaging (the client's
+// Register, after the initial snapshot).
 //
 // Usage:
 //   replica.BeginUpdate();
@@ -88,6 +89,8 @@ class Replica {
   void Commit(uint64_t step);
   // The same, with each shard's slice at its own step (steps[s]).
   void Commit(const std::vector<uint64_t>& steps);
+  // Gives the staging buffer back (allocated again when next needed).
+  void ReleaseStaging() { staging_.Release(); }
   // Whether the staging buffer is allocated (for the tests of its life).
   bool has_staging_buffer() const { return !staging_.empty(); }
 

@@ -118,10 +118,12 @@ lines.append("fp32 / 1-bit step time (medians, this run): %.2fx" % (med["fp32"] 
 # The model-sized fp32 arrays each process holds by design, and what the
 # peak RSS has beyond them (messages in flight, buffers, the binary).
 # Shard: x, m, v and the round's sum; with 1-bit pulls also x_hat, the
-# workers' replica. Worker: the replica, its staging copy (a pull is applied
-# there and committed whole) and the gradient; with 1-bit pushes also the
-# error-feedback residual.
-arrays = {"fp32": (4, 3), "onebit": (5, 4)}
+# workers' replica. Worker: the replica and the gradient; with fp32 pulls
+# the staging copy (each fp32 pull, a snapshot, is staged there and
+# committed whole; a 1-bit delta is kept encoded and applied in place at
+# the commit, worker/replica.h), with 1-bit pushes the error-feedback
+# residual.
+arrays = {"fp32": (4, 3), "onebit": (5, 3)}
 for codec, rs in rows.items():
     sa, wa = arrays[codec]
     srv = statistics.median(x["server"] for x in rs)

@@ -183,7 +183,7 @@ TEST_F(ReplicaChunks, CompressedDeltasAreAppliedInPlaceAtCommit) {
   ASSERT_TRUE(replica_.FinishStage(1, ChecksumOf(b)).ok());
   EXPECT_TRUE(replica_.has_staging_buffer());
   replica_.Commit(1);
-  EXPECT_FALSE(replica_.has_staging_buffer()) << "kept after a snapshot";
+  EXPECT_TRUE(replica_.has_staging_buffer()) << "swapped in, kept";
   std::vector<float> now = Concat(a, b);
   ASSERT_TRUE(SameBits(replica_.weights(), now));
 
@@ -231,15 +231,15 @@ TEST_F(ReplicaChunks, CompressedDeltasAreAppliedInPlaceAtCommit) {
                                                    .subspan(kSlice, 700)))
                     .ok());
     EXPECT_TRUE(SameBits(replica_.weights(), now)) << "changed before Commit";
-    EXPECT_FALSE(replica_.has_staging_buffer());
     replica_.Commit(1 + step);
+    EXPECT_FALSE(replica_.has_staging_buffer()) << "kept, unused";
     EXPECT_TRUE(SameBits(replica_.weights(), want));
     EXPECT_EQ(replica_.checksum(0), ChecksumOf(want0));
     now = want;
   }
 
   // fp32 deltas (4 bytes an element) are staged: the buffer stays between
-  // such commits.
+  // such commits (as between fp32 pulls, which are snapshots).
   for (int step = 4; step <= 5; ++step) {
     replica_.BeginUpdate();
     const std::vector<float> d = Values(1700, 0.25f * step);
@@ -265,7 +265,8 @@ TEST_F(ReplicaChunks, CompressedDeltasAreAppliedInPlaceAtCommit) {
   }
 
   // A snapshot of shard 0 beside a 1-bit delta of shard 1 (a restarted
-  // shard): both applied, the buffer released.
+  // shard): both applied; the buffer stays until an update does not use it
+  // or ReleaseStaging.
   replica_.BeginUpdate();
   const std::vector<float> fresh = Values(kSlice, 9.0f);
   const v1::PullResponse delta1 =
@@ -281,7 +282,10 @@ TEST_F(ReplicaChunks, CompressedDeltasAreAppliedInPlaceAtCommit) {
                   .ok());
   replica_.Commit(7);
   EXPECT_TRUE(SameBits(replica_.weights(), want));
+  EXPECT_TRUE(replica_.has_staging_buffer());
+  replica_.ReleaseStaging();
   EXPECT_FALSE(replica_.has_staging_buffer());
+  EXPECT_TRUE(SameBits(replica_.weights(), want));
 }
 
 // A kept delta that does not validate is refused and leaves the shard
