@@ -169,7 +169,8 @@ tsan() {
            tests/server/shard_server_test tests/server/shard_components_test
            tests/server/shard_holes_test tests/common/clock_thread_pool_test
            tests/server/model_install_test tests/worker/client_test
-           tests/worker/client_chunks_test tests/common/codec_test)
+           tests/worker/client_chunks_test tests/worker/client_recovery_test
+           tests/common/codec_test)
   else
     tests=(tests/server/shard_stress_test tests/server/shard_test
            tests/server/lease_test tests/server/service_test)
