@@ -7,10 +7,14 @@
 #   - the restarted shard completed the rest of the job: its step ends at
 #     STEPS, it ran rounds after the restart (more than 0), and it applied
 #     exactly workers x rounds pushes in them (none twice);
-#   - every worker noticed the failure: each counted an RPC retry or a
+#   - the workers noticed the failure: some counted an RPC retry or a
 #     rejoin (retries and rejoins from its --summary_json), and the
 #     registrations the restarted shard answered equal the rejoins the
-#     workers counted;
+#     workers counted. Not necessarily every worker: a call made while the
+#     shard is down waits for it (gRPC's wait_for_ready) instead of
+#     failing, and the restored shard knows the worker's registration, so a
+#     worker with no call in flight at the kill sees nothing (1 run in
+#     about 30);
 #   - one model: the four workers' final weights (--save_weights) are
 #     bit-identical, and equal the shards' own replica x_hat in the
 #     checkpoints they write on SIGTERM at step STEPS;
@@ -144,17 +148,18 @@ rounds=$((final_step - first))
 [[ "$applied" == "$((4 * rounds))" ]] ||
   fail "restarted shard applied $applied pushes for rounds $first..$final_step; expected $((4 * rounds))"
 
-# The workers: each retried or rejoined; the shard saw every rejoin.
+# The workers: some retried or rejoined; the shard saw every rejoin.
 rejoins_total=0
+noticed=0
 counts=""
 for w in 0 1 2 3; do
   retries=$(field "$DIR/failed/w$w.json" retries)
   rejoins=$(field "$DIR/failed/w$w.json" rejoins)
   counts+=" w$w ${retries}/${rejoins}"
-  (( retries + rejoins > 0 )) ||
-    fail "worker $w neither retried nor rejoined across shard 1's restart"
+  (( retries + rejoins > 0 )) && noticed=$((noticed + 1))
   rejoins_total=$((rejoins_total + rejoins))
 done
+(( noticed > 0 )) || fail "no worker retried or rejoined across shard 1's restart"
 [[ "$registers" == "$rejoins_total" ]] ||
   fail "the restarted shard answered $registers registrations; the workers counted $rejoins_total rejoins"
 
