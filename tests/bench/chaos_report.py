@@ -440,7 +440,12 @@ def series_of(samples, target):
 
 
 def any_live(samples):
-    """[(t, bool)]: some shard's last sample shows a live lease."""
+    """[(t, bool)]: some shard's last sample shows a live lease. A shard
+    whose last scrape failed counts for none, as in Prometheus, where a
+    failed scrape marks the target's series stale at once: max() over
+    pserver_server_workers_live is then the other shards' (during a shard's
+    link-down the other may drop every stalled worker, and an alert's
+    `for:` starts again)."""
     events = []
     for s in SHARDS:
         for t, v in samples.get(s, []):
@@ -448,8 +453,7 @@ def any_live(samples):
     events.sort()
     last, out = {}, []
     for t, s, live in events:
-        if live is not None:
-            last[s] = live
+        last[s] = 0 if live is None else live
         out.append((t, any(x > 0 for x in last.values())))
     return out
 
