@@ -3,6 +3,7 @@
 // shards on loopback; a fault-injecting proxy (tests/worker/shard_proxy.h)
 // in front of a shard fails its pulls.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,6 +32,70 @@ namespace {
 
 using ::testing::HasSubstr;
 using namespace testing_util;  // NOLINT: the shared test helpers
+
+// Shard s stopped at once and started again on its port, fresh (no model,
+// no registrations): a restart without a checkpoint.
+::testing::AssertionResult RestartShard(Cluster& cluster, uint32_t s) {
+  const int port = cluster.servers[s]->port();
+  cluster.servers[s]->Shutdown(absl::ZeroDuration());
+  cluster.servers[s].reset();
+  auto restarted = StartShard(cluster.config, s, port, nullptr);
+  if (!restarted.ok()) {
+    return ::testing::AssertionFailure() << restarted.status();
+  }
+  cluster.servers[s] = std::move(restarted).value();
+  return ::testing::AssertionSuccess();
+}
+
+// Workers 0 and 1, fp32, registered, with timeouts long enough that a wait
+// on another worker shows as the test's own 60 s bound, then step 0 taken
+// together.
+std::vector<std::unique_ptr<Client>> TwoWorkersPastStepZero(
+    Cluster& cluster, const v1::ModelLayout& layout) {
+  const uint64_t n = TotalElements(layout);
+  std::vector<std::unique_ptr<Client>> w;
+  for (uint32_t id = 0; id < 2; ++id) {
+    ClientOptions o = Options(cluster, id, v1::CODEC_FP32);
+    o.rpc_timeout = o.pull_timeout = o.retry_budget = absl::Seconds(120);
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return {};
+    EXPECT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
+    w.push_back(std::move(c).value());
+  }
+  absl::Status st0, st1;
+  std::thread first([&] { st1 = w[1]->Step(Gradient(n, 1, 0)); });
+  st0 = w[0]->Step(Gradient(n, 0, 0));
+  first.join();
+  EXPECT_TRUE(st0.ok() && st1.ok()) << st0 << "; " << st1;
+  if (!st0.ok() || !st1.ok()) return {};
+  return w;
+}
+
+// Waits up to 60 s for `done`, polling every 10 ms.
+bool WaitFor(const std::function<bool()>& done) {
+  for (const absl::Time until = absl::Now() + absl::Seconds(60);
+       absl::Now() < until; absl::SleepFor(absl::Milliseconds(10))) {
+    if (done()) return true;
+  }
+  return false;
+}
+
+// Both workers at step 2 on before - mean(step 1's gradients) (exact: the
+// values are multiples of 1/64).
+void ExpectStepOneApplied(const std::vector<std::unique_ptr<Client>>& w,
+                          const std::vector<float>& before) {
+  const uint64_t n = before.size();
+  const std::vector<float> g0 = Gradient(n, 0, 1), g1 = Gradient(n, 1, 1);
+  std::vector<float> expected(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    expected[i] = before[i] - (g0[i] + g1[i]) / 2;
+  }
+  for (const auto& c : w) {
+    EXPECT_EQ(c->step(), 2u);
+    EXPECT_TRUE(BitEqual(c->weights(), expected));
+  }
+}
 
 // --- The decision ------------------------------------------------------------
 
@@ -196,12 +261,7 @@ TEST(ClientRecovery, Issue9RestartedShardIsRejoinedAndTrainingResumes) {
   ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
   for (int t = 0; t < 2; ++t) ASSERT_TRUE((*c)->Step(Gradient(n, 0, t)).ok());
 
-  const int port = cluster->servers[1]->port();
-  cluster->servers[1]->Shutdown(absl::ZeroDuration());
-  cluster->servers[1].reset();
-  auto restarted = StartShard(cluster->config, 1, port, nullptr);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  cluster->servers[1] = std::move(restarted).value();
+  ASSERT_TRUE(RestartShard(*cluster, 1));
 
   const std::vector<float> before((*c)->weights().begin(),
                                   (*c)->weights().end());
@@ -253,12 +313,7 @@ TEST(ClientRecovery, AResendCarriesThisStepsGradientInEveryChunk) {
   for (int step = 0; step < 2; ++step) {
     ASSERT_TRUE((*c)->Step(Gradient(n, 0, step)).ok());
   }
-  const int port = cluster->servers[1]->port();
-  cluster->servers[1]->Shutdown(absl::ZeroDuration());
-  cluster->servers[1].reset();
-  auto restarted = StartShard(cluster->config, 1, port, nullptr);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  cluster->servers[1] = std::move(restarted).value();
+  ASSERT_TRUE(RestartShard(*cluster, 1));
 
   const std::vector<float> before((*c)->weights().begin(),
                                   (*c)->weights().end());
@@ -281,60 +336,27 @@ TEST(ClientRecovery, AResendCarriesThisStepsGradientInEveryChunk) {
 // used to wait (to the rpc timeout: the e2e shard failure test's 30 s
 // stalls) and then found every round stuck behind it.
 TEST(ClientRecovery, ARefusalIsRecoveredBeforeWaitingOnTheOtherShards) {
-  constexpr uint32_t kShards = 2;
-  auto cluster = StartCluster(kShards, 2, ExactSgd(), v1::CODEC_FP32);
+  auto cluster = StartCluster(2, 2, ExactSgd(), v1::CODEC_FP32);
   ASSERT_NE(cluster, nullptr);
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
-  std::vector<std::unique_ptr<Client>> w;
-  for (uint32_t id = 0; id < 2; ++id) {
-    ClientOptions o = Options(*cluster, id, v1::CODEC_FP32);
-    o.rpc_timeout = o.pull_timeout = o.retry_budget = absl::Seconds(120);
-    auto c = Client::Connect(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
-    w.push_back(std::move(c).value());
-  }
-  absl::Status st0, st1;
-  std::thread first([&] { st1 = w[1]->Step(Gradient(n, 1, 0)); });
-  st0 = w[0]->Step(Gradient(n, 0, 0));
-  first.join();
-  ASSERT_TRUE(st0.ok() && st1.ok()) << st0 << "; " << st1;
-
-  const int port = cluster->servers[1]->port();
-  cluster->servers[1]->Shutdown(absl::ZeroDuration());
-  cluster->servers[1].reset();
-  auto restarted = StartShard(cluster->config, 1, port, nullptr);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  cluster->servers[1] = std::move(restarted).value();
+  std::vector<std::unique_ptr<Client>> w =
+      TwoWorkersPastStepZero(*cluster, layout);
+  ASSERT_EQ(w.size(), 2u);
+  ASSERT_TRUE(RestartShard(*cluster, 1));
 
   const std::vector<float> before(w[0]->weights().begin(),
                                   w[0]->weights().end());
+  absl::Status st0, st1;
   std::thread second([&] { st1 = w[1]->Step(Gradient(n, 1, 1)); });
-  bool rejoined = false;
-  for (const absl::Time until = absl::Now() + absl::Seconds(60);
-       absl::Now() < until; absl::SleepFor(absl::Milliseconds(10))) {
-    if (cluster->shard(1)->Status().workers_registered() > 0) {
-      rejoined = true;
-      break;
-    }
-  }
-  EXPECT_TRUE(rejoined)
-      << "worker 1 did not rejoin shard 1 while shard 0 held its push";
+  EXPECT_TRUE(WaitFor([&] {
+    return cluster->shard(1)->Status().workers_registered() > 0;
+  })) << "worker 1 did not rejoin shard 1 while shard 0 held its push";
   st0 = w[0]->Step(Gradient(n, 0, 1));
   second.join();
   ASSERT_TRUE(st0.ok()) << st0;
   ASSERT_TRUE(st1.ok()) << st1;
-  // Both rounds complete, on the same weights: x - mean(g) (exact).
-  const std::vector<float> g0 = Gradient(n, 0, 1), g1 = Gradient(n, 1, 1);
-  std::vector<float> expected(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    expected[i] = before[i] - (g0[i] + g1[i]) / 2;
-  }
-  EXPECT_EQ(w[0]->step(), 2u);
-  EXPECT_EQ(w[1]->step(), 2u);
-  EXPECT_TRUE(BitEqual(w[0]->weights(), expected));
-  EXPECT_TRUE(BitEqual(w[1]->weights(), expected));
+  ExpectStepOneApplied(w, before);  // both rounds complete, one model
 }
 
 // The same for a pull: worker 0 pushed to both shards and waits for their
@@ -342,68 +364,34 @@ TEST(ClientRecovery, ARefusalIsRecoveredBeforeWaitingOnTheOtherShards) {
 // for worker 1, which waits (as above) for worker 0 to push to shard 1
 // again. Worker 0 must stop waiting on shard 0 and recover shard 1 first.
 TEST(ClientRecovery, APullRefusalIsRecoveredBeforeWaitingOnTheOtherShards) {
-  constexpr uint32_t kShards = 2;
-  auto cluster = StartCluster(kShards, 2, ExactSgd(), v1::CODEC_FP32);
+  auto cluster = StartCluster(2, 2, ExactSgd(), v1::CODEC_FP32);
   ASSERT_NE(cluster, nullptr);
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
-  std::vector<std::unique_ptr<Client>> w;
-  for (uint32_t id = 0; id < 2; ++id) {
-    ClientOptions o = Options(*cluster, id, v1::CODEC_FP32);
-    o.rpc_timeout = o.pull_timeout = o.retry_budget = absl::Seconds(120);
-    auto c = Client::Connect(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    ASSERT_TRUE((*c)->Register(layout, Values(n, 8)).ok());
-    w.push_back(std::move(c).value());
-  }
-  absl::Status st0, st1;
-  std::thread first([&] { st1 = w[1]->Step(Gradient(n, 1, 0)); });
-  st0 = w[0]->Step(Gradient(n, 0, 0));
-  first.join();
-  ASSERT_TRUE(st0.ok() && st1.ok()) << st0 << "; " << st1;
+  std::vector<std::unique_ptr<Client>> w =
+      TwoWorkersPastStepZero(*cluster, layout);
+  ASSERT_EQ(w.size(), 2u);
 
   const std::vector<float> before(w[0]->weights().begin(),
                                   w[0]->weights().end());
+  absl::Status st0, st1;
   std::thread second([&] { st0 = w[0]->Step(Gradient(n, 0, 1)); });
   // Worker 0's pushes are in on both shards: it waits for the rounds.
-  for (const absl::Time until = absl::Now() + absl::Seconds(60);
-       absl::Now() < until; absl::SleepFor(absl::Milliseconds(5))) {
-    if (cluster->shard(0)->Status().pushes_pending() > 0 &&
-        cluster->shard(1)->Status().pushes_pending() > 0) {
-      break;
-    }
-  }
+  WaitFor([&] {
+    return cluster->shard(0)->Status().pushes_pending() > 0 &&
+           cluster->shard(1)->Status().pushes_pending() > 0;
+  });
   ASSERT_GT(cluster->shard(1)->Status().pushes_pending(), 0u);
-  const int port = cluster->servers[1]->port();
-  cluster->servers[1]->Shutdown(absl::ZeroDuration());
-  cluster->servers[1].reset();
-  auto restarted = StartShard(cluster->config, 1, port, nullptr);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  cluster->servers[1] = std::move(restarted).value();
-
-  bool rejoined = false;
-  for (const absl::Time until = absl::Now() + absl::Seconds(60);
-       absl::Now() < until; absl::SleepFor(absl::Milliseconds(10))) {
-    if (cluster->shard(1)->Status().pushes_pending() > 0) {
-      rejoined = true;
-      break;
-    }
-  }
-  EXPECT_TRUE(rejoined) << "worker 0 did not push to the restarted shard 1 "
-                           "while shard 0 held its pull";
+  ASSERT_TRUE(RestartShard(*cluster, 1));
+  EXPECT_TRUE(WaitFor([&] {
+    return cluster->shard(1)->Status().pushes_pending() > 0;
+  })) << "worker 0 did not push to the restarted shard 1 while shard 0 "
+         "held its pull";
   st1 = w[1]->Step(Gradient(n, 1, 1));
   second.join();
   ASSERT_TRUE(st0.ok()) << st0;
   ASSERT_TRUE(st1.ok()) << st1;
-  const std::vector<float> g0 = Gradient(n, 0, 1), g1 = Gradient(n, 1, 1);
-  std::vector<float> expected(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    expected[i] = before[i] - (g0[i] + g1[i]) / 2;
-  }
-  EXPECT_EQ(w[0]->step(), 2u);
-  EXPECT_EQ(w[1]->step(), 2u);
-  EXPECT_TRUE(BitEqual(w[0]->weights(), expected));
-  EXPECT_TRUE(BitEqual(w[1]->weights(), expected));
+  ExpectStepOneApplied(w, before);
 }
 
 // --- All-or-nothing pulls (hole 7) -------------------------------------------
