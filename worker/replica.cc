@@ -121,7 +121,6 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
   Chunk& c = chunks_[s][offset];
   c.present = false;
   c.size = size;
-  c.delta = delta;
   c.kept = delta && bytes <= size;
   if (c.kept) {
     if (absl::Status st = Keep(resp, size, &c); !st.ok()) return st;

@@ -103,7 +103,6 @@ class Replica {
     bool present = false;
     uint64_t size = 0;
     bool kept = false;
-    bool delta = false;  // the answer's kind (for the staging buffer's life)
     v1::EncodedTensor encoded;
     std::vector<v1::EncodedTensor> later;
     std::optional<ValidatedTensor> valid;
