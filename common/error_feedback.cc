@@ -108,14 +108,16 @@ absl::Status ErrorFeedback::Encode(absl::Span<const float> g, uint64_t seed,
 }
 
 absl::Status ErrorFeedback::EncodeAt(uint64_t offset, absl::Span<const float> g,
-                                     uint64_t seed, v1::EncodedTensor* out) {
-  return EncodeAtWith(*codec_, offset, g, seed, out);
+                                     uint64_t seed, v1::EncodedTensor* out,
+                                     double bound) {
+  return EncodeAtWith(*codec_, offset, g, seed, out, bound);
 }
 
 absl::Status ErrorFeedback::EncodeAtWith(const Codec& codec, uint64_t offset,
                                          absl::Span<const float> g,
                                          uint64_t seed,
-                                         v1::EncodedTensor* out) {
+                                         v1::EncodedTensor* out,
+                                         double bound) {
   if (offset > size_ || g.size() > size_ - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
         "piece [", offset, ", ", offset + g.size(), ") is outside the ",
@@ -141,8 +143,9 @@ absl::Status ErrorFeedback::EncodeAtWith(const Codec& codec, uint64_t offset,
   const FusedFeedbackEncoder* fused = codec.fused_feedback();
   if (fused != nullptr && fused->in_place() && (fresh || known) &&
       std::isfinite(decay_) &&
-      MaxAbs(g) + std::fabs(double{decay_}) *
-                      (fresh ? 0.0 : std::sqrt(it->second.second)) <=
+      (bound >= 0.0 ? bound : MaxAbs(g)) +
+              std::fabs(double{decay_}) *
+                  (fresh ? 0.0 : std::sqrt(it->second.second)) <=
           kInPlaceBound) {
     absl::Status s =
         fused->EncodeWithFeedbackInPlace(g, e, decay_, seed, out, &next_sq);

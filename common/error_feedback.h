@@ -66,13 +66,20 @@ class ErrorFeedback {
   // in place where the codec's kernel can (1-bit) and the piece's values
   // are bounded so that it cannot refuse, else through a scratch buffer of
   // the piece's size (reused across calls).
+  // `bound`, when >= 0, is an upper bound of every |g[i]| that the caller
+  // knows from a pass it made anyway (a finite check, the loop that wrote
+  // g); the in-place kernel's bound is then taken from it instead of a pass
+  // over g. A bound too high only costs the in-place mode; one too low is a
+  // caller's error (the in-place kernel could then meet an overflow). +inf
+  // (a non-finite input) or a negative value: no bound known.
   absl::Status EncodeAt(uint64_t offset, absl::Span<const float> g,
-                        uint64_t seed, v1::EncodedTensor* out);
+                        uint64_t seed, v1::EncodedTensor* out,
+                        double bound = -1.0);
   // EncodeAt with `codec` instead of codec() (one piece of a chunk whose
   // tensors have codecs of their own: common/tensor_codecs.h).
   absl::Status EncodeAtWith(const Codec& codec, uint64_t offset,
                             absl::Span<const float> g, uint64_t seed,
-                            v1::EncodedTensor* out);
+                            v1::EncodedTensor* out, double bound = -1.0);
 
   // The residual; empty while it is all zeros and was never needed (a
   // lossless codec such as fp32 never needs one, so it costs no memory).

@@ -40,22 +40,21 @@ double Parallel(uint64_t n, ThreadPool* pool, Term term) {
 
 PSERVER_CLONES_AVX2 uint32_t MaxAbsBits(const float* v, size_t n) {
   uint32_t top = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, sizeof(bits));
-    top = std::max(top, bits & 0x7FFFFFFFu);
-  }
+  for (size_t i = 0; i < n; ++i) top = std::max(top, AbsBits(v[i]));
   return top;
 }
 
 }  // namespace
 
-double MaxAbs(absl::Span<const float> v) {
-  const uint32_t top = MaxAbsBits(v.data(), v.size());
+double MaxAbsOfBits(uint32_t top) {
   if (top >= 0x7F800000u) return std::numeric_limits<double>::infinity();
   float m;
   std::memcpy(&m, &top, sizeof(m));
   return m;
+}
+
+double MaxAbs(absl::Span<const float> v) {
+  return MaxAbsOfBits(MaxAbsBits(v.data(), v.size()));
 }
 
 double SquaredNorm(absl::Span<const float> v, ThreadPool* pool) {

@@ -8,6 +8,9 @@
 #ifndef PSERVER_COMMON_NORMS_H_
 #define PSERVER_COMMON_NORMS_H_
 
+#include <cstdint>
+#include <cstring>
+
 #include "absl/types/span.h"
 #include "common/thread_pool.h"
 
@@ -26,6 +29,17 @@ double SquaredDistance(absl::Span<const float> a, absl::Span<const float> b,
 // integer; a non-finite value's exponent is all ones), so one vectorized
 // pass serves as the finite check too.
 double MaxAbs(absl::Span<const float> v);
+
+// |x|'s bits (x without its sign bit): for the loops that write a vector
+// and take its MaxAbs in the same pass, `top = max(top, AbsBits(x))`.
+inline uint32_t AbsBits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits & 0x7FFFFFFFu;
+}
+// MaxAbs from the largest AbsBits of the values (+inf if it is a non-finite
+// value's).
+double MaxAbsOfBits(uint32_t top);
 
 }  // namespace pserver
 

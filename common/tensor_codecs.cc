@@ -1,6 +1,7 @@
 #include "common/tensor_codecs.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
@@ -126,8 +127,8 @@ namespace {
 
 absl::Status EncodePiece(const Codec& codec, ErrorFeedback* ef,
                          uint64_t offset, absl::Span<const float> u,
-                         uint64_t seed, v1::EncodedTensor* out) {
-  return ef != nullptr ? ef->EncodeAtWith(codec, offset, u, seed, out)
+                         uint64_t seed, v1::EncodedTensor* out, double bound) {
+  return ef != nullptr ? ef->EncodeAtWith(codec, offset, u, seed, out, bound)
                        : codec.Encode(u, seed, out);
 }
 
@@ -136,7 +137,7 @@ absl::Status EncodePiece(const Codec& codec, ErrorFeedback* ef,
 absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
                             ErrorFeedback* ef, uint64_t offset,
                             absl::Span<const float> u, uint64_t seed,
-                            v1::EncodedTensor* out) {
+                            v1::EncodedTensor* out, double bound) {
   thread_local std::vector<CodecPiece> cut;
   // The pieces with their codecs resolved (never nullptr).
   thread_local std::vector<CodecPiece> pieces;
@@ -152,7 +153,7 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
     }
   }
   if (pieces.size() == 1) {
-    return EncodePiece(*pieces[0].codec, ef, offset, u, seed, out);
+    return EncodePiece(*pieces[0].codec, ef, offset, u, seed, out, bound);
   }
   uint64_t covered = 0;
   for (const CodecPiece& p : pieces) covered += p.end - p.begin;
@@ -162,8 +163,10 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
         ") is not inside the plan's slice"));
   }
   // All or nothing: a non-finite value is refused before any piece's
-  // residual moves.
-  if (absl::Status s = CheckAllFinite(u, "input"); !s.ok()) return s;
+  // residual moves (a finite bound says there is none).
+  if (!(bound >= 0.0 && std::isfinite(bound))) {
+    if (absl::Status s = CheckAllFinite(u, "input"); !s.ok()) return s;
+  }
   out->Clear();
   out->set_codec(v1::CODEC_SEGMENTS);
   out->set_num_elements(u.size());
@@ -172,7 +175,7 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
     absl::Status s = EncodePiece(
         *p.codec, ef, p.begin,
         u.subspan(p.begin - offset, p.end - p.begin), MixPair(seed, i),
-        out->add_segments());
+        out->add_segments(), bound);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

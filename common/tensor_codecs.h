@@ -67,7 +67,7 @@ class CodecPlan {
   friend absl::Status EncodeWithPlan(const CodecPlan&, const Codec&,
                                      ErrorFeedback*, uint64_t,
                                      absl::Span<const float>, uint64_t,
-                                     v1::EncodedTensor*);
+                                     v1::EncodedTensor*, double);
   // A tensor's part of the slice, in slice coordinates; `first` is the
   // slice coordinate of the tensor's first element (negative when the
   // tensor begins in an earlier shard).
@@ -105,10 +105,12 @@ std::vector<const Codec*> WithExactBuffers(
 // that piece of the residual); without, through the codec's Encode.
 // INVALID_ARGUMENT for a non-finite input (checked before any piece is
 // encoded, so the residual is unchanged) or a piece the codec refuses.
+// `bound`: an upper bound of every |u[i]| the caller knows, or negative
+// (ErrorFeedback::EncodeAt's; a finite one also stands for the finite check).
 absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
                             ErrorFeedback* ef, uint64_t offset,
                             absl::Span<const float> u, uint64_t seed,
-                            v1::EncodedTensor* out);
+                            v1::EncodedTensor* out, double bound = -1.0);
 
 }  // namespace pserver
 

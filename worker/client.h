@@ -34,6 +34,7 @@
 #ifndef PSERVER_WORKER_CLIENT_H_
 #define PSERVER_WORKER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -227,6 +228,7 @@ class Client {
   // (its encoded chunks are in sent_).
   struct PendingPush {
     absl::Span<const float> gradient;
+    double bound = -1.0;  // max |gradient[i]| (GradientBound()), or unknown
   };
 
   Client(const ClientOptions& options, prometheus::Registry* registry);
@@ -234,13 +236,21 @@ class Client {
   absl::Status CheckStepStart(const char* what,
                               absl::Span<const float> gradient) const;
   // INVALID_ARGUMENT naming the first non-finite value (its index in the
-  // gradient is offset + i).
+  // gradient is offset + i); when all are finite, *max_abs is their largest
+  // |value| (the same pass).
   static absl::Status CheckGradientFinite(absl::Span<const float> values,
-                                          uint64_t offset);
+                                          uint64_t offset, double* max_abs);
+  // Raises GradientBound() to at least `max_abs` (a checked range's).
+  void NoteGradientBound(double max_abs);
+  // The largest |value| over the ranges of this step's gradient checked so
+  // far: a chunk is encoded only once its range is checked, so this bounds
+  // it, and the encoder need not take a pass of its own to find that.
+  double GradientBound() const;
   // Fills req with chunk c of shard s's slice of `gradient`, encoded (the
   // residual of that piece moves on), and keeps a lossy encoding in sent_.
+  // `bound`: an upper bound of |gradient[i]|, or negative when unknown.
   absl::Status EncodeChunk(size_t s, uint32_t c,
-                           absl::Span<const float> gradient,
+                           absl::Span<const float> gradient, double bound,
                            v1::PushRequest* req);
   // The chunk_elements shard s announced; FAILED_PRECONDITION when out of
   // the bounds in common/chunking.h.
@@ -329,6 +339,11 @@ class Client {
   // which chunks are ready, and the thread pushing them. The pusher owns
   // encoders_, sent_ and the push counters of metrics_ until it is joined.
   absl::Span<const float> step_gradient_;
+  // GradientBound()'s float bits (|x|'s bits order as the values do);
+  // reset at StartStep. Written by the caller's thread before it marks a
+  // range ready, read by the pusher after it took a ready chunk: ready_'s
+  // mutex orders the two.
+  std::atomic<uint32_t> gradient_bound_bits_{0};
   ReadyChunks ready_;
   std::thread pusher_;
   std::vector<absl::Status> pushed_;  // per shard, set by the pusher

@@ -68,7 +68,7 @@ absl::Status Client::Resend(size_t s, bool reencode, const PendingPush& push) {
       [&](size_t, uint32_t c, v1::PushRequest* req) {
         if (reencode || kept.empty() ||
             kept[c].codec() == v1::CODEC_UNSPECIFIED) {
-          return EncodeChunk(s, c, push.gradient, req);
+          return EncodeChunk(s, c, push.gradient, push.bound, req);
         }
         req->set_worker_id(options_.worker_id);
         req->set_step(step);

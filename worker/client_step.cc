@@ -18,15 +18,11 @@
 namespace pserver {
 namespace {
 
-// Whether no value is NaN or infinite (common/norms.h's one vectorized
-// pass over the bits).
-bool AllFinite(absl::Span<const float> v) { return std::isfinite(MaxAbs(v)); }
-
 }  // namespace
 
 absl::Status Client::EncodeChunk(size_t s, uint32_t c,
                                  absl::Span<const float> gradient,
-                                 v1::PushRequest* req) {
+                                 double bound, v1::PushRequest* req) {
   const ShardRange& r = replica_.range(s);
   const ChunkPlan& plan = plans_[s];
   const uint64_t step = replica_.step(s);
@@ -39,7 +35,7 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
   if (c > 0) seed = MixPair(seed, c);
   absl::Status st = encoders_[s]->EncodeChunk(
       gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
-      seed, req);
+      seed, req, bound);
   if (!st.ok()) return st;
   std::vector<v1::EncodedTensor>& kept = sent_[s];
   if (kept.size() != plan.num_chunks()) kept.resize(plan.num_chunks());
@@ -54,9 +50,27 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
 
 absl::Status Client::Step(absl::Span<const float> gradient) {
   if (absl::Status st = CheckStepStart("Step()", gradient); !st.ok()) return st;
-  if (absl::Status st = CheckGradientFinite(gradient, 0); !st.ok()) return st;
+  double max_abs = 0;
+  if (absl::Status st = CheckGradientFinite(gradient, 0, &max_abs); !st.ok()) {
+    return st;
+  }
   if (absl::Status st = StartStep(gradient); !st.ok()) return st;
+  // Checked above: handed over whole, without a second pass.
+  NoteGradientBound(max_abs);
+  ABSL_RAW_CHECK(ready_.Mark(0, gradient.size()).ok(), "Step: bad range");
   return FinishStep();
+}
+
+void Client::NoteGradientBound(double max_abs) {
+  const uint32_t bits = AbsBits(static_cast<float>(max_abs));
+  uint32_t now = gradient_bound_bits_.load(std::memory_order_relaxed);
+  while (now < bits && !gradient_bound_bits_.compare_exchange_weak(
+                           now, bits, std::memory_order_relaxed)) {
+  }
+}
+
+double Client::GradientBound() const {
+  return MaxAbsOfBits(gradient_bound_bits_.load(std::memory_order_relaxed));
 }
 
 absl::Status Client::CheckStepStart(const char* what,
@@ -91,6 +105,7 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
     for (v1::EncodedTensor& t : kept) t.Clear();
   }
   step_gradient_ = gradient;
+  gradient_bound_bits_.store(0, std::memory_order_relaxed);
   encoding_ = absl::ZeroDuration();
   push_start_ = absl::Now();
   pusher_ = std::thread([this] {
@@ -108,7 +123,8 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
         all, chunks,
         [this](size_t s, uint32_t c, v1::PushRequest* req) {
           const absl::Time t = absl::Now();
-          absl::Status st = EncodeChunk(s, c, step_gradient_, req);
+          absl::Status st =
+              EncodeChunk(s, c, step_gradient_, GradientBound(), req);
           encoding_ += absl::Now() - t;
           if (st.ok()) {
             metrics_.CountPush(PayloadBytes(req->gradient()),
@@ -125,8 +141,11 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
 }
 
 absl::Status Client::CheckGradientFinite(absl::Span<const float> values,
-                                 uint64_t offset) {
-  if (AllFinite(values)) return absl::OkStatus();
+                                         uint64_t offset, double* max_abs) {
+  // One vectorized pass over the bits (common/norms.h): +inf for a NaN or
+  // an infinity.
+  *max_abs = MaxAbs(values);
+  if (std::isfinite(*max_abs)) return absl::OkStatus();
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
       return absl::InvalidArgumentError(
@@ -143,11 +162,13 @@ absl::Status Client::GradientReady(uint64_t begin, uint64_t end) {
         "GradientReady() outside a step; call StartStep() first");
   }
   if (begin < end && end <= step_gradient_.size()) {
-    if (absl::Status st =
-            CheckGradientFinite(step_gradient_.subspan(begin, end - begin), begin);
+    double max_abs = 0;
+    if (absl::Status st = CheckGradientFinite(
+            step_gradient_.subspan(begin, end - begin), begin, &max_abs);
         !st.ok()) {
       return st;
     }
+    NoteGradientBound(max_abs);
   }
   return ready_.Mark(begin, end);
 }
@@ -161,10 +182,13 @@ absl::Status Client::FinishStep() {
   // non-finite value leaves the step in progress (fix it, call again).
   const std::vector<std::pair<uint64_t, uint64_t>> missing = ready_.Missing();
   for (const auto& [b, e] : missing) {
-    if (absl::Status st = CheckGradientFinite(step_gradient_.subspan(b, e - b), b);
+    double max_abs = 0;
+    if (absl::Status st =
+            CheckGradientFinite(step_gradient_.subspan(b, e - b), b, &max_abs);
         !st.ok()) {
       return st;
     }
+    NoteGradientBound(max_abs);
   }
   for (const auto& [b, e] : missing) {
     // Disjoint from everything marked, by construction.
@@ -174,7 +198,7 @@ absl::Status Client::FinishStep() {
   const absl::Span<const float> gradient = step_gradient_;
   step_gradient_ = {};
   const size_t n = calls_->size();
-  const PendingPush push{gradient};
+  const PendingPush push{gradient, GradientBound()};
   std::vector<bool> snapshot(n, false);
   // A shard that went on without this worker may be many rounds ahead (the
   // worker stalled longer than its lease): the pull is of the step the

@@ -1,9 +1,12 @@
 #include "worker/preconditioner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/internal/cpu.h"
+#include "common/norms.h"
 
 namespace pserver {
 
@@ -23,11 +26,28 @@ absl::StatusOr<Preconditioner> Preconditioner::FromVariance(
   return p;
 }
 
+namespace {
+
+// out = d ⊙ g; returns the largest AbsBits of out.
+PSERVER_CLONES_AVX2 uint32_t ScaleTaking(const float* __restrict d,
+                                         const float* __restrict g,
+                                         float* __restrict out, size_t n) {
+  uint32_t top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = d[i] * g[i];
+    top = std::max(top, AbsBits(out[i]));
+  }
+  return top;
+}
+
+}  // namespace
+
 absl::Span<const float> Preconditioner::Apply(absl::Span<const float> g,
-                                              size_t offset) {
+                                              size_t offset, double* max_abs) {
   if (scratch_.size() < g.size()) scratch_.resize(g.size());
-  const float* d = d_.data() + offset;
-  for (size_t i = 0; i < g.size(); ++i) scratch_[i] = d[i] * g[i];
+  const uint32_t top =
+      ScaleTaking(d_.data() + offset, g.data(), scratch_.data(), g.size());
+  if (max_abs != nullptr) *max_abs = MaxAbsOfBits(top);
   return absl::MakeConstSpan(scratch_).subspan(0, g.size());
 }
 

@@ -28,8 +28,10 @@ class Preconditioner {
   size_t size() const { return d_.size(); }
   // D[offset, offset + g.size()) ⊙ g, in a buffer this object owns (valid
   // until the next Apply; it grows to the largest piece asked for).
-  // REQUIRES: offset + g.size() <= size().
-  absl::Span<const float> Apply(absl::Span<const float> g, size_t offset = 0);
+  // REQUIRES: offset + g.size() <= size(). With `max_abs`, also its
+  // largest |element| (common/norms.h MaxAbs), taken in the same pass.
+  absl::Span<const float> Apply(absl::Span<const float> g, size_t offset = 0,
+                                double* max_abs = nullptr);
   // v = D ⊙ v. REQUIRES: v.size() == size().
   void ScaleInPlace(absl::Span<float> v) const;
 

@@ -6,8 +6,26 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/internal/cpu.h"
+#include "common/norms.h"
 
 namespace pserver {
+namespace {
+
+// out = beta u + (1 - beta) g (the workers' momentum); returns the largest
+// AbsBits of out (common/norms.h), taken in the same pass.
+PSERVER_CLONES_AVX2 uint32_t MixTaking(float beta, const float* __restrict u,
+                                       const float* __restrict g,
+                                       float* __restrict out, size_t n) {
+  uint32_t top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = beta * u[i] + (1.0f - beta) * g[i];
+    top = std::max(top, AbsBits(out[i]));
+  }
+  return top;
+}
+
+}  // namespace
 
 bool IsSparseCodec(v1::Codec codec) {
   return codec == v1::CODEC_TOPK || codec == v1::CODEC_RANDOMK ||
@@ -66,21 +84,26 @@ PushEncoder::PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
 
 absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
                                       uint64_t offset, uint64_t seed,
-                                      v1::PushRequest* req) {
+                                      v1::PushRequest* req, double bound) {
   const bool compressing = stage_ == v1::OPTIMIZER_STAGE_COMPRESSION;
   const absl::Span<const float> given = g;
-  // Copies given's raw ranges (buffers) over `out`, this chunk's elements.
+  const double given_bound = bound;
+  // Copies given's raw ranges (buffers) over `out`, this chunk's elements;
+  // `bound` then also covers them (unknown stays unknown).
   auto keep_raw = [&](float* out) {
     const uint64_t end = offset + given.size();
+    bool any = false;
     for (const auto& [b, e] : raw_) {
       const uint64_t lo = std::max(b, offset), hi = std::min(e, end);
       for (uint64_t i = lo; i < hi; ++i) out[i - offset] = given[i - offset];
+      any = any || lo < hi;
     }
+    if (any) bound = given_bound >= 0.0 ? std::max(bound, given_bound) : -1.0;
   };
   if (compressing && space_ == v1::GRADIENT_SPACE_PRECONDITIONED) {
     // No D only for an empty slice (needs_preconditioner() is false).
     if (d_.has_value()) {
-      g = d_->Apply(g, offset);
+      g = d_->Apply(g, offset, &bound);
       if (!raw_.empty()) {
         patched_.assign(g.begin(), g.end());
         keep_raw(patched_.data());
@@ -94,7 +117,7 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
   ErrorFeedback& ef = !freezes_ || compressing ? *push_ef_ : *warmup_ef_;
   if (!(compressing && freezes_ && beta_ > 0.0f)) {
     return EncodeWithPlan(plan_, ef.codec(), &ef, offset, g, seed,
-                          req->mutable_gradient());
+                          req->mutable_gradient(), bound);
   }
   // The momentum of this chunk, kept only once its push is encoded (a
   // refused gradient changes nothing).
@@ -105,14 +128,12 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
   }
   if (u_.empty()) u_.assign(n_, 0.0f);
   next_u_.resize(g.size());
-  const float* u = u_.data() + offset;
-  for (size_t i = 0; i < g.size(); ++i) {
-    next_u_[i] = beta_ * u[i] + (1.0f - beta_) * g[i];
-  }
+  bound = MaxAbsOfBits(
+      MixTaking(beta_, u_.data() + offset, g.data(), next_u_.data(), g.size()));
   keep_raw(next_u_.data());
   req->set_momentum(true);
-  if (absl::Status s = EncodeWithPlan(plan_, ef.codec(), &ef, offset,
-                                      next_u_, seed, req->mutable_gradient());
+  if (absl::Status s = EncodeWithPlan(plan_, ef.codec(), &ef, offset, next_u_,
+                                      seed, req->mutable_gradient(), bound);
       !s.ok()) {
     return s;
   }

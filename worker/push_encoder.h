@@ -66,9 +66,12 @@ class PushEncoder {
   // (its elements [offset, offset + g.size())), and updates that piece of
   // the stage's residual. `seed` seeds the encoder's randomness.
   // INVALID_ARGUMENT (residual unchanged) for a non-finite input or a piece
-  // outside the slice.
+  // outside the slice. `bound`: an upper bound of every |g[i]| the caller
+  // knows (its finite check's MaxAbs), or negative; it spares the encoder
+  // its own pass over what it encodes (ErrorFeedback::EncodeAt).
   absl::Status EncodeChunk(absl::Span<const float> g, uint64_t offset,
-                           uint64_t seed, v1::PushRequest* req);
+                           uint64_t seed, v1::PushRequest* req,
+                           double bound = -1.0);
 
   v1::OptimizerStage stage() const { return stage_; }
   // A compression schedule's push codec for every stage from now on

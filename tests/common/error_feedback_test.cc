@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/norms.h"
 #include "gtest/gtest.h"
 #include "tests/common/codec_test_util.h"
 
@@ -350,6 +351,51 @@ TEST(ErrorFeedback, InPlaceIsSkippedWhereUCouldOverflow) {
   EXPECT_EQ(t.SerializeAsString(), want.SerializeAsString());
   const std::vector<float> r = Residual(ef);
   EXPECT_EQ(std::memcmp(r.data(), next.data(), n * sizeof(float)), 0);
+}
+
+// A caller's bound of max|g| (EncodeAt's `bound`) stands in for the pass
+// that finds it: the exact max, a looser bound and +inf (none usable) give
+// the payloads and residuals of a call without one, bit for bit, step after
+// step, for whole streams and pieces; and with a correct bound the overflow
+// of InPlaceIsSkippedWhereUCouldOverflow is still refused with the residual
+// unchanged.
+TEST(ErrorFeedback, ACallersBoundGivesTheSamePayloadsAndResiduals) {
+  auto codec = MustMake(v1::CODEC_ONEBIT, v1::CodecParams());
+  const size_t n = 70000;
+  for (double loosen : {1.0, 4.0, double{INFINITY}}) {
+    ErrorFeedback plain(codec.get(), n, 0.9f), bounded(codec.get(), n, 0.9f);
+    for (int step = 0; step < 4; ++step) {
+      const std::vector<float> g = RandomVector(n, 60 + step);
+      for (size_t b : {size_t{0}, size_t{30000}}) {
+        const size_t len = b == 0 ? 30000 : n - 30000;
+        const absl::Span<const float> piece =
+            absl::MakeConstSpan(g).subspan(b, len);
+        v1::EncodedTensor want, got;
+        ASSERT_TRUE(plain.EncodeAt(b, piece, step + b, &want).ok());
+        ASSERT_TRUE(
+            bounded.EncodeAt(b, piece, step + b, &got, MaxAbs(piece) * loosen)
+                .ok());
+        EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString())
+            << "bound x" << loosen << " step " << step << " piece " << b;
+      }
+      const std::vector<float> a = Residual(plain), r = Residual(bounded);
+      EXPECT_EQ(std::memcmp(a.data(), r.data(), n * sizeof(float)), 0)
+          << "bound x" << loosen << " step " << step;
+    }
+  }
+  ErrorFeedback ef(codec.get(), 1024, 1.0f);
+  v1::EncodedTensor t;
+  std::vector<float> g = RandomVector(1024, 1);
+  g[300] = 2e38f;
+  ASSERT_TRUE(ef.Encode(g, 1, &t).ok());
+  ASSERT_TRUE(ef.EncodeAt(0, RandomVector(1024, 2), 2, &t, 5.0).ok());
+  const std::vector<float> before = Residual(ef);
+  g = RandomVector(1024, 3);
+  g[300] = 3e38f;
+  absl::Status s = ef.EncodeAt(0, g, 3, &t, MaxAbs(g));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  const std::vector<float> after = Residual(ef);
+  EXPECT_EQ(std::memcmp(after.data(), before.data(), 1024 * sizeof(float)), 0);
 }
 
 }  // namespace

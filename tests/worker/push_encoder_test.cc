@@ -4,6 +4,7 @@
 // option is refused where it would do nothing or everything.
 #include "worker/push_encoder.h"
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/status/status.h"
 #include "common/codec.h"
 #include "common/layout.h"
+#include "common/norms.h"
 #include "common/tensor_codecs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -204,6 +206,68 @@ TEST(PushEncoderBuffers, BuffersArePushedRawAndExactInTheCompressionStage) {
       EXPECT_FLOAT_EQ((*e)->momentum()[5], (1.0f - kBeta) * 4.0f * g[5]);
     }
   }
+}
+
+// The bound of what is encoded, taken where it is written (D ⊙ g, the
+// workers' momentum) or handed in by the caller (its finite check's), gives
+// the payloads of an encoder that finds it by a pass of its own, bit for
+// bit, step after step: in the warmup (raw), with D, and with D and the
+// workers' momentum.
+TEST(PushEncoderBound, TheCallersAndTheEncodersBoundsGiveTheSamePayloads) {
+  PushCodecs codecs;
+  codecs.push = v1::CODEC_ONEBIT;
+  codecs.warmup = v1::CODEC_ONEBIT;
+  std::vector<float> v = RandomGradient(99);
+  for (float& x : v) x = x * x + 0.01f;  // a non-uniform D
+  for (float beta : {0.0f, kBeta}) {
+    for (bool compressing : {false, true}) {
+      std::unique_ptr<PushEncoder> enc[2];
+      for (auto& e : enc) {
+        auto made = PushEncoder::Create(codecs, kN, /*freezes=*/true,
+                                        v1::GRADIENT_SPACE_PRECONDITIONED,
+                                        beta);
+        ASSERT_TRUE(made.ok()) << made.status();
+        e = *std::move(made);
+        if (compressing) {
+          auto d = Preconditioner::FromVariance(v, 1e-8f);
+          ASSERT_TRUE(d.ok()) << d.status();
+          ASSERT_TRUE(
+              e->SetStage(v1::OPTIMIZER_STAGE_COMPRESSION, *std::move(d)).ok());
+        }
+      }
+      for (int step = 0; step < 4; ++step) {
+        const std::vector<float> g = RandomGradient(step + 1);
+        for (uint64_t b : {uint64_t{0}, uint64_t{600}}) {
+          const absl::Span<const float> piece =
+              absl::MakeConstSpan(g).subspan(b, b == 0 ? 600 : kN - 600);
+          v1::PushRequest want, got;
+          ASSERT_TRUE(enc[0]->EncodeChunk(piece, b, step, &want).ok());
+          ASSERT_TRUE(
+              enc[1]->EncodeChunk(piece, b, step, &got, MaxAbs(piece)).ok());
+          EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString())
+              << "beta " << beta << " compressing " << compressing << " step "
+              << step << " chunk " << b;
+        }
+      }
+    }
+  }
+}
+
+// Apply's max_abs is MaxAbs of what it wrote, +inf for a non-finite value.
+TEST(Preconditioner, ApplyTakesTheMaxAbsOfItsOutput) {
+  std::vector<float> v = RandomGradient(5);
+  for (float& x : v) x = x * x + 0.01f;
+  auto d = Preconditioner::FromVariance(v, 1e-8f);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<float> g = RandomGradient(6);
+  double max_abs = -1;
+  absl::Span<const float> out = d->Apply(absl::MakeConstSpan(g).subspan(3, 500),
+                                         3, &max_abs);
+  EXPECT_EQ(max_abs, MaxAbs(out));
+  EXPECT_GT(max_abs, 0.0);
+  g[100] = -INFINITY;
+  d->Apply(g, 0, &max_abs);
+  EXPECT_EQ(max_abs, INFINITY);
 }
 
 }  // namespace
