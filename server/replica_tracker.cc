@@ -203,6 +203,17 @@ PullAnswer ReplicaTracker::Answer(const v1::PullRequest& req, uint64_t step,
     answers_stage_ = stage;
   }
   const uint32_t c = req.chunk();
+  if (!req.want_snapshot() && req.step() == step &&
+      req.replica_step() == static_cast<int64_t>(step) &&
+      req.replica_checksum() == checksum_) {
+    // The worker holds x_hat(step) already (it registered with the weights
+    // installed here): nothing to send.
+    v1::PullResponse header = AnswerHeader(step, stage, phase, c);
+    header.set_kind(v1::PULL_KIND_CURRENT);
+    v1::EncodedTensor head;
+    head.set_codec(v1::CODEC_FP32);
+    return MakePullAnswer(header, head, absl::string_view());
+  }
   if (PullAnswer a = AnswerFromHistory(req, step, stage, phase)) {
     return a;
   }

@@ -84,8 +84,9 @@ class ReplicaTracker {
   void UseTensorCodecs(CodecPlan plan) { tensor_plan_ = std::move(plan); }
 
   // The answer to a pull of chunk req.chunk() of the current step `step` in
-  // stage `stage`: the delta when the request proves the worker holds
-  // x_hat(step - 1), else a snapshot. `phase` is the compression schedule's
+  // stage `stage`: nothing (PULL_KIND_CURRENT) when the request proves the
+  // worker holds x_hat(step), the delta when it proves x_hat(step - 1), else
+  // a snapshot. `phase` is the compression schedule's
   // phase of round `step` (a function of the step). Answers are built once
   // per step and chunk and shared. REQUIRES: req.chunk() <
   // plan().num_chunks().

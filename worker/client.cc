@@ -285,12 +285,20 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
       return st;
     }
   }
-  if (absl::Status st =
-          PullAll(min_step, std::vector<bool>(n, true), /*push=*/nullptr);
+  // The replica starts as this worker's initial weights. A shard at
+  // min_step whose x_hat is the same (the installer's weights, and this
+  // worker's were made the same way, e.g. from one seed) answers with
+  // nothing; any other sends its snapshot.
+  replica_.Assume(initial_weights);
+  std::vector<bool> snapshot(n);
+  for (size_t s = 0; s < n; ++s) {
+    snapshot[s] = resps[s].current_step() != min_step;
+  }
+  if (absl::Status st = PullAll(min_step, std::move(snapshot), /*push=*/nullptr);
       !st.ok()) {
     return st;
   }
-  // The initial snapshot's staging copy: a run whose pulls are compressed
+  // An initial snapshot's staging copy: a run whose pulls are compressed
   // deltas never needs it again, one with fp32 pulls takes it back at its
   // first pull (worker/replica.h).
   replica_.ReleaseStaging();

@@ -25,6 +25,14 @@ void Replica::Reset(uint64_t total, std::vector<ShardRange> ranges,
   step_ = step;
 }
 
+void Replica::Assume(absl::Span<const float> w) {
+  ABSL_RAW_CHECK(w.size() == weights_.size(), "Replica::Assume: wrong size");
+  std::copy(w.begin(), w.end(), weights_.data());
+  for (size_t s = 0; s < ranges_.size(); ++s) {
+    checksums_[s] = ChecksumOf(slice(s));
+  }
+}
+
 void Replica::BeginUpdate() {
   std::fill(staged_.begin(), staged_.end(), false);
   hashing_.assign(ranges_.size(), Hashing());
@@ -34,6 +42,7 @@ void Replica::BeginUpdate() {
 }
 
 const float* Replica::Values(size_t s, uint64_t offset, const Chunk& c) {
+  if (c.current) return weights_.data() + ranges_[s].begin + offset;
   if (!c.kept) return staging_.data() + ranges_[s].begin + offset;
   if (scratch_.size() < c.size) scratch_.resize(c.size);
   absl::Span<float> out = absl::MakeSpan(scratch_).subspan(0, c.size);
@@ -109,8 +118,26 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
         "'s ", r.size(), " elements"));
   }
   if (resp.kind() != v1::PULL_KIND_SNAPSHOT &&
-      resp.kind() != v1::PULL_KIND_DELTA) {
-    return absl::InvalidArgumentError("pull response kind is unspecified");
+      resp.kind() != v1::PULL_KIND_DELTA &&
+      resp.kind() != v1::PULL_KIND_CURRENT) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull response kind is ", resp.kind(),
+        "; expected PULL_KIND_DELTA, PULL_KIND_SNAPSHOT or PULL_KIND_CURRENT"));
+  }
+  if (resp.kind() == v1::PULL_KIND_CURRENT) {
+    if (!resp.weights().payload().empty() || resp.later_deltas_size() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a PULL_KIND_CURRENT answer carries ",
+          resp.weights().payload().size(), " payload bytes and ",
+          resp.later_deltas_size(), " later deltas; expected none"));
+    }
+    Chunk& c = chunks_[s][offset];
+    c.size = size;
+    c.kept = false;
+    c.current = true;
+    c.present = true;
+    HashStaged(s, offset, size);
+    return absl::OkStatus();
   }
   const bool delta = resp.kind() == v1::PULL_KIND_DELTA;
   // A delta of at most a byte per element is kept encoded (the header).
@@ -121,6 +148,7 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
   Chunk& c = chunks_[s][offset];
   c.present = false;
   c.size = size;
+  c.current = false;
   c.kept = delta && bytes <= size;
   if (c.kept) {
     if (absl::Status st = Keep(resp, size, &c); !st.ok()) return st;
@@ -191,21 +219,23 @@ void Replica::Commit(uint64_t step) {
   ABSL_RAW_CHECK(std::all_of(staged_.begin(), staged_.end(),
                              [](bool b) { return b; }),
                  "Replica::Commit with a shard not staged");
-  bool any_kept = false, any_staged = false;
+  // in_place: some chunk is applied to (or kept in) weights_ itself.
+  bool in_place = false, any_staged = false;
   for (const auto& shard : chunks_) {
     for (const auto& [offset, c] : shard) {
       if (!c.present) continue;
-      any_kept |= c.kept;
-      any_staged |= !c.kept;
+      in_place |= c.kept || c.current;
+      any_staged |= !c.kept && !c.current;
     }
   }
-  if (!any_kept) {
+  if (!in_place) {
     weights_.swap(staging_);  // every slice is in the staging buffer
   } else {
     for (size_t s = 0; s < chunks_.size(); ++s) {
       const uint64_t begin = ranges_[s].begin;
       for (const auto& [offset, c] : chunks_[s]) {
         if (!c.present) continue;
+        if (c.current) continue;  // weights_ holds it
         absl::Span<float> out = weights_.span().subspan(begin + offset, c.size);
         if (c.kept) {
           // The same arithmetic as Values: the bits FinishStage hashed.

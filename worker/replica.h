@@ -46,6 +46,12 @@ class Replica {
   // Zero weights for `total` parameters split into `ranges` (shard s owns
   // ranges[s]), at `step`, with nothing staged.
   void Reset(uint64_t total, std::vector<ShardRange> ranges, uint64_t step);
+  // Takes `w` as the weights (at the current step), each slice's checksum
+  // computed from them: a pull of this step can then prove the replica
+  // holds them, and a shard whose x_hat is the same answers with nothing
+  // (PULL_KIND_CURRENT) instead of a snapshot. REQUIRES: w.size() is the
+  // total of Reset.
+  void Assume(absl::Span<const float> w);
 
   absl::Span<const float> weights() const { return weights_.span(); }
   // The step of the replica: the lowest of the shards' (under bsp every
@@ -66,8 +72,9 @@ class Replica {
   // Forgets anything staged.
   void BeginUpdate();
   // Stages shard s's pull answer: a snapshot replaces slice(s), a delta is
-  // added to it (at Commit). Does not change weights(). INVALID_ARGUMENT
-  // when the answer does not decode (or its kind is unspecified);
+  // added to it (at Commit), a CURRENT answer keeps it. Does not change
+  // weights(). INVALID_ARGUMENT when the answer does not decode (or its
+  // kind is unspecified, or a CURRENT answer carries weights);
   // DATA_LOSS when the result does not match resp.replica_checksum(). On
   // error shard s is not staged.
   absl::Status Stage(size_t s, const v1::PullResponse& resp);
@@ -103,6 +110,7 @@ class Replica {
     bool present = false;
     uint64_t size = 0;
     bool kept = false;
+    bool current = false;  // a CURRENT answer: the replica's own values
     v1::EncodedTensor encoded;
     std::vector<v1::EncodedTensor> later;
     std::optional<ValidatedTensor> valid;
@@ -110,8 +118,9 @@ class Replica {
   };
   // Keeps resp's delta in `c`, validated. On error `c` is not present.
   absl::Status Keep(const v1::PullResponse& resp, uint64_t size, Chunk* c);
-  // Chunk (s, offset)'s staged values: in staging_, or for a kept chunk
-  // slice + delta computed into scratch_ (valid until the next call).
+  // Chunk (s, offset)'s staged values: in staging_, in weights_ (current),
+  // or for a kept chunk slice + delta computed into scratch_ (valid until
+  // the next call).
   const float* Values(size_t s, uint64_t offset, const Chunk& c);
 
   std::vector<ShardRange> ranges_;

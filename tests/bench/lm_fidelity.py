@@ -566,9 +566,9 @@ def settings_lines(rows, results):
             lines.append(f"| {r['row']} | - | (one process) |")
     lines.append("")
     lines.append("MB: 10^6 bytes per worker over the whole run. pserver: "
-                 "encoded payloads the client counted (pushes; pulls plus the "
-                 "frozen variance and the initial weights' one fp32 pull at "
-                 "registration), framing not counted. DDP: every allreduce "
+                 "encoded payloads the client counted (pushes; pulls, "
+                 "registration's included, plus the frozen variance), framing "
+                 "not counted. DDP: every allreduce "
                  "of its comm hook x 2(N-1)/N, each way. Wall s: the training "
                  "loop of one run (its validation passes included), on a "
                  "machine whose cores every process of a run shares.")

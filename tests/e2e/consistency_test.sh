@@ -82,7 +82,9 @@ echo "ssp: worker 0 pushed $slow times, worker 1 $fast"
 (( fast > slow )) || fail "ssp: the fast worker pushed $fast times, the slow one $slow"
 for w in 0 1 2; do
   snaps=$(field "$DIR/ssp$w.json" snapshots)
-  [[ "$snaps" == 2 ]] || fail "ssp: worker $w pulled $snaps snapshots; expected the 2 of Register"
+  # Register's two at most (none when the shards still hold the weights
+  # the worker registered with); the skipped steps come as deltas.
+  (( snaps <= 2 )) || fail "ssp: worker $w pulled $snaps snapshots; expected at most the 2 of Register"
 done
 acc=$(field "$DIR/ssp1.json" test_accuracy)
 /usr/bin/python3 -c "import sys; sys.exit(0 if $acc > 0.6 else 1)" ||

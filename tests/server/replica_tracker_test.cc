@@ -153,6 +153,38 @@ TEST(ReplicaTracker, DeltaOnlyForAPullThatProvesItsReplica) {
   }
 }
 
+// A pull that proves the worker holds x_hat(step) itself (its step and
+// checksum) is answered with nothing; a wrong checksum or a wish for a
+// snapshot gets the snapshot.
+TEST(ReplicaTracker, NothingForAPullThatProvesItHoldsThisStep) {
+  ThreadPool pool(0);
+  auto t = Make(v1::CODEC_ONEBIT, &pool);
+  const uint64_t n = 256;
+  t->Reset(Gradient(n, 0, 0));
+  const auto stage = v1::OPTIMIZER_STAGE_WARMUP;
+  const uint64_t sum = t->checksum();
+  v1::PullResponse cur = t->Answer(PullRequestFor(0, 0, 0, sum), 0, stage)->Parse();
+  EXPECT_EQ(cur.kind(), v1::PULL_KIND_CURRENT);
+  EXPECT_EQ(cur.step(), 0u);
+  EXPECT_EQ(cur.replica_checksum(), sum);
+  EXPECT_TRUE(cur.weights().payload().empty());
+  EXPECT_EQ(cur.later_deltas_size(), 0);
+  for (const v1::PullRequest& req :
+       {PullRequestFor(0, 0, 0, sum + 1), PullRequestFor(0, 0, 0, sum, true)}) {
+    v1::PullResponse s = t->Answer(req, 0, stage)->Parse();
+    EXPECT_EQ(s.kind(), v1::PULL_KIND_SNAPSHOT) << req.ShortDebugString();
+    EXPECT_EQ(DecodeAll(s.weights()), Span(t->x_hat()));
+  }
+  // After a round: the same proof is of the step before, not this one.
+  std::vector<float> scratch(n);
+  t->Advance(Gradient(n, 1, 1), 1, absl::MakeSpan(scratch));
+  EXPECT_EQ(t->Answer(PullRequestFor(0, 1, 1, sum), 1, stage)->Parse().kind(),
+            v1::PULL_KIND_SNAPSHOT);
+  EXPECT_EQ(
+      t->Answer(PullRequestFor(0, 1, 1, t->checksum()), 1, stage)->Parse().kind(),
+      v1::PULL_KIND_CURRENT);
+}
+
 TEST(ReplicaTracker, AnswersAreSharedWithinAStepAndRebuiltAfter) {
   ThreadPool pool(0);
   auto t = Make(v1::CODEC_ONEBIT, &pool);

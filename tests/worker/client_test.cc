@@ -128,11 +128,12 @@ TEST_P(ClientSplitMerge, Fp32SgdReplicaIsExactlyXMinusMeanGradient) {
       EXPECT_EQ(differ, 0u) << "worker " << w << " step " << t
                             << ", first differing index " << first;
     }
-    // fp32 pulls are snapshots: one per shard at Register and per step.
+    // fp32 pulls are snapshots: one per shard per step (Register's found
+    // the weights it registered with: nothing).
     EXPECT_EQ(r.stats.steps, static_cast<uint64_t>(kSteps));
     EXPECT_EQ(r.stats.push_payload_bytes, kSteps * n * 4);
-    EXPECT_EQ(r.stats.pull_payload_bytes, (kSteps + 1) * n * 4);
-    EXPECT_EQ(r.stats.snapshots, (kSteps + 1) * uint64_t{p.shards});
+    EXPECT_EQ(r.stats.pull_payload_bytes, kSteps * n * 4);
+    EXPECT_EQ(r.stats.snapshots, kSteps * uint64_t{p.shards});
     EXPECT_EQ(r.stats.checksum_mismatches, 0u);
   }
   for (uint32_t s = 0; s < p.shards; ++s) {
@@ -157,6 +158,51 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // --- Replica logic --------------------------------------------------------
+
+// Register pulls nothing when the worker's initial weights are the shards'
+// (the installer's: workers seeded alike), and the snapshot when they are
+// not; the replicas are the installer's weights either way.
+TEST(ClientReplica, RegisterPullsNothingWithTheShardsWeightsElseASnapshot) {
+  constexpr uint32_t kShards = 2;
+  OptimizerConfig opt;
+  opt.kind = OptimizerKind::kSgd;
+  opt.lr = 0.05f;
+  auto cluster = StartCluster(kShards, 3, opt, v1::CODEC_ONEBIT);
+  ASSERT_NE(cluster, nullptr);
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  const std::vector<float> init = Values(n, 5);
+  std::vector<std::unique_ptr<Client>> c;
+  for (uint32_t w = 0; w < 3; ++w) {
+    auto made = Client::Connect(Options(*cluster, w, v1::CODEC_ONEBIT));
+    ASSERT_TRUE(made.ok()) << made.status();
+    c.push_back(*std::move(made));
+  }
+  ASSERT_TRUE(c[0]->Register(layout, init).ok());  // the installer
+  ASSERT_TRUE(c[1]->Register(layout, init).ok());
+  ASSERT_TRUE(c[2]->Register(layout, Values(n, 6)).ok());
+  for (uint32_t w = 0; w < 2; ++w) {
+    EXPECT_EQ(c[w]->stats().snapshots, 0u) << "worker " << w;
+    EXPECT_EQ(c[w]->stats().pull_payload_bytes, 0u) << "worker " << w;
+  }
+  EXPECT_EQ(c[2]->stats().snapshots, kShards);
+  EXPECT_EQ(c[2]->stats().pull_payload_bytes, n * 4);
+  for (uint32_t w = 0; w < 3; ++w) {
+    EXPECT_TRUE(BitEqual(c[w]->weights(), init)) << "worker " << w;
+    EXPECT_EQ(c[w]->stats().checksum_mismatches, 0u) << "worker " << w;
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> st(3);
+  for (uint32_t w = 0; w < 3; ++w) {
+    threads.emplace_back(
+        [&, w] { st[w] = c[w]->Step(Gradient(n, w, 0)); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (uint32_t w = 0; w < 3; ++w) {
+    ASSERT_TRUE(st[w].ok()) << "worker " << w << ": " << st[w];
+    EXPECT_TRUE(BitEqual(c[w]->weights(), c[0]->weights())) << "worker " << w;
+  }
+}
 
 // With 1-bit pulls the replica moves by deltas: the client's weights hash to
 // each shard's replica checksum, only the Register pull is a snapshot, and a
@@ -191,14 +237,16 @@ TEST(ClientReplica, OneBitPullsKeepReplicaInSyncAndLateJoinerGetsSnapshot) {
   EXPECT_EQ((*a)->step(), static_cast<uint64_t>(kSteps));
   EXPECT_FALSE(BitEqual((*a)->weights(), init));
   const ClientStats& sa = (*a)->stats();
-  EXPECT_EQ(sa.snapshots, kShards) << "deltas must be used after Register";
+  // Register pulled nothing (its weights are the ones it installed), and
+  // every step's pull was a delta.
+  EXPECT_EQ(sa.snapshots, 0u) << "deltas must be used after Register";
   EXPECT_EQ(sa.checksum_mismatches, 0u);
   EXPECT_EQ(sa.retries, 0u);
   uint64_t onebit_all = 0;
   for (uint32_t sh = 0; sh < kShards; ++sh) {
     onebit_all += OneBitBytes(ShardRangeFor(n, kShards, sh).size());
   }
-  EXPECT_EQ(sa.pull_payload_bytes, n * 4 + kSteps * onebit_all);
+  EXPECT_EQ(sa.pull_payload_bytes, kSteps * onebit_all);
   EXPECT_EQ(sa.push_payload_bytes, kSteps * onebit_all);
 
   // A second client for the same worker id (a restarted worker).
@@ -215,7 +263,7 @@ TEST(ClientReplica, OneBitPullsKeepReplicaInSyncAndLateJoinerGetsSnapshot) {
   ASSERT_TRUE((*a)->Step(Gradient(n, 0, 12345)).ok());
   EXPECT_EQ((*a)->step(), (*b)->step());
   EXPECT_TRUE(BitEqual((*a)->weights(), (*b)->weights()));
-  EXPECT_EQ((*a)->stats().snapshots, kShards);
+  EXPECT_EQ((*a)->stats().snapshots, 0u);
   for (uint32_t sh = 0; sh < kShards; ++sh) {
     EXPECT_EQ(cluster->shard(sh)->Status().current_step(), kSteps + 1u);
   }
@@ -234,7 +282,7 @@ TEST(ClientReplica, OneBitPullsKeepReplicaInSyncAndLateJoinerGetsSnapshot) {
   ASSERT_TRUE(behind.ok()) << behind;
   EXPECT_EQ((*a)->step(), (*b)->step());
   EXPECT_TRUE(BitEqual((*a)->weights(), (*b)->weights()));
-  EXPECT_EQ((*a)->stats().snapshots, 2u * kShards);
+  EXPECT_EQ((*a)->stats().snapshots, kShards);
   EXPECT_EQ((*a)->stats().rejoins, kShards);
 }
 
@@ -273,7 +321,7 @@ TEST(ClientReplica, WorkersInThreadsHoldIdenticalReplicas) {
   for (uint32_t w = 0; w < kWorkers; ++w) {
     ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
     EXPECT_TRUE(BitEqual(final_weights[w], final_weights[0])) << "worker " << w;
-    EXPECT_EQ(stats[w].snapshots, kShards);
+    EXPECT_EQ(stats[w].snapshots, 0u);  // the same initial weights: none
     EXPECT_EQ(stats[w].checksum_mismatches, 0u);
   }
   for (uint32_t s = 0; s < kShards; ++s) {
@@ -416,7 +464,7 @@ TEST(ClientOneBitAdam, SwitchesToPreconditionedOneBitPushesAfterFreeze) {
     // fp32 while warming up, 1-bit (one scale per 256) after the freeze.
     EXPECT_EQ(stats[w].push_payload_bytes,
               kFreeze * n * 4 + (kSteps - kFreeze) * onebit_all);
-    EXPECT_EQ(stats[w].snapshots, kShards);
+    EXPECT_EQ(stats[w].snapshots, 0u);
     // The frozen variance, fp32, fetched once per shard at the freeze.
     EXPECT_EQ(stats[w].variance_payload_bytes, n * 4);
     EXPECT_TRUE(BitEqual(final_weights[w], final_weights[0]));
@@ -740,7 +788,7 @@ TEST(ClientBytes, PayloadBytesMatchServerMetricsAndCodecFormat) {
   for (uint32_t w = 0; w < kWorkers; ++w) {
     ASSERT_TRUE(status[w].ok()) << status[w];
     EXPECT_EQ(stats[w].push_payload_bytes, kSteps * onebit_all);
-    EXPECT_EQ(stats[w].pull_payload_bytes, n * 4 + kSteps * onebit_all);
+    EXPECT_EQ(stats[w].pull_payload_bytes, kSteps * onebit_all);
     EXPECT_EQ(stats[w].push_fp32_bytes, kSteps * n * 4);
     EXPECT_EQ(stats[w].pull_fp32_bytes, (kSteps + 1) * n * 4);
     client_push += stats[w].push_payload_bytes;

@@ -304,5 +304,43 @@ TEST_F(ReplicaChunks, ABadCompressedDeltaIsRefused) {
   EXPECT_TRUE(SameBits(replica_.weights(), std::vector<float>(1700, 0.0f)));
 }
 
+// A CURRENT answer keeps the replica's own values: the slice the replica
+// assumed verifies against their checksum and Commit changes nothing; one
+// whose checksum is another's does not verify; one carrying weights is
+// refused.
+TEST_F(ReplicaChunks, ACurrentAnswerKeepsTheAssumedWeights) {
+  const std::vector<float> w = Values(1700, 3.0f);
+  replica_.Assume(w);
+  EXPECT_TRUE(SameBits(replica_.weights(), w));
+  const uint64_t sum0 = ChecksumOf(absl::MakeConstSpan(w).subspan(0, kSlice));
+  EXPECT_EQ(replica_.checksum(0), sum0);
+  v1::PullResponse cur;
+  cur.set_kind(v1::PULL_KIND_CURRENT);
+  replica_.BeginUpdate();
+  for (uint64_t b = 0; b < kSlice; b += kChunk) {
+    ASSERT_TRUE(
+        replica_.StageChunk(0, b, std::min(kChunk, kSlice - b), cur).ok());
+  }
+  ASSERT_TRUE(replica_.FinishStage(0, sum0).ok());
+  ASSERT_TRUE(replica_.StageChunk(1, 0, 700, cur).ok());
+  EXPECT_TRUE(absl::IsDataLoss(replica_.FinishStage(1, sum0)));
+  ASSERT_TRUE(replica_.StageChunk(1, 0, 700, cur).ok());
+  ASSERT_TRUE(replica_
+                  .FinishStage(1, ChecksumOf(absl::MakeConstSpan(w).subspan(
+                                      kSlice, 700)))
+                  .ok());
+  replica_.Commit(1);
+  EXPECT_TRUE(SameBits(replica_.weights(), w));
+  EXPECT_FALSE(replica_.has_staging_buffer());
+
+  v1::PullResponse bad = cur;
+  bad.mutable_weights()->set_payload("abcd");
+  replica_.BeginUpdate();
+  absl::Status st = replica_.StageChunk(0, 0, kSlice, bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("PULL_KIND_CURRENT"), std::string::npos) << st;
+  EXPECT_FALSE(replica_.staged(0));
+}
+
 }  // namespace
 }  // namespace pserver
