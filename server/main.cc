@@ -116,6 +116,11 @@ ABSL_FLAG(uint32_t, grpc_memory_mb, 2048,
 ABSL_FLAG(uint64_t, chunk_elements, pserver::kDefaultChunkElements,
           "pushes and pulls move the shard's slice in chunks of this many "
           "elements, several in flight per worker (1024..67108864)");
+ABSL_FLAG(uint32_t, local_steps, 0,
+          "the workers' local steps between pushes this shard accepts "
+          "(DiLoCo's H, the workers' local_steps); a worker with another "
+          "value is refused at Register. 0: any (the first registration "
+          "sets the job's)");
 ABSL_FLAG(uint64_t, max_model_elements, pserver::kDefaultMaxModelElements,
           "largest model, in elements over all shards, that a Register may "
           "install (1 up to the default, the layout format's own cap); a "
@@ -239,6 +244,7 @@ int Run() {
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
   config.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
+  config.local_steps = absl::GetFlag(FLAGS_local_steps);
   double lease = absl::GetFlag(FLAGS_lease_timeout_seconds);
   if (!(lease >= 0) || lease > 86400) {
     return Fail(absl::StrCat("--lease_timeout_seconds is ", lease,

@@ -96,6 +96,11 @@ struct ShardConfig {
   // Pushes and pulls move the slice in chunks of this many elements
   // (announced in RegisterResponse; common/chunking.h bounds it).
   uint64_t chunk_elements = kDefaultChunkElements;
+  // The workers' local steps between pushes that this shard accepts
+  // (RegisterRequest.local_steps, 0 counting as 1): a Register with
+  // another value is refused FAILED_PRECONDITION, CONFIG_MISMATCH, before
+  // anything changes. 0: any; the installer's value holds for the job.
+  uint32_t local_steps = 0;
   // The compression schedule (common/schedule.h; null: none): per phase of
   // the run, the pull codec (overriding pull_codec) and the workers' push
   // codec. The shard resolves it against the run length of the Register

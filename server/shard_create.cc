@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/rejection.h"
+#include "server/checkpoint.h"
 #include "server/shard.h"
 
 namespace pserver {
@@ -41,6 +42,11 @@ absl::Status ValidateShardConfig(const ShardConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_elements is ", c.chunk_elements, "; expected ",
                      kMinChunkElements, "..", kMaxChunkElements));
+  }
+  if (c.local_steps > kMaxJobLocalSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_steps is ", c.local_steps, "; expected 0..",
+                     kMaxJobLocalSteps, " (0: any)"));
   }
   if (c.schedule != nullptr) {
     // With an fp32 pull codec the replica is x itself (no x_hat array), so

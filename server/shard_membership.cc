@@ -155,6 +155,12 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     }
     v1::RegisterResponse resp;
     const uint32_t local_steps = std::max<uint32_t>(1, req.local_steps());
+    if (config_.local_steps != 0 && local_steps != config_.local_steps) {
+      return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "local_steps is ", local_steps, "; expected ",
+                        config_.local_steps, " (this shard's --local_steps)")));
+    }
     if (registered_) {
       std::string diff = FirstLayoutDifference(req.layout(), layout_);
       if (!diff.empty()) {

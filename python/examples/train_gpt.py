@@ -135,9 +135,10 @@ def parse_args(argv=None):
                    "counted). 0: off")
     p.add_argument("--json", default="", help="rank 0 writes the run here")
     ps = p.add_argument_group("with --pserver")
-    ps.add_argument("--push-codec", default="fp32",
+    ps.add_argument("--push-codec", default="",
                     help="the workers' push codec (fp32, bf16, quantize, "
-                    "onebit, topk, ...)")
+                    "onebit, topk, ...; default: a pserver.launch recipe's, "
+                    "else fp32)")
     ps.add_argument("--warmup-codec", default="",
                     help="push codec before 1-bit Adam's freeze (default: "
                     "the client's)")
@@ -193,7 +194,12 @@ def parse_args(argv=None):
 
 def client_options(args):
     """DistributedOptimizer's Client options from the --pserver flags."""
-    opts = {"push_codec": args.push_codec}
+    from pserver.env import client_options as recipe_options
+    opts = {}
+    if args.push_codec:
+        opts["push_codec"] = args.push_codec
+    elif "push_codec" not in recipe_options():
+        opts["push_codec"] = "fp32"  # no recipe's either
     if args.warmup_codec:
         opts["warmup_codec"] = args.warmup_codec
     if args.k_fraction:

@@ -13,6 +13,9 @@ CLIENT_OPTIONS = (
     "ef_decay", "seed", "rpc_timeout", "pull_timeout", "retry_budget",
     "metrics_listen", "tls_ca", "tls_cert", "tls_key", "auth_token_file",
     "momentum_masking", "schedule", "run_length")
+# DistributedOptimizer's own options that PSERVER_CLIENT_OPTIONS may set too
+# (a recipe's; an argument the script passes wins).
+OPTIMIZER_OPTIONS = ("outer_momentum",)
 _JSON_TYPES = {list: "an array", str: "a string", bool: "a boolean",
                int: "a number", float: "a number", type(None): "null"}
 
@@ -70,8 +73,9 @@ def client_options(env=None):
     pserver.launch --recipe sets) from `env` (default os.environ), as a dict;
     {} when unset or empty. Raises ValueError naming the variable (and the
     key) for text that is not JSON, JSON that is not an object, and a key
-    that is not one of CLIENT_OPTIONS. The values' types are Client's to
-    check. Contacts no shard."""
+    that is not one of CLIENT_OPTIONS or OPTIMIZER_OPTIONS. The values'
+    types are Client's (and DistributedOptimizer's) to check. Contacts no
+    shard."""
     env = os.environ if env is None else env
     text = env.get(CLIENT_OPTIONS_ENV, "")
     if not text.strip():
@@ -88,8 +92,9 @@ def client_options(env=None):
                          f"{_JSON_TYPES.get(type(value), 'not an object')}; "
                          f"{expected}")
     for key in value:
-        if key not in CLIENT_OPTIONS:
+        if key not in CLIENT_OPTIONS + OPTIMIZER_OPTIONS:
             raise ValueError(f"{CLIENT_OPTIONS_ENV} has the key {key!r}, "
                              "which is not a pserver.Client option; expected "
-                             f"keys among {', '.join(CLIENT_OPTIONS)}")
+                             "keys among "
+                             f"{', '.join(CLIENT_OPTIONS + OPTIMIZER_OPTIONS)}")
     return value

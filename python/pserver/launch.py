@@ -29,8 +29,11 @@ Launcher options:
                       (pserver/recipes.py): lm-onebit or lm-topk, with 1-bit
                       Adam's variance frozen at round F (default 300 for
                       lm-onebit, 200 for lm-topk; freeze at two to three
-                      times the learning rate's warmup). Writes its
-                      schedule to <run dir>/recipe_NAME.txtpb, puts its
+                      times the learning rate's warmup), or lm-local (local
+                      steps: the script runs 16 steps of its own optimizer
+                      between pushes, DistributedOptimizer local_steps=16
+                      with an inner_optimizer). Writes its schedule, if it
+                      has one, to <run dir>/recipe_NAME.txtpb, puts its
                       shard flags before yours (a flag you give again wins:
                       the daemon takes the last one) and gives the workers
                       PSERVER_CLIENT_OPTIONS, a JSON object of pserver.Client
@@ -171,16 +174,19 @@ def parse_args(argv):
 
 def _check_recipe_flags(chosen, server_flags):
     """The recipe's schedule switches codecs at its freeze: a --schedule or
-    --freeze_step of the user's would break that agreement."""
+    --freeze_step of the user's would break that agreement (a recipe
+    without a schedule sets the codecs: a --schedule would change them)."""
     recipe, _ = chosen
     for f in server_flags:
         flag, _, value = f.partition("=")
         if flag == "--schedule":
+            what = ("writes its own schedule" if recipe.freezes else
+                    "sets the codecs, a schedule would change them")
             raise UsageError(
-                f"{f} with --recipe {recipe.name}: the recipe writes its own "
-                "schedule; drop --schedule, or drop --recipe and give the "
-                "shards and workers your schedule")
-        if flag == "--freeze_step":
+                f"{f} with --recipe {recipe.name}: the recipe {what}; drop "
+                "--schedule, or drop --recipe and give the shards and "
+                "workers your schedule")
+        if flag == "--freeze_step" and recipe.freezes:
             raise UsageError(
                 f"{f} with --recipe {recipe.name}: the recipe's schedule "
                 "switches codecs at its freeze; use --recipe "
@@ -194,11 +200,16 @@ def apply_recipe(opts, run_dir):
     repeated flag, so the user's win) and sets opts["client_options"].
     Returns the line to print."""
     recipe, freeze = opts["recipe"]
-    path = (pathlib.Path(run_dir) / f"recipe_{recipe.name}.txtpb").resolve()
-    path.write_text(recipe.schedule_text(freeze))
+    path = None
+    if recipe.freezes:
+        path = (pathlib.Path(run_dir) /
+                f"recipe_{recipe.name}.txtpb").resolve()
+        path.write_text(recipe.schedule_text(freeze))
     flags = recipe.shard_flags(freeze, path)
     opts["server_flags"] = flags + opts["server_flags"]
     opts["client_options"] = recipe.client_options(path)
+    if not recipe.freezes:
+        return f"recipe {recipe.name}: {' '.join(flags)}"
     return f"recipe {recipe.name} (freeze {freeze}): {' '.join(flags)}"
 
 

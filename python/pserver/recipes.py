@@ -16,6 +16,13 @@ ps_onebit and ps_topk; figures in tests/bench/results/lm_fidelity.md):
              momentum (momentum-factor masking on the workers) and pulls of
              the top 3% of the weights' change at 4-bit values
              (deploy/schedules/q8_then_topk_pullq.txtpb).
+  lm-local   local steps (DiLoCo; row diloco_h16_q2_b085): the script's own
+             optimizer runs 16 steps between pushes (DistributedOptimizer
+             local_steps=16 with an inner_optimizer; the shards refuse any
+             other H), each worker keeps the outer Nesterov momentum at 0.85
+             and pushes its step at 2 bits, the shards apply the mean with
+             SGD at lr 0.6 and answer with 2-bit pulls. No freeze, no
+             schedule (NAME only).
 
 FREEZE is 1-bit Adam's --freeze_step (the shards keep the variance of that
 round for the rest of the run) and the round at which the schedule leaves
@@ -45,10 +52,12 @@ class Recipe:
     """One named recipe: shard flags and client options without the freeze
     and the schedule (which take FREEZE and the file's path), and the
     codecs, (name, params), of its two schedule phases; default_freeze
-    is the freeze it was measured with (NAME without :FREEZE)."""
+    is the freeze it was measured with (NAME without :FREEZE). A recipe
+    without a freeze (default_freeze None) has no schedule either: its
+    flags and options are all there is."""
 
-    def __init__(self, name, summary, shard_flags, client_options, warmup,
-                 compression, default_freeze):
+    def __init__(self, name, summary, shard_flags, client_options, warmup=None,
+                 compression=None, default_freeze=None):
         self.name = name
         self.default_freeze = default_freeze
         self.summary = summary
@@ -56,13 +65,24 @@ class Recipe:
         self._client_options = dict(client_options)
         self._phases = (("warmup", warmup), ("compression", compression))
 
+    @property
+    def freezes(self):
+        """Whether the recipe has a freeze and a schedule."""
+        return self.default_freeze is not None
+
     def shard_flags(self, freeze, schedule_path):
-        """pserver_server's flags, as --name=value."""
+        """pserver_server's flags, as --name=value (freeze and
+        schedule_path unused without a freeze)."""
+        if not self.freezes:
+            return list(self._shard_flags)
         return [self._shard_flags[0], f"--freeze_step={freeze}",
                 *self._shard_flags[1:], f"--schedule={schedule_path}"]
 
     def client_options(self, schedule_path):
-        """pserver.Client's options (JSON-serialisable)."""
+        """pserver.Client's options (JSON-serialisable), and
+        DistributedOptimizer's outer_momentum where the recipe has one."""
+        if not self.freezes:
+            return dict(self._client_options)
         return {**self._client_options, "schedule": str(schedule_path)}
 
     def schedule_text(self, freeze):
@@ -110,6 +130,13 @@ RECIPES = {r.name: r for r in (
            compression=(("topk", {"k_fraction": 0.01}),
                         ("topk_quantize", {"k_fraction": 0.03, "bits": 4})),
            default_freeze=200),
+    Recipe("lm-local",
+           "local steps: H = 16, the workers' outer momentum 0.85, 2-bit "
+           "quantize both ways, the shards' SGD at lr 0.6",
+           ["--optimizer=sgd", "--momentum=0", "--weight_decay=0", "--lr=0.6",
+            "--pull_codec=quantize", "--pull_bits=2", "--local_steps=16",
+            "--lease_timeout_seconds=600"],
+           {"push_codec": "quantize", "bits": 2, "outer_momentum": 0.85}),
 )}
 
 
@@ -120,9 +147,14 @@ def parse(spec):
     recipe = RECIPES.get(name)
     if recipe is None:
         raise ValueError(f"recipe {name!r} is unknown; expected one of "
-                         f"{', '.join(RECIPES)} (NAME or NAME:FREEZE)")
+                         f"{', '.join(RECIPES)} (NAME, or NAME:FREEZE for "
+                         "those with a freeze)")
     if not sep:
         return recipe, recipe.default_freeze
+    if not recipe.freezes:
+        raise ValueError(f"recipe {spec!r}: {name} has no freeze (its shards "
+                         f"run SGD on the workers' local steps); expected "
+                         f"{name}")
     if (not re.fullmatch(r"[0-9]+", freeze_text)
             or not 1 <= int(freeze_text) <= _MAX_FREEZE):
         raise ValueError(f"recipe {spec!r}: freeze is {freeze_text!r}; "

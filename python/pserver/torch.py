@@ -125,7 +125,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     pserver.init() (PSERVER_SERVERS, RANK, WORLD_SIZE). Client options the
     caller does not pass (push_codec included) come from PSERVER_CLIENT_OPTIONS
     when it is set: a JSON object of Client options, what python3 -m
-    pserver.launch --recipe NAME gives the workers. Given by neither,
+    pserver.launch --recipe NAME gives the workers (it may set
+    outer_momentum too, used with local steps when the caller passes none:
+    the recipe lm-local's). Given by neither,
     push_codec is "onebit" and the others are Client's defaults. A value that
     is not JSON, not an object, or has a key that is not a Client option
     raises ValueError naming PSERVER_CLIENT_OPTIONS, before any shard is
@@ -149,6 +151,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if push_codec is None:
             push_codec = from_env.get("push_codec", "onebit")
         from_env.pop("push_codec", None)
+        # A recipe's outer momentum (lm-local) applies to local steps only.
+        env_outer = from_env.pop("outer_momentum", None)
+        if (outer_momentum is None and isinstance(local_steps, int)
+                and not isinstance(local_steps, bool) and local_steps > 1):
+            outer_momentum = env_outer
         client_options = {**from_env, **client_options}
         if (not isinstance(local_steps, int) or isinstance(local_steps, bool)
                 or not 1 <= local_steps <= 100000):

@@ -216,7 +216,14 @@ def test_a_signal_tears_everything_down(tmp_path, sig):
     (["--metrics-listen", "127.0.0.1:65535", WORKER],
      "--metrics-listen port 65535 + shard 1 is past 65535"),
     (["--recipe", "lm-foo", WORKER], "--recipe 'lm-foo' is unknown; "
-     "expected one of lm-onebit, lm-topk (NAME or NAME:FREEZE)"),
+     "expected one of lm-onebit, lm-topk, lm-local (NAME, or NAME:FREEZE "
+     "for those with a freeze)"),
+    (["--recipe", "lm-local:5", WORKER], "--recipe 'lm-local:5': lm-local "
+     "has no freeze (its shards run SGD on the workers' local steps); "
+     "expected lm-local"),
+    (["--recipe", "lm-local", "--schedule", "mine.txtpb", WORKER],
+     "--schedule=mine.txtpb with --recipe lm-local: the recipe sets the "
+     "codecs, a schedule would change them"),
     (["--recipe=lm-topk:0", WORKER], "--recipe 'lm-topk:0': freeze is '0'; "
      "expected an integer >= 1"),
     (["--recipe", "lm-onebit:1e3", WORKER], "freeze is '1e3'; expected an "
@@ -307,3 +314,43 @@ def test_a_recipe_configures_the_shards_and_the_workers(tmp_path):
         assert stats["push_payload_bytes"] < 0.16 * stats["push_fp32_bytes"], \
             stats
     no_process_left(run_dir)
+
+
+def test_the_local_recipe_runs_local_steps_and_refuses_a_script_without(
+        tmp_path):
+    """--recipe lm-local: the shards run SGD at lr 0.6 and accept only
+    local_steps 16; a script with local steps (and no outer_momentum
+    argument) gets the recipe's outer momentum 0.85 and 2-bit pushes, a
+    script without them is refused at Register by name."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    p = launcher(run_dir, "--shards", "2", "--workers", "2",
+                 "--recipe", "lm-local", RECIPE_WORKER, str(out), "32", "16")
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 0, text
+    assert ("launch: recipe lm-local: --optimizer=sgd --momentum=0 "
+            "--weight_decay=0 --lr=0.6 --pull_codec=quantize --pull_bits=2 "
+            "--local_steps=16 --lease_timeout_seconds=600\n") in text, text
+    assert not list(run_dir.glob("recipe_*.txtpb"))
+    for rank in range(2):
+        seen = json.loads((out / f"rank{rank}.json").read_text())
+        assert json.loads(seen["env"]) == {
+            "push_codec": "quantize", "bits": 2, "outer_momentum": 0.85}
+        assert seen["shard_config"]["optimizer"] == "sgd"
+        assert seen["outer_beta"] == pytest.approx(0.85)
+        assert seen["global_step"] == 32
+        stats = seen["stats"]
+        assert stats["steps"] == 2, stats  # two rounds of 16 local steps
+        # 2 bits and a scale per block: well under a tenth of fp32.
+        assert stats["push_payload_bytes"] < 0.1 * stats["push_fp32_bytes"], \
+            stats
+    no_process_left(run_dir)
+
+    refused_dir = tmp_path / "refused"
+    p = launcher(refused_dir, "--shards", "1", "--workers", "1",
+                 "--recipe", "lm-local", RECIPE_WORKER, str(out), "4")
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode != 0, text
+    assert "local_steps is 1; expected 16 (this shard's --local_steps)" in \
+        text, text
+    no_process_left(refused_dir)

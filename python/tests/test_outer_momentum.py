@@ -145,3 +145,28 @@ def test_refused_push_and_state_leave_the_momentum_as_it_was(shards):
     with pytest.raises(ValueError, match="has no 'pserver_outer_momentum'"):
         opt.load_state_dict(without)
     assert torch.equal(opt._outer.u, u)
+
+
+def test_a_recipes_outer_momentum_applies_to_local_steps_only(
+        shards, monkeypatch):
+    """PSERVER_CLIENT_OPTIONS' outer_momentum (the recipe lm-local's) is the
+    outer momentum of local steps when the script passes none: the same
+    weights as passing it; an explicit one wins; without local steps it is
+    not used."""
+    want, _, _ = train(shards(2, 2, "--optimizer=sgd", "--lr=0.7",
+                              "--momentum=0", "--pull_codec=fp32"), outer=0.8)
+    monkeypatch.setenv("PSERVER_CLIENT_OPTIONS", '{"outer_momentum": 0.8}')
+    got, opts, _ = train(shards(2, 2, "--optimizer=sgd", "--lr=0.7",
+                                "--momentum=0", "--pull_codec=fp32"))
+    assert opts[0]._outer.beta == pytest.approx(0.8)
+    for w, g in zip(want, got):
+        assert all(torch.equal(a, b) for a, b in zip(w, g))
+    _, opts, _ = train(shards(2, 2, "--optimizer=sgd", "--lr=0.7",
+                              "--momentum=0", "--pull_codec=fp32"), outer=0.5)
+    assert opts[0]._outer.beta == pytest.approx(0.5)
+    addrs = shards(1, 1, "--optimizer=sgd", "--lr=0.1", "--pull_codec=fp32")
+    model = Net(seed=1)
+    opt = pserver.torch.DistributedOptimizer(
+        model.named_parameters(), servers=addrs, worker_id=0, num_workers=1,
+        push_codec="fp32", lr=0.1)
+    assert opt._outer is None

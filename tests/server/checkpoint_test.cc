@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/checksum.h"
 #include "common/file_io.h"
+#include "common/rejection.h"
 #include "gtest/gtest.h"
 #include "server/shard.h"
 #include "tests/server/server_test_util.h"
@@ -369,6 +370,35 @@ TEST(Checkpoint, LostRoundPushAfterASecondFastForwardIsAcknowledged) {
   ASSERT_TRUE(pull.ok()) << pull.status();
   EXPECT_EQ(pull->kind(), v1::PULL_KIND_SNAPSHOT);
   RunRounds(*a, 5, 7);
+}
+
+// A shard started with --local_steps refuses a worker with another value,
+// the installer included, before anything is installed, and takes one with
+// it; the value is bounded like a Register's.
+TEST(Checkpoint, AShardsLocalStepsFlagRefusesOtherValues) {
+  ShardConfig c = Config("", 100);
+  c.local_steps = 16;
+  const std::vector<float> x0 = InitialWeights(kSmallElements);
+  auto shard = Shard::Create(c, nullptr);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const uint64_t before = (*shard)->Status().state_checksum();
+  v1::RegisterRequest r0 = RegisterRequestFor(0, 2, x0);  // local_steps 0: 1
+  auto refused = (*shard)->Register(r0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(
+                "local_steps is 1; expected 16 (this shard's --local_steps)"),
+            std::string::npos) << refused.status();
+  EXPECT_EQ(ReasonOf(refused.status()), v1::REJECT_REASON_CONFIG_MISMATCH);
+  EXPECT_EQ((*shard)->Status().state_checksum(), before);
+  EXPECT_FALSE((*shard)->Status().model_registered());
+  r0.set_local_steps(16);
+  ASSERT_TRUE((*shard)->Register(r0).ok());
+  c.local_steps = kMaxJobLocalSteps + 1;
+  auto bad = Shard::Create(c, nullptr);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("local_steps is 1048577; expected "
+                                        "0..1048576 (0: any)"),
+            std::string::npos) << bad.status();
 }
 
 // Local steps are part of the job's schedule (issue 12): the installer's
