@@ -60,6 +60,7 @@ ROWS = {
         lmf.ROWS["diloco_h16_onebit"],
         shard=lmf.ROWS["diloco_h16_onebit"]["shard"] + LONG_LEASE),
     "diloco_h16_q2_wm": lmf.ROWS["diloco_h16_q2_wm"],  # has the long lease
+    "diloco_h16_q2_b085": lmf.ROWS["diloco_h16_q2_b085"],  # --recipe lm-local
     # Fewer local steps per round: at 100 Mbit/s H = 16 leaves the link
     # idle most of a step (its wire time is a fifth of the CPU's), so a
     # round every 4 steps costs little time. DiLoCo's outer Nesterov (lr
@@ -87,7 +88,7 @@ BASELINE = "ddp_fp32"
 # BASELINE); a list of rows is met by its best row.
 GOALS = [(100e6, ["ps_onebit", "ps_onebit_colocated"], 5),
          (100e6, ["diloco_h16_q8", "diloco_h16_onebit", "diloco_h16_q2_wm",
-                  "localsgd_h4_q8"], 10),
+                  "diloco_h16_q2_b085", "localsgd_h4_q8"], 10),
          (1e9, ["ps_onebit", "ps_onebit_colocated"], 2)]
 # Where each layout puts the shards: (hosts, shards).
 LAYOUTS = {"dedicated": ("2 shard hosts", SHARDS),

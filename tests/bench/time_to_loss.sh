@@ -11,7 +11,7 @@
 #   ddp_fp32, ddp_fp16, ddp_powersgd   train_gpt.py --ddp on the 4 worker
 #                     hosts over gloo (rank 0's store on the first)
 #   ps_fp32, ps_onebit, ps_topk, diloco_h16_q8, diloco_h16_onebit,
-#   diloco_h16_q2_wm, localsgd_h4_q8
+#   diloco_h16_q2_wm, diloco_h16_q2_b085, localsgd_h4_q8
 #                     train_gpt.py --pserver on the worker hosts, pserver_server
 #                     on the shard hosts, lm_fidelity.py's rows (the local-step
 #                     ones with a 600 s lease; _wm: the workers keep the outer
@@ -42,7 +42,7 @@
 # on another machine, e.g. --restore tests/bench/results/time_to_loss.json).
 # Variables (defaults):
 #   RATES="100mbit 1gbit"  link rates each way, tc units (bit, kbit, mbit, gbit)
-#   RUNS="ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit diloco_h16_q2_wm localsgd_h4_q8 ps_onebit_colocated ps_topk_colocated"
+#   RUNS="ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit diloco_h16_q2_wm diloco_h16_q2_b085 localsgd_h4_q8 ps_onebit_colocated ps_topk_colocated"
 #   REPEATS=3         runs per row and rate
 #   CAP=1500          seconds of training after which a run stops unreached
 #                     (at its next evaluation: train_gpt.py --max-seconds)
@@ -83,7 +83,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 RATES="${RATES:-100mbit 1gbit}"
-RUNS="${RUNS:-ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit diloco_h16_q2_wm localsgd_h4_q8 ps_onebit_colocated ps_topk_colocated}"
+RUNS="${RUNS:-ddp_fp32 ddp_fp16 ddp_powersgd ps_fp32 ps_onebit ps_topk diloco_h16_q8 diloco_h16_onebit diloco_h16_q2_wm diloco_h16_q2_b085 localsgd_h4_q8 ps_onebit_colocated ps_topk_colocated}"
 REPEATS="${REPEATS:-3}"
 CAP="${CAP:-1500}"
 EVAL_EVERY="${EVAL_EVERY:-100}"
