@@ -16,9 +16,6 @@
 #include "worker/client.h"
 
 namespace pserver {
-namespace {
-
-}  // namespace
 
 absl::Status Client::EncodeChunk(size_t s, uint32_t c,
                                  absl::Span<const float> gradient,
