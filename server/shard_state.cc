@@ -2,6 +2,7 @@
 // restore, shutdown.
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "server/internal/shard_common.h"
 #include "server/shard.h"
@@ -148,6 +149,12 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   absl::StatusOr<std::optional<ResolvedSchedule>> schedule =
       ResolveSchedule(st.schedule_total_steps);
   if (!schedule.ok()) return schedule.status();
+  if (config_.local_steps != 0 && st.local_steps != config_.local_steps) {
+    // Every worker would be refused by one of the two values.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint local_steps is ", st.local_steps, "; expected ",
+        config_.local_steps, " (this shard's --local_steps)"));
+  }
   // The loader refused a file whose x_hat does not match its checksum
   // (server/checkpoint.cc), falling back to an older one.
   absl::MutexLock lock(&mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,9 @@ Client::~Client() {
     // not answer for the retry budget. The shards treat this worker as one
     // that stopped: its lease runs out.
     calls_->Abandon();
+    // Unchecked ranges: no bound is known for them (the encoder finds its
+    // own, and refuses what is not finite).
+    NoteGradientBound(std::numeric_limits<double>::infinity());
     for (const auto& [b, e] : ready_.Missing()) (void)ready_.Mark(b, e);
     pusher_.join();
   }

@@ -125,8 +125,9 @@ class Client {
   ~Client();
 
   // Registers this worker with every shard: the first worker's
-  // `initial_weights` initialise the model; everyone then pulls a snapshot,
-  // so on return weights() holds the shards' current replica and step() the
+  // `initial_weights` initialise the model; everyone then pulls (nothing
+  // from a shard whose weights are its initial_weights already, a snapshot
+  // from any other), so on return weights() holds the shards' current replica and step() the
   // shards' current step. If a previous incarnation of this worker crashed
   // after pushing to only some shards, those are one step ahead: step() is
   // then the other shards' step, and the next Step()'s push to the ahead

@@ -121,7 +121,9 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
       resp.kind() != v1::PULL_KIND_DELTA &&
       resp.kind() != v1::PULL_KIND_CURRENT) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "pull response kind is ", resp.kind(),
+        "pull response kind is ",
+        v1::PullKind_IsValid(resp.kind()) ? v1::PullKind_Name(resp.kind())
+                                          : absl::StrCat(resp.kind()),
         "; expected PULL_KIND_DELTA, PULL_KIND_SNAPSHOT or PULL_KIND_CURRENT"));
   }
   if (resp.kind() == v1::PULL_KIND_CURRENT) {

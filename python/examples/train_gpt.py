@@ -211,6 +211,9 @@ def client_options(args):
         if not sep or not key:
             sys.exit(f"train_gpt.py: --client-option {item!r}; expected "
                      "KEY=VALUE")
+        if key == "outer_momentum":
+            sys.exit(f"train_gpt.py: --client-option {item!r}; expected "
+                     "--outer-momentum for the outer momentum")
         for conv in (int, float):
             try:
                 value = conv(value)

@@ -94,7 +94,7 @@ def client_options(env=None):
     for key in value:
         if key not in CLIENT_OPTIONS + OPTIMIZER_OPTIONS:
             raise ValueError(f"{CLIENT_OPTIONS_ENV} has the key {key!r}, "
-                             "which is not a pserver.Client option; expected "
-                             "keys among "
+                             "which is not a pserver.Client option nor "
+                             "outer_momentum; expected keys among "
                              f"{', '.join(CLIENT_OPTIONS + OPTIMIZER_OPTIONS)}")
     return value

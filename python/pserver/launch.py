@@ -38,8 +38,9 @@ Launcher options:
                       the daemon takes the last one) and gives the workers
                       PSERVER_CLIENT_OPTIONS, a JSON object of pserver.Client
                       options that DistributedOptimizer uses for those the
-                      script does not pass. Not with --schedule or
-                      --freeze_step (use NAME:F).
+                      script does not pass. Not with --schedule, nor
+                      with --freeze_step for lm-onebit and lm-topk (use
+                      NAME:F).
   --                  ends the options; the script comes next
 Every other option before the script is a pserver_server flag given to every
 shard, as --name=value or --name value (dashes become underscores:

@@ -153,8 +153,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         from_env.pop("push_codec", None)
         # A recipe's outer momentum (lm-local) applies to local steps only.
         env_outer = from_env.pop("outer_momentum", None)
-        if (outer_momentum is None and isinstance(local_steps, int)
+        if (outer_momentum is None and env_outer is not None
+                and isinstance(local_steps, int)
                 and not isinstance(local_steps, bool) and local_steps > 1):
+            try:
+                _outer.check(env_outer, outer_nesterov, local_steps)
+            except ValueError as e:
+                raise ValueError(f"PSERVER_CLIENT_OPTIONS: {e}") from None
             outer_momentum = env_outer
         client_options = {**from_env, **client_options}
         if (not isinstance(local_steps, int) or isinstance(local_steps, bool)

@@ -170,3 +170,17 @@ def test_a_recipes_outer_momentum_applies_to_local_steps_only(
         model.named_parameters(), servers=addrs, worker_id=0, num_workers=1,
         push_codec="fp32", lr=0.1)
     assert opt._outer is None
+
+
+def test_a_recipes_bad_outer_momentum_is_refused_naming_the_variable(
+        shards, monkeypatch):
+    addrs = shards(1, 1, "--optimizer=sgd", "--lr=0.7", "--momentum=0",
+                   "--pull_codec=fp32")
+    monkeypatch.setenv("PSERVER_CLIENT_OPTIONS", '{"outer_momentum": "0.85"}')
+    model = Net(seed=1)
+    with pytest.raises(ValueError, match=r"PSERVER_CLIENT_OPTIONS: "
+                       r"outer_momentum is '0.85'; expected a number"):
+        pserver.torch.DistributedOptimizer(
+            model.named_parameters(), servers=addrs, worker_id=0,
+            num_workers=1, push_codec="fp32", local_steps=2,
+            inner_optimizer=torch.optim.SGD(model.parameters(), lr=0.05))

@@ -277,7 +277,8 @@ def test_client_options_from_the_environment_fill_what_is_not_given(
     ('["topk"]', "PSERVER_CLIENT_OPTIONS is an array; expected a JSON "
      "object"),
     ('{"push_codec": "topk", "lr": 0.1}', "PSERVER_CLIENT_OPTIONS has the "
-     "key 'lr', which is not a pserver.Client option; expected keys among "
+     "key 'lr', which is not a pserver.Client option nor outer_momentum; "
+     "expected keys among "
      "push_codec, "),
     ('{"local_steps": 4}', "the key 'local_steps', which is not"),
 ])

@@ -438,6 +438,17 @@ TEST(Checkpoint, LocalStepsAreTheJobsAndSurviveARestart) {
             absl::StatusCode::kFailedPrecondition);
   r.set_local_steps(16);
   EXPECT_TRUE((*restarted)->Register(r).ok());
+  // A restart with --local_steps other than the checkpoint's would refuse
+  // every worker one way or the other: it does not start.
+  c.local_steps = 8;
+  auto other = Shard::Create(c, nullptr);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find(
+                "checkpoint local_steps is 16; expected 8 (this shard's "
+                "--local_steps)"),
+            std::string::npos) << other.status();
+  c.local_steps = 16;
+  EXPECT_TRUE(Shard::Create(c, nullptr).ok());
 }
 
 // kill -9 while checkpoints are being written, at many points: whatever is
