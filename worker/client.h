@@ -243,6 +243,9 @@ class Client {
                                           uint64_t offset, double* max_abs);
   // Raises GradientBound() to at least `max_abs` (a checked range's).
   void NoteGradientBound(double max_abs);
+  // CheckGradientFinite over step_gradient_[begin, end), its max |value|
+  // noted: what a range must pass before it is marked ready.
+  absl::Status CheckReadyRange(uint64_t begin, uint64_t end);
   // The largest |value| over the ranges of this step's gradient checked so
   // far: a chunk is encoded only once its range is checked, so this bounds
   // it, and the encoder need not take a pass of its own to find that.

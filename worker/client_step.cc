@@ -58,6 +58,17 @@ absl::Status Client::Step(absl::Span<const float> gradient) {
   return FinishStep();
 }
 
+absl::Status Client::CheckReadyRange(uint64_t begin, uint64_t end) {
+  double max_abs = 0;
+  if (absl::Status st = CheckGradientFinite(
+          step_gradient_.subspan(begin, end - begin), begin, &max_abs);
+      !st.ok()) {
+    return st;
+  }
+  NoteGradientBound(max_abs);
+  return absl::OkStatus();
+}
+
 void Client::NoteGradientBound(double max_abs) {
   const uint32_t bits = AbsBits(static_cast<float>(max_abs));
   uint32_t now = gradient_bound_bits_.load(std::memory_order_relaxed);
@@ -159,13 +170,7 @@ absl::Status Client::GradientReady(uint64_t begin, uint64_t end) {
         "GradientReady() outside a step; call StartStep() first");
   }
   if (begin < end && end <= step_gradient_.size()) {
-    double max_abs = 0;
-    if (absl::Status st = CheckGradientFinite(
-            step_gradient_.subspan(begin, end - begin), begin, &max_abs);
-        !st.ok()) {
-      return st;
-    }
-    NoteGradientBound(max_abs);
+    if (absl::Status st = CheckReadyRange(begin, end); !st.ok()) return st;
   }
   return ready_.Mark(begin, end);
 }
@@ -179,13 +184,7 @@ absl::Status Client::FinishStep() {
   // non-finite value leaves the step in progress (fix it, call again).
   const std::vector<std::pair<uint64_t, uint64_t>> missing = ready_.Missing();
   for (const auto& [b, e] : missing) {
-    double max_abs = 0;
-    if (absl::Status st =
-            CheckGradientFinite(step_gradient_.subspan(b, e - b), b, &max_abs);
-        !st.ok()) {
-      return st;
-    }
-    NoteGradientBound(max_abs);
+    if (absl::Status st = CheckReadyRange(b, e); !st.ok()) return st;
   }
   for (const auto& [b, e] : missing) {
     // Disjoint from everything marked, by construction.

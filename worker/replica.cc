@@ -42,8 +42,9 @@ void Replica::BeginUpdate() {
 }
 
 const float* Replica::Values(size_t s, uint64_t offset, const Chunk& c) {
-  if (c.current) return weights_.data() + ranges_[s].begin + offset;
-  if (!c.kept) return staging_.data() + ranges_[s].begin + offset;
+  const uint64_t at = ranges_[s].begin + offset;
+  if (c.held == Held::kReplica) return weights_.data() + at;
+  if (c.held == Held::kStaging) return staging_.data() + at;
   if (scratch_.size() < c.size) scratch_.resize(c.size);
   absl::Span<float> out = absl::MakeSpan(scratch_).subspan(0, c.size);
   c.valid->AddInto(slice(s).subspan(offset, c.size), out);
@@ -126,21 +127,6 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
                                           : absl::StrCat(resp.kind()),
         "; expected PULL_KIND_DELTA, PULL_KIND_SNAPSHOT or PULL_KIND_CURRENT"));
   }
-  if (resp.kind() == v1::PULL_KIND_CURRENT) {
-    if (!resp.weights().payload().empty() || resp.later_deltas_size() > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a PULL_KIND_CURRENT answer carries ",
-          resp.weights().payload().size(), " payload bytes and ",
-          resp.later_deltas_size(), " later deltas; expected none"));
-    }
-    Chunk& c = chunks_[s][offset];
-    c.size = size;
-    c.kept = false;
-    c.current = true;
-    c.present = true;
-    HashStaged(s, offset, size);
-    return absl::OkStatus();
-  }
   const bool delta = resp.kind() == v1::PULL_KIND_DELTA;
   // A delta of at most a byte per element is kept encoded (the header).
   uint64_t bytes = resp.weights().payload().size();
@@ -150,11 +136,18 @@ absl::Status Replica::StageChunk(size_t s, uint64_t offset, uint64_t size,
   Chunk& c = chunks_[s][offset];
   c.present = false;
   c.size = size;
-  c.current = false;
-  c.kept = delta && bytes <= size;
-  if (c.kept) {
+  if (resp.kind() == v1::PULL_KIND_CURRENT) {
+    if (bytes > 0 || resp.later_deltas_size() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a PULL_KIND_CURRENT answer carries ", bytes, " payload bytes and ",
+          resp.later_deltas_size(), " later deltas; expected none"));
+    }
+    c.held = Held::kReplica;
+  } else if (delta && bytes <= size) {
+    c.held = Held::kKept;
     if (absl::Status st = Keep(resp, size, &c); !st.ok()) return st;
   } else {
+    c.held = Held::kStaging;
     // Checked once, then decoded with the codec's shared decoder: nothing
     // is allocated per pull.
     absl::StatusOr<ValidatedTensor> valid =
@@ -226,8 +219,8 @@ void Replica::Commit(uint64_t step) {
   for (const auto& shard : chunks_) {
     for (const auto& [offset, c] : shard) {
       if (!c.present) continue;
-      in_place |= c.kept || c.current;
-      any_staged |= !c.kept && !c.current;
+      in_place |= c.held != Held::kStaging;
+      any_staged |= c.held == Held::kStaging;
     }
   }
   if (!in_place) {
@@ -236,10 +229,9 @@ void Replica::Commit(uint64_t step) {
     for (size_t s = 0; s < chunks_.size(); ++s) {
       const uint64_t begin = ranges_[s].begin;
       for (const auto& [offset, c] : chunks_[s]) {
-        if (!c.present) continue;
-        if (c.current) continue;  // weights_ holds it
+        if (!c.present || c.held == Held::kReplica) continue;
         absl::Span<float> out = weights_.span().subspan(begin + offset, c.size);
-        if (c.kept) {
+        if (c.held == Held::kKept) {
           // The same arithmetic as Values: the bits FinishStage hashed.
           c.valid->AddInto(out, out);
           for (const ValidatedTensor& v : c.later_valid) {

@@ -106,11 +106,13 @@ class Replica {
   // or kept encoded (a compressed delta, with its validation tokens, which
   // point into this node: std::map nodes do not move). Nodes are reused
   // across updates (`present`), so a steady pull allocates nothing.
+  // Where a chunk's staged values are: decoded into staging_, kept encoded
+  // (added to weights_ at Commit), or weights_ itself (a CURRENT answer).
+  enum class Held { kStaging, kKept, kReplica };
   struct Chunk {
     bool present = false;
     uint64_t size = 0;
-    bool kept = false;
-    bool current = false;  // a CURRENT answer: the replica's own values
+    Held held = Held::kStaging;
     v1::EncodedTensor encoded;
     std::vector<v1::EncodedTensor> later;
     std::optional<ValidatedTensor> valid;
@@ -118,9 +120,8 @@ class Replica {
   };
   // Keeps resp's delta in `c`, validated. On error `c` is not present.
   absl::Status Keep(const v1::PullResponse& resp, uint64_t size, Chunk* c);
-  // Chunk (s, offset)'s staged values: in staging_, in weights_ (current),
-  // or for a kept chunk slice + delta computed into scratch_ (valid until
-  // the next call).
+  // Chunk (s, offset)'s staged values (see Held; a kept chunk's are slice
+  // + delta computed into scratch_, valid until the next call).
   const float* Values(size_t s, uint64_t offset, const Chunk& c);
 
   std::vector<ShardRange> ranges_;

@@ -151,16 +151,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if push_codec is None:
             push_codec = from_env.get("push_codec", "onebit")
         from_env.pop("push_codec", None)
-        # A recipe's outer momentum (lm-local) applies to local steps only.
         env_outer = from_env.pop("outer_momentum", None)
-        if (outer_momentum is None and env_outer is not None
-                and isinstance(local_steps, int)
-                and not isinstance(local_steps, bool) and local_steps > 1):
-            try:
-                _outer.check(env_outer, outer_nesterov, local_steps)
-            except ValueError as e:
-                raise ValueError(f"PSERVER_CLIENT_OPTIONS: {e}") from None
-            outer_momentum = env_outer
         client_options = {**from_env, **client_options}
         if (not isinstance(local_steps, int) or isinstance(local_steps, bool)
                 or not 1 <= local_steps <= 100000):
@@ -185,7 +176,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         elif inner_optimizer is not None:
             raise ValueError("inner_optimizer is set but local_steps is 1; "
                              "expected local_steps > 1 with it")
-        _outer.check(outer_momentum, outer_nesterov, local_steps)
+        # A recipe's outer momentum (lm-local) applies to local steps only.
+        from_recipe = (outer_momentum is None and env_outer is not None
+                       and local_steps > 1)
+        if from_recipe:
+            outer_momentum = env_outer
+        try:
+            _outer.check(outer_momentum, outer_nesterov, local_steps)
+        except ValueError as e:
+            if from_recipe:
+                raise ValueError(f"PSERVER_CLIENT_OPTIONS: {e}") from None
+            raise
         if max_grad_norm is not None:
             max_grad_norm = _groups.hyper_value(max_grad_norm,
                                                 "max_grad_norm")

@@ -372,6 +372,19 @@ TEST(Checkpoint, LostRoundPushAfterASecondFastForwardIsAcknowledged) {
   RunRounds(*a, 5, 7);
 }
 
+// `r` is refused FAILED_PRECONDITION, CONFIG_MISMATCH, with `message`,
+// and the shard's state is as it was.
+void ExpectLocalStepsRefused(Shard& shard, const v1::RegisterRequest& r,
+                             const std::string& message) {
+  const uint64_t before = shard.Status().state_checksum();
+  auto refused = shard.Register(r);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(message), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(ReasonOf(refused.status()), v1::REJECT_REASON_CONFIG_MISMATCH);
+  EXPECT_EQ(shard.Status().state_checksum(), before);
+}
+
 // A shard started with --local_steps refuses a worker with another value,
 // the installer included, before anything is installed, and takes one with
 // it; the value is bounded like a Register's.
@@ -381,15 +394,9 @@ TEST(Checkpoint, AShardsLocalStepsFlagRefusesOtherValues) {
   const std::vector<float> x0 = InitialWeights(kSmallElements);
   auto shard = Shard::Create(c, nullptr);
   ASSERT_TRUE(shard.ok()) << shard.status();
-  const uint64_t before = (*shard)->Status().state_checksum();
   v1::RegisterRequest r0 = RegisterRequestFor(0, 2, x0);  // local_steps 0: 1
-  auto refused = (*shard)->Register(r0);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.status().message().find(
-                "local_steps is 1; expected 16 (this shard's --local_steps)"),
-            std::string::npos) << refused.status();
-  EXPECT_EQ(ReasonOf(refused.status()), v1::REJECT_REASON_CONFIG_MISMATCH);
-  EXPECT_EQ((*shard)->Status().state_checksum(), before);
+  ExpectLocalStepsRefused(
+      **shard, r0, "local_steps is 1; expected 16 (this shard's --local_steps)");
   EXPECT_FALSE((*shard)->Status().model_registered());
   r0.set_local_steps(16);
   ASSERT_TRUE((*shard)->Register(r0).ok());
@@ -414,14 +421,9 @@ TEST(Checkpoint, LocalStepsAreTheJobsAndSurviveARestart) {
     v1::RegisterRequest r0 = RegisterRequestFor(0, 2, x0);
     r0.set_local_steps(16);
     ASSERT_TRUE((*shard)->Register(r0).ok());
-    const uint64_t before = (*shard)->Status().state_checksum();
     v1::RegisterRequest r1 = RegisterRequestFor(1, 2, x0);  // local_steps 0: 1
-    auto refused = (*shard)->Register(r1);
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(refused.status().message().find(
-                  "local_steps is 1; the job pushes every 16 local steps"),
-              std::string::npos) << refused.status();
-    EXPECT_EQ((*shard)->Status().state_checksum(), before);
+    ExpectLocalStepsRefused(
+        **shard, r1, "local_steps is 1; the job pushes every 16 local steps");
     v1::RegisterRequest huge = RegisterRequestFor(1, 2, x0);
     huge.set_local_steps(kMaxJobLocalSteps + 1);
     EXPECT_EQ((*shard)->Register(huge).status().code(),

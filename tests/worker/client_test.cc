@@ -164,10 +164,7 @@ INSTANTIATE_TEST_SUITE_P(
 // not; the replicas are the installer's weights either way.
 TEST(ClientReplica, RegisterPullsNothingWithTheShardsWeightsElseASnapshot) {
   constexpr uint32_t kShards = 2;
-  OptimizerConfig opt;
-  opt.kind = OptimizerKind::kSgd;
-  opt.lr = 0.05f;
-  auto cluster = StartCluster(kShards, 3, opt, v1::CODEC_ONEBIT);
+  auto cluster = StartCluster(kShards, 3, ExactSgd(), v1::CODEC_ONEBIT);
   ASSERT_NE(cluster, nullptr);
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
