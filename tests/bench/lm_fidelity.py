@@ -832,6 +832,11 @@ def parse():
                    "%(default)s); complete runs there are reused")
     p.add_argument("--out", default=str(ROOT / "results/lm_fidelity"),
                    help="the report's folder")
+    p.add_argument("--restore", metavar="JSON",
+                   help="first write the runs of a report's lm_fidelity.json "
+                   "into WORK where WORK has none of its own (to add rows or "
+                   "seeds to a committed table, e.g. --restore "
+                   "tests/bench/results/lm_fidelity.json)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: the report of the complete runs in WORK "
                    "(only --runs/--seeds when given)")
@@ -861,8 +866,28 @@ def parse():
     return a, explicit
 
 
+def restore(source, work):
+    """Writes the runs of a report's JSON into WORK as the result.json
+    files they were made from, keeping any complete run WORK has (a run is
+    reused only when its recipe is still the row's)."""
+    doc = json.loads(pathlib.Path(source).read_text())
+    written = kept = 0
+    for r in doc.get("runs", []):
+        rd = work / r["row"] / str(int(r["seed"]))
+        if load_result(rd) is not None:
+            kept += 1
+            continue
+        rd.mkdir(parents=True, exist_ok=True)
+        (rd / "result.json").write_text(json.dumps(r, indent=1))
+        written += 1
+    print(f"lm_fidelity: restored {written} run(s) from {source} into {work} "
+          f"({kept} already there, kept)", file=sys.stderr)
+
+
 def main():
     args, explicit = parse()
+    if args.restore:
+        restore(args.restore, args.work)
     if args.report_only:
         results, failures = load_table(args, *explicit), []
     else:

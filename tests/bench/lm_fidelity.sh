@@ -14,6 +14,7 @@
 #   SEEDS=1 STEPS=30 RUNS="adamw ddp_fp32" tests/bench/lm_fidelity.sh --size small
 #   tests/bench/lm_fidelity.sh --report-only        # the report again from WORK
 #   tests/bench/lm_fidelity.sh --extra-row NAME "SHARD FLAGS" "SCRIPT FLAGS"
+#   tests/bench/lm_fidelity.sh --restore tests/bench/results/lm_fidelity.json  # then add rows
 #
 # Variables: SEEDS ("1 2 3"), RUNS (the default rows), STEPS (2000), BUILD
 # (./build), OUT (the report's folder, results/lm_fidelity; --results:
