@@ -10,10 +10,6 @@
 #include "common/norms.h"
 
 namespace pserver {
-namespace {
-
-// out = beta u + (1 - beta) g (the workers' momentum); returns the largest
-// AbsBits of out (common/norms.h), taken in the same pass.
 PSERVER_CLONES_AVX2 uint32_t MixTaking(float beta, const float* __restrict u,
                                        const float* __restrict g,
                                        float* __restrict out, size_t n) {
@@ -24,8 +20,6 @@ PSERVER_CLONES_AVX2 uint32_t MixTaking(float beta, const float* __restrict u,
   }
   return top;
 }
-
-}  // namespace
 
 bool IsSparseCodec(v1::Codec codec) {
   return codec == v1::CODEC_TOPK || codec == v1::CODEC_RANDOMK ||

@@ -13,6 +13,7 @@
 #ifndef PSERVER_WORKER_PUSH_ENCODER_H_
 #define PSERVER_WORKER_PUSH_ENCODER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -28,6 +29,12 @@
 #include "worker/preconditioner.h"
 
 namespace pserver {
+
+// out = beta u + (1 - beta) g (the workers' momentum); returns the largest
+// AbsBits of out (common/norms.h), taken in the same pass: MaxAbsOfBits of
+// it is the bound the error feedback gets. The arrays must not overlap.
+uint32_t MixTaking(float beta, const float* u, const float* g, float* out,
+                   size_t n);
 
 struct PushCodecs {
   v1::Codec push = v1::CODEC_ONEBIT;

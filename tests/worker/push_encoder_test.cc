@@ -253,6 +253,34 @@ TEST(PushEncoderBound, TheCallersAndTheEncodersBoundsGiveTheSamePayloads) {
   }
 }
 
+// The workers' momentum kernel writes beta u + (1 - beta) g element by
+// element (the vector loop's arithmetic is the scalar one's) and returns
+// the bits whose MaxAbsOfBits is exactly MaxAbs of what it wrote, at every
+// length (the vector loop's tail included), +inf once a value is not
+// finite.
+TEST(PushEncoderBound, TheMomentumLoopTakesTheMaxAbsOfItsOutput) {
+  const std::vector<float> u = RandomGradient(7), g = RandomGradient(8);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{33},
+                   size_t{kN}}) {
+    std::vector<float> out(n, -1.0f);
+    const uint32_t top = MixTaking(kBeta, u.data(), g.data(), out.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[i], kBeta * u[i] + (1.0f - kBeta) * g[i])
+          << "n " << n << " element " << i;
+    }
+    EXPECT_EQ(MaxAbsOfBits(top), MaxAbs(out)) << "n " << n;
+  }
+  // The largest magnitude from a negative value, in the tail.
+  std::vector<float> big = g, out(kN);
+  big[kN - 1] = -1000.0f;
+  const uint32_t top = MixTaking(kBeta, u.data(), big.data(), out.data(), kN);
+  EXPECT_EQ(MaxAbsOfBits(top), std::fabs(out[kN - 1]));
+  EXPECT_GT(std::fabs(out[kN - 1]), 90.0f);
+  big[3] = NAN;
+  EXPECT_EQ(MaxAbsOfBits(MixTaking(kBeta, u.data(), big.data(), out.data(), kN)),
+            INFINITY);
+}
+
 // Apply's max_abs is MaxAbs of what it wrote, +inf for a non-finite value.
 TEST(Preconditioner, ApplyTakesTheMaxAbsOfItsOutput) {
   std::vector<float> v = RandomGradient(5);
