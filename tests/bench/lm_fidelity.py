@@ -72,7 +72,10 @@ import train_gpt  # noqa: E402
 # The common recipe; each key is a flag of this driver and of train_gpt.py.
 RECIPE = {"size": "bench", "steps": 2000, "batch": 16, "warmup": 100,
           "lr": 2e-3, "min_lr_ratio": 0.1, "weight_decay": 0.1,
-          "beta1": 0.9, "beta2": 0.99, "clip": 1.0, "eval_every": 250}
+          "beta1": 0.9, "beta2": 0.99, "clip": 1.0, "eval_every": 250,
+          "max_bytes": 2_000_000}
+# Runs stored before a key of RECIPE existed ran with this value of it.
+RECIPE_BEFORE = {"max_bytes": 2_000_000}
 WORKERS = 2
 SHARDS = 2
 SEEDS = [1, 2, 3]
@@ -291,7 +294,7 @@ def _ddp_rank(rank, rec, seed, port, work):
     cfg = {"default": gpt.GPTConfig, "bench": gpt.GPTConfig.bench,
            "small": gpt.GPTConfig.small}[c["size"]]()
     batch = c["batch"] // WORKERS
-    train, val = gpt.load_corpus(d.corpus_dir, d.max_bytes)
+    train, val = gpt.load_corpus(d.corpus_dir, c["max_bytes"])
     torch.manual_seed(seed)
     model = gpt.GPT(cfg)
     model.ln_f.bias.requires_grad_(False)
@@ -373,7 +376,11 @@ def load_result(work):
         r = json.loads((work / "result.json").read_text())
     except (OSError, ValueError):
         return None
-    return r if "final_val_loss" in r and "recipe" in r else None
+    if "final_val_loss" not in r or "recipe" not in r:
+        return None
+    for key, value in RECIPE_BEFORE.items():
+        r["recipe"]["common"].setdefault(key, value)
+    return r
 
 
 def run_one(name, seed, rec, args, work):
@@ -552,7 +559,8 @@ def settings_lines(rows, results):
              f"cosine to {c['min_lr_ratio']} x), weight decay "
              f"{c['weight_decay']} (not on biases, norms, embeddings), betas "
              f"{c['beta1']} {c['beta2']}, clip {c['clip']}, validation every "
-             f"{c['eval_every']} steps; ln_f.bias frozen. pserver: "
+             f"{c['eval_every']} steps; ln_f.bias frozen; the first "
+             f"{c['max_bytes']:,} bytes of the corpus. pserver: "
              f"{SHARDS} shards (python3 -m pserver.launch). PowerSGD rank "
              f"{POWERSGD_RANK} from step {c['warmup']}, one bucket."]
     if len(commons) > 1:
