@@ -354,3 +354,22 @@ def test_the_local_recipe_runs_local_steps_and_refuses_a_script_without(
     assert "local_steps is 1; expected 16 (this shard's --local_steps)" in \
         text, text
     no_process_left(refused_dir)
+
+
+def test_the_local_recipe_takes_another_h_from_the_shards_flag(tmp_path):
+    """Longer runs keep about as many rounds with more local steps a round
+    (tests/bench/results/lm_long: H = 80 in 8000 steps): --local_steps=H
+    after --recipe lm-local wins over the recipe's 16, and the shards then
+    accept a script that runs H local steps."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    p = launcher(run_dir, "--shards", "1", "--workers", "1",
+                 "--recipe", "lm-local", "--local_steps=4", RECIPE_WORKER,
+                 str(out), "8", "4")
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 0, text
+    seen = json.loads((out / "rank0.json").read_text())
+    assert seen["global_step"] == 8
+    assert seen["stats"]["steps"] == 2, seen["stats"]  # two rounds of 4
+    assert seen["outer_beta"] == pytest.approx(0.85)
+    no_process_left(run_dir)

@@ -149,6 +149,17 @@ ROWS = {
                                     "--lr 0.6",
                            "script": "--local-steps 16 --push-codec quantize "
                                      "--bits 2 --outer-momentum 0.85"},
+    # The same with H = 72 and 80 (about 1000x and 1100x less traffic than
+    # ps_fp32): for the long table (STEPS=8000 --max-bytes 5000000, about
+    # 110 and 100 rounds, as H = 16 has in 2000 steps); in 2000 steps they
+    # have too few rounds (H = 72: +6.4%, results/lm_local_steps).
+    **{f"diloco_h{h}_q2_b085": {
+        "kind": "ps",
+        "shard": "--optimizer sgd --momentum=0 "
+                 f"--weight_decay=0 {LONG_LEASE} "
+                 "--pull-codec quantize --pull_bits=2 --lr 0.6",
+        "script": f"--local-steps {h} --push-codec quantize "
+                  "--bits 2 --outer-momentum 0.85"} for h in (72, 80)},
     "diloco_h16_onebit_wm": {"kind": "ps",
                              "shard": "--optimizer sgd --momentum=0 --lr 0.7 "
                                       "--weight_decay=0 --pull-codec onebit",
