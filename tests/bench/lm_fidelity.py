@@ -72,10 +72,12 @@ import train_gpt  # noqa: E402
 # The common recipe; each key is a flag of this driver and of train_gpt.py.
 RECIPE = {"size": "bench", "steps": 2000, "batch": 16, "warmup": 100,
           "lr": 2e-3, "min_lr_ratio": 0.1, "weight_decay": 0.1,
-          "beta1": 0.9, "beta2": 0.99, "clip": 1.0, "eval_every": 250,
-          "max_bytes": 2_000_000}
-# Runs stored before a key of RECIPE existed ran with this value of it.
-RECIPE_BEFORE = {"max_bytes": 2_000_000}
+          "beta1": 0.9, "beta2": 0.99, "clip": 1.0, "eval_every": 250}
+# The corpus: the first MAX_BYTES bytes (train_gpt.py's default) unless
+# --max-bytes says otherwise (a longer table trains on more text). Only
+# another value is part of a run's recipe, so the runs made before the
+# option, here and in time_to_loss.py, are still this recipe's.
+MAX_BYTES = 2_000_000
 WORKERS = 2
 SHARDS = 2
 SEEDS = [1, 2, 3]
@@ -212,6 +214,9 @@ def recipe(name, args):
     only when this matches."""
     row = args.rows[name]
     common = {k: getattr(args, k) for k in RECIPE}
+    max_bytes = getattr(args, "max_bytes", MAX_BYTES)  # time_to_loss.py's
+    if max_bytes != MAX_BYTES:
+        common["max_bytes"] = max_bytes
     r = {"row": name, "kind": row["kind"], "common": common,
          "workers": 1 if row["kind"] == "adamw" else WORKERS}
     if row["kind"] == "ddp":
@@ -229,7 +234,7 @@ def recipe(name, args):
 def script_flags(common):
     """train_gpt.py's flags for the common recipe."""
     out = []
-    for key in RECIPE:
+    for key in common:
         out += ["--" + key.replace("_", "-"), str(common[key])]
     return out
 
@@ -305,7 +310,7 @@ def _ddp_rank(rank, rec, seed, port, work):
     cfg = {"default": gpt.GPTConfig, "bench": gpt.GPTConfig.bench,
            "small": gpt.GPTConfig.small}[c["size"]]()
     batch = c["batch"] // WORKERS
-    train, val = gpt.load_corpus(d.corpus_dir, c["max_bytes"])
+    train, val = gpt.load_corpus(d.corpus_dir, c.get("max_bytes", MAX_BYTES))
     torch.manual_seed(seed)
     model = gpt.GPT(cfg)
     model.ln_f.bias.requires_grad_(False)
@@ -387,11 +392,7 @@ def load_result(work):
         r = json.loads((work / "result.json").read_text())
     except (OSError, ValueError):
         return None
-    if "final_val_loss" not in r or "recipe" not in r:
-        return None
-    for key, value in RECIPE_BEFORE.items():
-        r["recipe"]["common"].setdefault(key, value)
-    return r
+    return r if "final_val_loss" in r and "recipe" in r else None
 
 
 def run_one(name, seed, rec, args, work):
@@ -570,8 +571,9 @@ def settings_lines(rows, results):
              f"cosine to {c['min_lr_ratio']} x), weight decay "
              f"{c['weight_decay']} (not on biases, norms, embeddings), betas "
              f"{c['beta1']} {c['beta2']}, clip {c['clip']}, validation every "
-             f"{c['eval_every']} steps; ln_f.bias frozen; the first "
-             f"{c['max_bytes']:,} bytes of the corpus. pserver: "
+             f"{c['eval_every']} steps; ln_f.bias frozen"
+             + (f"; the first {c['max_bytes']:,} bytes of the corpus"
+                if "max_bytes" in c else "") + ". pserver: "
              f"{SHARDS} shards (python3 -m pserver.launch). PowerSGD rank "
              f"{POWERSGD_RANK} from step {c['warmup']}, one bucket."]
     if len(commons) > 1:
@@ -841,6 +843,9 @@ def parse():
         else:
             rec.add_argument(flag, type=type(value), default=value,
                              help=f"default {value}")
+    rec.add_argument("--max-bytes", type=int, default=MAX_BYTES,
+                     help="the corpus's first bytes to train and validate "
+                     f"on (default {MAX_BYTES:,}, train_gpt.py's)")
     p.add_argument("--extra-row", nargs=3, action="append", default=[],
                    metavar=("NAME", "SHARD_FLAGS", "SCRIPT_FLAGS"),
                    help="another pserver row (run after RUNS), e.g. "
