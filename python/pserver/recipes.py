@@ -22,7 +22,12 @@ ps_onebit and ps_topk; figures in tests/bench/results/lm_fidelity.md):
              other H), each worker keeps the outer Nesterov momentum at 0.85
              and pushes its step at 2 bits, the shards apply the mean with
              SGD at lr 0.6 and answer with 2-bit pulls. No freeze, no
-             schedule (NAME only).
+             schedule (NAME only). H = 16 suits a run of about 2000 steps
+             (125 rounds); a longer run keeps about as many rounds with a
+             larger H: give the shards --local_steps=H after the recipe
+             (the last flag wins) and run H local steps in the script
+             (H = 80 over 8000 steps, 1138x less traffic than fp32: row
+             diloco_h80_q2_b085 of tests/bench/results/lm_long/).
 
 FREEZE is 1-bit Adam's --freeze_step (the shards keep the variance of that
 round for the rest of the run) and the round at which the schedule leaves
