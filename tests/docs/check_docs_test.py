@@ -48,6 +48,26 @@ def test_a_figure_missing_from_the_named_file_fails(tree):
     assert code == 1 and "README.md:3: figure 87.95" in out, out
 
 
+def test_a_results_file_in_a_subfolder_is_a_source_too(tree):
+    """A table kept in a folder of its own (results/lm_long/) names its
+    figures as a top-level one does, and a figure found in neither file
+    fails."""
+    long = tree / "tests" / "bench" / "results" / "long"
+    long.mkdir()
+    (long / "table.md").write_text("| h80 | 1.2799 | +0.14% |\n")
+    doc = write(tree, "README.md",
+                "# x\n\nAdam 87.94 ([a](tests/bench/results/fidelity.md)), "
+                "local steps +0.14% ([b](tests/bench/results/long/table.md)).\n")
+    code, out = run(tree, doc)
+    assert code == 0, out
+    doc = write(tree, "README.md",
+                "# x\n\nLocal steps 1.2798 "
+                "([b](tests/bench/results/long/table.md)).\n")
+    code, out = run(tree, doc)
+    assert code == 1 and ("figure 1.2798 is in none of "
+                          "tests/bench/results/long/table.md") in out, out
+
+
 def test_the_readme_must_name_a_source_for_every_figure(tree):
     doc = write(tree, "README.md", "# x\n\nIt is 12.1x smaller.\n\n`--lr 0.001` is fine in code.\n")
     code, out = run(tree, doc)
