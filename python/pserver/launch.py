@@ -32,8 +32,8 @@ Launcher options:
                       times the learning rate's warmup), or lm-local (local
                       steps: the script runs 16 steps of its own optimizer
                       between pushes, DistributedOptimizer local_steps=16
-                      with an inner_optimizer; another H with
-                      --local_steps=H after it). Writes its schedule, if it
+                      with an inner_optimizer; another H with your
+                      --local_steps=H). Writes its schedule, if it
                       has one, to <run dir>/recipe_NAME.txtpb, puts its
                       shard flags before yours (a flag you give again wins:
                       the daemon takes the last one) and gives the workers

@@ -24,8 +24,9 @@ ps_onebit and ps_topk; figures in tests/bench/results/lm_fidelity.md):
              SGD at lr 0.6 and answer with 2-bit pulls. No freeze, no
              schedule (NAME only). H = 16 suits a run of about 2000 steps
              (125 rounds); a longer run keeps about as many rounds with a
-             larger H: give the shards --local_steps=H after the recipe
-             (the last flag wins) and run H local steps in the script
+             larger H: give the shards --local_steps=H too (the launcher
+             puts yours after the recipe's: yours wins) and run H local
+             steps in the script
              (H = 80 over 8000 steps, 1138x less traffic than fp32: row
              diloco_h80_q2_b085 of tests/bench/results/lm_long/).
 

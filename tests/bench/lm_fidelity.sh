@@ -15,8 +15,9 @@
 #   tests/bench/lm_fidelity.sh --report-only        # the report again from WORK
 #   tests/bench/lm_fidelity.sh --extra-row NAME "SHARD FLAGS" "SCRIPT FLAGS"
 #   tests/bench/lm_fidelity.sh --restore tests/bench/results/lm_fidelity.json  # then add rows
-#   STEPS=8000 RUNS="adamw ps_fp32 diloco_h80_q2_b085" tests/bench/lm_fidelity.sh \
-#     --max-bytes 5000000                           # the long table (results/lm_long)
+#   STEPS=8000 RUNS="adamw ps_fp32 diloco_h72_q2_b085 diloco_h80_q2_b085" \
+#     WORK=/tmp/lm_long OUT=tests/bench/results/lm_long \
+#     tests/bench/lm_fidelity.sh --max-bytes 5000000  # the long table
 #
 # Variables: SEEDS ("1 2 3"), RUNS (the default rows), STEPS (2000), BUILD
 # (./build), OUT (the report's folder, results/lm_fidelity; --results:
@@ -37,7 +38,7 @@ report_only=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --results) OUT="$ROOT/tests/bench/results"; shift ;;
-    -h|--help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --report-only) report_only=1; pass+=("$1"); shift ;;
     *) pass+=("$1"); shift ;;
   esac

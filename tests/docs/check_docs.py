@@ -13,7 +13,7 @@ file or folder of the tree, and a #anchor to a heading of the target file
 Figures: the text is cut into blocks at blank lines (fenced code is left
 out). A block names a results file when it links to, or gives the path or
 the backticked name of, a .md, .json, .txt or .csv file under
-tests/bench/results/ or a folder of it (its README excepted); a table with none is named by
+tests/bench/results/ or a folder of it (READMEs excepted); a table with none is named by
 the block just above it (its caption). In such a block every number with a
 decimal point outside backticks (87.94, 3.46x, +1.39%) must be a number of
 one of the named files at the figure's precision; a fraction in the file
@@ -161,7 +161,7 @@ class Checker:
             if (path and os.path.isfile(path) and path.endswith(SOURCE_SUFFIXES)
                     and (os.path.dirname(path) + os.sep).startswith(
                         self.results + os.sep)
-                    and path != os.path.join(self.results, "README.md")
+                    and os.path.basename(path) != "README.md"
                     and path not in found):
                 found.append(path)
         return found

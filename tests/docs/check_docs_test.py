@@ -66,6 +66,16 @@ def test_a_results_file_in_a_subfolder_is_a_source_too(tree):
     code, out = run(tree, doc)
     assert code == 1 and ("figure 1.2798 is in none of "
                           "tests/bench/results/long/table.md") in out, out
+    # A folder beside results/ whose name starts the same is not results.
+    other = tree / "tests" / "bench" / "results-old"
+    other.mkdir()
+    (other / "table.md").write_text("| h80 | 1.2798 |\n")
+    doc = write(tree, "README.md",
+                "# x\n\nLocal steps 1.2798 "
+                "([b](tests/bench/results-old/table.md)).\n")
+    code, out = run(tree, doc)
+    assert code == 1 and "figure 1.2798: its block names no results file" \
+        in out, out
 
 
 def test_the_readme_must_name_a_source_for_every_figure(tree):
