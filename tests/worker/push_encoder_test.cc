@@ -270,12 +270,18 @@ TEST(PushEncoderBound, TheMomentumLoopTakesTheMaxAbsOfItsOutput) {
     }
     EXPECT_EQ(MaxAbsOfBits(top), MaxAbs(out)) << "n " << n;
   }
-  // The largest magnitude from a negative value, in the tail.
+  // The largest magnitude from a negative value, in the scalar tail (33
+  // is no multiple of the vector width) and in the vector body.
   std::vector<float> big = g, out(kN);
-  big[kN - 1] = -1000.0f;
-  const uint32_t top = MixTaking(kBeta, u.data(), big.data(), out.data(), kN);
-  EXPECT_EQ(MaxAbsOfBits(top), std::fabs(out[kN - 1]));
-  EXPECT_GT(std::fabs(out[kN - 1]), 90.0f);
+  big[32] = -1000.0f;
+  uint32_t top = MixTaking(kBeta, u.data(), big.data(), out.data(), 33);
+  EXPECT_EQ(MaxAbsOfBits(top), std::fabs(out[32]));
+  EXPECT_GT(std::fabs(out[32]), 90.0f);
+  big[32] = g[32];
+  big[17] = -1000.0f;
+  top = MixTaking(kBeta, u.data(), big.data(), out.data(), 33);
+  EXPECT_EQ(MaxAbsOfBits(top), std::fabs(out[17]));
+  EXPECT_GT(std::fabs(out[17]), 90.0f);
   big[3] = NAN;
   EXPECT_EQ(MaxAbsOfBits(MixTaking(kBeta, u.data(), big.data(), out.data(), kN)),
             INFINITY);
