@@ -77,7 +77,7 @@ RECIPE = {"size": "bench", "steps": 2000, "batch": 16, "warmup": 100,
 # --max-bytes says otherwise (a longer table trains on more text). Only
 # another value is part of a run's recipe, so the runs made before the
 # option, here and in time_to_loss.py, are still this recipe's.
-MAX_BYTES = 2_000_000
+MAX_BYTES = train_gpt.parse_args([]).max_bytes
 WORKERS = 2
 SHARDS = 2
 SEEDS = [1, 2, 3]
@@ -152,8 +152,8 @@ ROWS = {
                            "script": "--local-steps 16 --push-codec quantize "
                                      "--bits 2 --outer-momentum 0.85"},
     # The same with H = 72 and 80 (about 1000x and 1100x less traffic than
-    # ps_fp32): for the long table (STEPS=8000 --max-bytes 5000000, about
-    # 110 and 100 rounds, as H = 16 has in 2000 steps); in 2000 steps they
+    # ps_fp32): for the long table (STEPS=8000 --max-bytes 5000000, 112
+    # and 100 rounds, about as many as H = 16 has in 2000 steps); in 2000 steps they
     # have too few rounds (H = 72: +6.4%, results/lm_local_steps).
     **{f"diloco_h{h}_q2_b085": {
         "kind": "ps",
@@ -890,6 +890,17 @@ def parse():
     return a, explicit
 
 
+def restore_run(rd, r, load):
+    """Writes run r as rd/result.json unless rd holds a complete run already
+    (load(rd) is not None: that one is kept). True if written. Shared with
+    time_to_loss.py's restore."""
+    if load(rd) is not None:
+        return False
+    rd.mkdir(parents=True, exist_ok=True)
+    (rd / "result.json").write_text(json.dumps(r, indent=1))
+    return True
+
+
 def restore(source, work):
     """Writes the runs of a report's JSON into WORK as the result.json
     files they were made from, keeping any complete run WORK has (a run is
@@ -897,13 +908,10 @@ def restore(source, work):
     doc = json.loads(pathlib.Path(source).read_text())
     written = kept = 0
     for r in doc.get("runs", []):
-        rd = work / r["row"] / str(int(r["seed"]))
-        if load_result(rd) is not None:
+        if restore_run(work / r["row"] / str(int(r["seed"])), r, load_result):
+            written += 1
+        else:
             kept += 1
-            continue
-        rd.mkdir(parents=True, exist_ok=True)
-        (rd / "result.json").write_text(json.dumps(r, indent=1))
-        written += 1
     print(f"lm_fidelity: restored {written} run(s) from {source} into {work} "
           f"({kept} already there, kept)", file=sys.stderr)
 

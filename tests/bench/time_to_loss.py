@@ -659,12 +659,10 @@ def restore(args):
                 raise SystemExit(f"time_to_loss.py restore: {args.source}: a run "
                                  f"of rate {s['rate']!r} under {rate!r}")
             rd = args.work / rate / s["row"] / str(int(s["seed"]))
-            if load_result(rd) is not None:
+            if lmf.restore_run(rd, r, load_result):
+                written += 1
+            else:
                 kept += 1
-                continue
-            rd.mkdir(parents=True, exist_ok=True)
-            (rd / "result.json").write_text(json.dumps(r, indent=1))
-            written += 1
     print(f"time_to_loss: restored {written} run(s) from {args.source} into "
           f"{args.work} ({kept} already there, kept)", file=sys.stderr)
 
