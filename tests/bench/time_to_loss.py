@@ -90,6 +90,12 @@ GOALS = [(100e6, ["ps_onebit", "ps_onebit_colocated"], 5),
          (100e6, ["diloco_h16_q8", "diloco_h16_onebit", "diloco_h16_q2_wm",
                   "diloco_h16_q2_b085", "localsgd_h4_q8"], 10),
          (1e9, ["ps_onebit", "ps_onebit_colocated"], 2)]
+# Machines of this kind have differed by about 1.5x in compute from one day
+# to the next. Runs of one row do the same work per step, so when their
+# workers' CPU seconds per step (worker_speed) differ by more than this
+# factor, the runs were made on machines of different speed and the row's
+# median mixes them: the report marks such rows.
+MACHINE_SPREAD = 1.2
 # Where each layout puts the shards: (hosts, shards).
 LAYOUTS = {"dedicated": ("2 shard hosts", SHARDS),
            "colocated": ("one beside each worker, on its host", WORKERS)}
@@ -361,6 +367,24 @@ def step_costs(r):
             max(sum(per.values()) / cores, max(per.values(), default=0.0)))
 
 
+def worker_speed(r):
+    """The median CPU seconds per step of r's workers other than rank 0
+    (whose evaluations add to its own): the same for every run of a row on
+    one machine, larger on a slower one. None without such workers."""
+    others = [c["per_step"] for p, c in r["cpu"].items()
+              if p.startswith("w") and p != "w0"]
+    return statistics.median(others) if others else None
+
+
+def machine_spread(rs):
+    """(slowest / fastest worker_speed, fastest, slowest) over the runs rs;
+    (1.0, x, x) for a single run."""
+    speeds = [s for s in map(worker_speed, rs) if s]
+    if not speeds:
+        return (1.0, None, None)
+    return (max(speeds) / min(speeds), min(speeds), max(speeds))
+
+
 def summarise(results):
     """{rate: [row dict]} in the order of the results."""
     by = {}
@@ -392,12 +416,17 @@ def summarise(results):
                 "cpu_s_per_step": statistics.median(c[1] for c in costs),
                 "final_val_loss": statistics.median(r["final_val_loss"]
                                                     for r in rs),
+                "machine_spread": machine_spread(rs),
                 "runs": rs})
         base = next((r for r in out[rate] if r["row"] == BASELINE), None)
         for r in out[rate]:
             r["speedup"] = (speedup(base["median"], r["median"]) if base
                             else (None, None))
     return out
+
+
+def mixes_machines(row):
+    return row["machine_spread"][0] > MACHINE_SPREAD
 
 
 def verdicts(rate_bps, rows):
@@ -420,8 +449,12 @@ def verdicts(rate_bps, rows):
                            f"({describe(r['median'], short=True)} against "
                            f"{describe(by[BASELINE]['median'], short=True)})"
                            for r, _ in each)
+        mixed = [r["row"] for r in present + [by[BASELINE]]
+                 if mixes_machines(r)]
+        note = (f" (runs of {', '.join(mixed)} from machines of different "
+                "speed, marked *)" if mixed else "")
         out.append((f"- {label}: at least {goal}x sooner than {BASELINE}: "
-                    f"{best[1]}; {detail}", best[1],
+                    f"{best[1]}; {detail}{note}", best[1],
                     best[0]["speedup"][0]))
     return out
 
@@ -451,17 +484,30 @@ def markdown(summary, rates, meta, failures):
                 " CPU s/step / cores | busiest link MB | CPU s/step shard | CPU "
                 f"s/step worker (rank 0) | sooner than {BASELINE} | final "
                 "val loss |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        mixed = [r for r in rows if mixes_machines(r)]
         for r in rows:
             per = " / ".join(describe(a, short=True) for a in r["arrivals"])
             shard = ("-" if r["cpu_shard"] is None
                      else f"{r['cpu_shard']:.3f}")
+            mark = " *" if r in mixed else ""
             out.append(
-                f"| {r['row']} | {describe(r['median'], short=True)} | "
+                f"| {r['row']}{mark} | {describe(r['median'], short=True)} | "
                 f"[{per}] | {r['step_seconds']:.3f} | {r['wire_s_per_step']:.3f} | "
                 f"{r['cpu_s_per_step']:.3f} | {r['busiest_mb']:.0f} | "
                 f"{shard} | {r['cpu_worker']:.3f} ({r['cpu_rank0']:.3f}) | "
                 f"{show_speedup(r['speedup'])} | {r['final_val_loss']:.4f} |")
         out.append("")
+        if mixed:
+            out += ["\\* Runs made on machines of different speed: their "
+                    "workers' CPU seconds per step (the same work) differ by "
+                    f"more than {MACHINE_SPREAD:g}x ("
+                    + "; ".join(f"{r['row']} {r['machine_spread'][1]:.3f} to "
+                                f"{r['machine_spread'][2]:.3f} s, "
+                                f"{r['machine_spread'][0]:.2f}x"
+                                for r in mixed)
+                    + "), so the median mixes machines, and a ratio to a "
+                    "row measured on another machine is not one machine's.",
+                    ""]
         lines = verdicts(bps, rows)
         out += [line for line, _, _ in lines] + ([""] if lines else [])
     if failures:

@@ -208,3 +208,50 @@ def test_restore_writes_a_reports_runs_back_and_the_report_reads_them(
     assert ttl.report(b) == 0
     second = (tmp_path / "out2" / "time_to_loss.md").read_text()
     assert second.replace(str(again), "W") == first.replace(str(work), "W")
+
+
+def test_a_row_whose_runs_come_from_machines_of_different_speed_is_marked(
+        tmp_path):
+    pytest.importorskip("pserver.launch")
+    work, out = tmp_path / "runs", tmp_path / "out"
+    rows = ["ddp_fp32", "ps_onebit", "ps_topk"]
+    a = args_for(work, rows, repeats=2, out=out)
+    rate = a.rates[0]
+    # The workers' CPU seconds per step by row and seed (w1..w3; rank 0's
+    # evaluations do not count): ps_topk's second run is 1.5x faster, ddp's
+    # and ps_onebit's runs differ by 1.1x.
+    speed = {"ddp_fp32": [0.05, 0.055], "ps_onebit": [0.04, 0.044],
+             "ps_topk": [0.045, 0.03]}
+    for row in rows:
+        for seed, w in enumerate(speed[row], 1):
+            rd = work / "100mbit" / row / str(seed)
+            rd.mkdir(parents=True)
+            r = fake_result(row, seed, 1000 if row == "ddp_fp32" else 200,
+                            2000, {"w0": {"in": 1e8, "out": 2e8}},
+                            {"w0": 0.5, "w1": w, "w2": w, "w3": w})
+            r["spec"] = ttl.spec(a, row, rate, seed, 1.6)
+            (rd / "result.json").write_text(json.dumps(r))
+    assert ttl.report(a) == 0
+    md = (out / "time_to_loss.md").read_text()
+    doc = json.loads((out / "time_to_loss.json").read_text())
+    got = {r["row"]: r for r in doc["rates"]["100mbit"]["rows"]}
+    assert got["ps_topk"]["machine_spread"] == pytest.approx([1.5, 0.03,
+                                                              0.045])
+    assert got["ddp_fp32"]["machine_spread"][0] == pytest.approx(1.1)
+    assert "| ps_topk * | 200 s |" in md
+    assert "| ps_onebit | 200 s |" in md and "| ddp_fp32 | 1000 s |" in md
+    assert "ps_topk 0.030 to 0.045 s, 1.50x" in md
+    assert "ps_onebit 0." not in md
+    # The 5x goal names ps_onebit and the baseline, neither marked: no note.
+    line = next(v["line"] for v in doc["rates"]["100mbit"]["verdicts"]
+                if "5x" in v["line"])
+    assert "different speed" not in line
+    # A marked baseline puts the note on every goal that compares with it.
+    r = json.loads((work / "100mbit/ddp_fp32/2/result.json").read_text())
+    r["cpu"]["w1"]["per_step"] = r["cpu"]["w2"]["per_step"] = 0.08
+    (work / "100mbit/ddp_fp32/2/result.json").write_text(json.dumps(r))
+    ttl.report(a)
+    doc = json.loads((out / "time_to_loss.json").read_text())
+    line = next(v["line"] for v in doc["rates"]["100mbit"]["verdicts"]
+                if "5x" in v["line"])
+    assert "(runs of ddp_fp32 from machines of different speed" in line
