@@ -359,9 +359,8 @@ def step_costs(r):
     rate = r["spec"]["rate_bps"] / 8
     wire = max(max(v["in"], v["out"]) for v in r["link_bytes"].values())
     per = {p: c["per_step"] for p, c in r["cpu"].items()}
-    others = [v for p, v in per.items() if p.startswith("w") and p != "w0"]
-    if "w0" in per and others:
-        per["w0"] = statistics.median(others)
+    if "w0" in per and worker_speed(r) is not None:
+        per["w0"] = worker_speed(r)
     cores = r["environment"].get("cores") or 1
     return (wire / steps / rate,
             max(sum(per.values()) / cores, max(per.values(), default=0.0)))

@@ -78,6 +78,25 @@ def fake_result(row, seed, reached_at, steps, link_bytes, cpu, layout=None,
             "client_stats": {}}
 
 
+def write_run(a, work, row, seed, reached_at, cpu):
+    """A run of row and seed at 100 Mbit/s in work, as the benchmark
+    leaves it: 2000 steps, 200 MB out of w0, the spec a's plan would
+    give."""
+    rd = work / "100mbit" / row / str(seed)
+    rd.mkdir(parents=True)
+    r = fake_result(row, seed, reached_at, 2000,
+                    {"w0": {"in": 1e8, "out": 2e8}}, cpu)
+    r["spec"] = ttl.spec(a, row, a.rates[0], seed, 1.6)
+    (rd / "result.json").write_text(json.dumps(r))
+
+
+def read_report(out):
+    """(markdown, JSON, the JSON's 100mbit rows by name) of a report."""
+    doc = json.loads((out / "time_to_loss.json").read_text())
+    return ((out / "time_to_loss.md").read_text(), doc,
+            {r["row"]: r for r in doc["rates"]["100mbit"]["rows"]})
+
+
 def test_step_costs_wire_is_the_busiest_direction_rank0_not_counted():
     r = fake_result("ps_onebit", 1, 100.0, 1000,
                     {"s0": {"in": 5e6, "out": 25e6},
@@ -137,23 +156,15 @@ def test_report_reads_the_runs_it_planned(tmp_path):
     work, out = tmp_path / "runs", tmp_path / "out"
     rows = ["ddp_fp32", "ps_onebit", "ps_onebit_colocated"]
     a = args_for(work, rows, repeats=3, out=out)
-    rate = a.rates[0]
     # Seconds to the target by row and seed; None: never.
     times = {"ddp_fp32": [1000, 1100, 1200], "ps_onebit": [250, 260, None],
              "ps_onebit_colocated": [190, 200, 230]}
     for row in rows:
         for seed, t in enumerate(times[row], 1):
-            rd = work / "100mbit" / row / str(seed)
-            rd.mkdir(parents=True)
-            r = fake_result(row, seed, t, 2000,
-                            {"w0": {"in": 1e8, "out": 2e8}},
-                            {"w0": 0.1, "w1": 0.05, "w2": 0.05, "w3": 0.05})
-            r["spec"] = ttl.spec(a, row, rate, seed, 1.6)
-            (rd / "result.json").write_text(json.dumps(r))
+            write_run(a, work, row, seed, t,
+                      {"w0": 0.1, "w1": 0.05, "w2": 0.05, "w3": 0.05})
     assert ttl.report(a) == 0
-    md = (out / "time_to_loss.md").read_text()
-    doc = json.loads((out / "time_to_loss.json").read_text())
-    got = {r["row"]: r for r in doc["rates"]["100mbit"]["rows"]}
+    md, doc, got = read_report(out)
     assert got["ddp_fp32"]["median"] == [1100, "reached"]
     # One of three never reached: the median is the later of the other two.
     assert got["ps_onebit"]["median"] == [260, "reached"]
@@ -216,7 +227,6 @@ def test_a_row_whose_runs_come_from_machines_of_different_speed_is_marked(
     work, out = tmp_path / "runs", tmp_path / "out"
     rows = ["ddp_fp32", "ps_onebit", "ps_topk"]
     a = args_for(work, rows, repeats=2, out=out)
-    rate = a.rates[0]
     # The workers' CPU seconds per step by row and seed (w1..w3; rank 0's
     # evaluations do not count): ps_topk's second run is 1.5x faster, ddp's
     # and ps_onebit's runs differ by 1.1x.
@@ -224,17 +234,11 @@ def test_a_row_whose_runs_come_from_machines_of_different_speed_is_marked(
              "ps_topk": [0.045, 0.03]}
     for row in rows:
         for seed, w in enumerate(speed[row], 1):
-            rd = work / "100mbit" / row / str(seed)
-            rd.mkdir(parents=True)
-            r = fake_result(row, seed, 1000 if row == "ddp_fp32" else 200,
-                            2000, {"w0": {"in": 1e8, "out": 2e8}},
-                            {"w0": 0.5, "w1": w, "w2": w, "w3": w})
-            r["spec"] = ttl.spec(a, row, rate, seed, 1.6)
-            (rd / "result.json").write_text(json.dumps(r))
+            write_run(a, work, row, seed,
+                      1000 if row == "ddp_fp32" else 200,
+                      {"w0": 0.5, "w1": w, "w2": w, "w3": w})
     assert ttl.report(a) == 0
-    md = (out / "time_to_loss.md").read_text()
-    doc = json.loads((out / "time_to_loss.json").read_text())
-    got = {r["row"]: r for r in doc["rates"]["100mbit"]["rows"]}
+    md, doc, got = read_report(out)
     assert got["ps_topk"]["machine_spread"] == pytest.approx([1.5, 0.03,
                                                               0.045])
     assert got["ddp_fp32"]["machine_spread"][0] == pytest.approx(1.1)
