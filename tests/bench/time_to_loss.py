@@ -359,8 +359,9 @@ def step_costs(r):
     rate = r["spec"]["rate_bps"] / 8
     wire = max(max(v["in"], v["out"]) for v in r["link_bytes"].values())
     per = {p: c["per_step"] for p, c in r["cpu"].items()}
-    if "w0" in per and worker_speed(r) is not None:
-        per["w0"] = worker_speed(r)
+    speed = worker_speed(r)
+    if "w0" in per and speed is not None:
+        per["w0"] = speed
     cores = r["environment"].get("cores") or 1
     return (wire / steps / rate,
             max(sum(per.values()) / cores, max(per.values(), default=0.0)))
