@@ -638,6 +638,14 @@ def median_run(row):
     return order[len(order) // 2]
 
 
+def shown(path):
+    """A run folder as the report names it: relative to the repository when
+    inside it, else absolute (a WORK under /tmp would read ../../tmp/...)."""
+    path = pathlib.Path(path).resolve()
+    root = pathlib.Path(lmf.ROOT).resolve()
+    return str(path.relative_to(root)) if root in path.parents else str(path)
+
+
 def report(args):
     target, what = reference_target(args)
     results, failures = [], []
@@ -649,7 +657,7 @@ def report(args):
             failures.append(f"{rate[0]} {row} seed {seed}: "
                             + ("a run of other settings" if r else
                                "failed, see its logs" if (rd / "spec.json")
-                               .exists() else "not run") + f" ({os.path.relpath(rd, lmf.ROOT)})")
+                               .exists() else "not run") + f" ({shown(rd)})")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarise(results)

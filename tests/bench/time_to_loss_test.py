@@ -7,6 +7,7 @@ and verdicts are read, the two step floors, and the report's table.
 
 import json
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -259,3 +260,30 @@ def test_a_row_whose_runs_come_from_machines_of_different_speed_is_marked(
     line = next(v["line"] for v in doc["rates"]["100mbit"]["verdicts"]
                 if "5x" in v["line"])
     assert "(runs of ddp_fp32 from machines of different speed" in line
+
+
+def test_missing_and_failed_runs_are_listed_with_their_folders(tmp_path):
+    pytest.importorskip("pserver.launch")
+    work, out = tmp_path / "runs", tmp_path / "out"
+    a = args_for(work, ["ddp_fp32", "ps_onebit"], repeats=2, out=out)
+    cpu = {"w0": 0.1, "w1": 0.05, "w2": 0.05, "w3": 0.05}
+    for seed in (1, 2):
+        write_run(a, work, "ddp_fp32", seed, 1000, cpu)
+    write_run(a, work, "ps_onebit", 1, 200, cpu)
+    # Seed 2 of ps_onebit started (its spec is written) and died.
+    failed = (work / "100mbit" / "ps_onebit" / "2").resolve()
+    failed.mkdir(parents=True)
+    (failed / "spec.json").write_text("{}")
+    # The report is written without the run, and says so by its exit code.
+    assert ttl.report(a) == 1
+    md, _, got = read_report(out)
+    assert got["ps_onebit"]["median"] == [200, "reached"]
+    # A WORK outside the repository is named by its absolute path, not as
+    # ../../tmp/...
+    assert (f"- 100mbit ps_onebit seed 2: failed, see its logs ({failed})"
+            in md)
+    shutil.rmtree(failed)
+    assert ttl.report(a) == 1
+    assert f"seed 2: not run ({failed})" in read_report(out)[0]
+    # Inside the repository the path is relative to it.
+    assert ttl.shown(ttl.lmf.ROOT / "tests" / "bench") == "tests/bench"
