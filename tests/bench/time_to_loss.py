@@ -120,7 +120,7 @@ def reference_target(args):
     target = round(mean * (1 + TARGET_MARGIN), 6)
     return target, (f"{target:.4f} = adamw's mean final validation loss "
                     f"{mean:.4f} ({len(adamw['values'])} seeds, "
-                    f"{os.path.relpath(args.reference, lmf.ROOT)}) + "
+                    f"{shown(args.reference)}) + "
                     f"{100 * TARGET_MARGIN:g}%")
 
 
@@ -459,7 +459,7 @@ def verdicts(rate_bps, rows):
     return out
 
 
-def markdown(summary, rates, meta, failures):
+def markdown(summary, rates, meta, failures, curves):
     out = ["# Time to a target loss (tests/bench/time_to_loss.sh)", "",
            f"Target: validation loss {meta['target_text']}. Time: seconds of "
            "training of rank 0 (its evaluations left out) until an "
@@ -510,6 +510,13 @@ def markdown(summary, rates, meta, failures):
                     ""]
         lines = verdicts(bps, rows)
         out += [line for line, _, _ in lines] + ([""] if lines else [])
+    if curves["pairs"]:
+        out += [f"Validation curves across rates: of the {curves['pairs']} "
+                "rows and seeds run at more than one rate, "
+                f"{curves['same']} have the same loss at every rate, to the "
+                "last digit, at each evaluation all their runs made"
+                + (f"; differing: {', '.join(curves['differ'])}."
+                   if curves["differ"] else "."), ""]
     if failures:
         out += ["Missing or failed runs (not in the tables):"]
         out += [f"- {f}" for f in failures] + [""]
@@ -639,11 +646,31 @@ def median_run(row):
 
 
 def shown(path):
-    """A run folder as the report names it: relative to the repository when
-    inside it, else absolute (a WORK under /tmp would read ../../tmp/...)."""
+    """A path as the report names it: relative to the repository when inside
+    it, else absolute (a WORK under /tmp would read ../../tmp/...)."""
     path = pathlib.Path(path).resolve()
-    root = pathlib.Path(lmf.ROOT).resolve()
-    return str(path.relative_to(root)) if root in path.parents else str(path)
+    return str(path.relative_to(lmf.ROOT) if path.is_relative_to(lmf.ROOT)
+               else path)
+
+
+def curves_across_rates(results):
+    """Whether the link changes the training: for each row and seed run at
+    more than one rate, whether its runs' validation losses are equal at
+    every step all of them evaluated. {"pairs": n, "same": m, "differ":
+    ["row seed s", ...]}."""
+    by_run = {}
+    for r in results:
+        by_run.setdefault((r["spec"]["row"], r["spec"]["seed"]), []).append(
+            {e[0]: e[1] for e in r["val_curve"]})
+    differ, pairs = [], 0
+    for (row, seed), curves in sorted(by_run.items()):
+        if len(curves) < 2:
+            continue
+        pairs += 1
+        steps = set.intersection(*(set(c) for c in curves))
+        if any(c[s] != curves[0][s] for c in curves[1:] for s in steps):
+            differ.append(f"{row} seed {seed}")
+    return {"pairs": pairs, "same": pairs - len(differ), "differ": differ}
 
 
 def report(args):
@@ -667,7 +694,8 @@ def report(args):
     meta = {"target": target, "target_text": what, "cap": args.cap,
             "tbf_latency": args.tbf_latency, "common": common(args),
             "smoke": smoke}
-    md = markdown(summary, args.rates, meta, failures)
+    curves = curves_across_rates(results)
+    md = markdown(summary, args.rates, meta, failures, curves)
     (out / "time_to_loss.md").write_text(md)
     doc = {"benchmark": "tests/bench/time_to_loss.sh", "target": target,
            "target_source": what, "cap_seconds": args.cap,
@@ -677,7 +705,8 @@ def report(args):
            "smoke_test": smoke or None,
            "goals": [{"rate_bps": b, "rows": n, "sooner": g}
                      for b, n, g in GOALS],
-           "rates": {}, "failures": failures}
+           "rates": {}, "curves_across_rates": curves,
+           "failures": failures}
     written = []
     for name, bps, burst in args.rates:
         rows = summary.get(name, [])

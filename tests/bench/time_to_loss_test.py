@@ -287,3 +287,21 @@ def test_missing_and_failed_runs_are_listed_with_their_folders(tmp_path):
     assert f"seed 2: not run ({failed})" in read_report(out)[0]
     # Inside the repository the path is relative to it.
     assert ttl.shown(ttl.lmf.ROOT / "tests" / "bench") == "tests/bench"
+
+
+def test_curves_across_rates_compare_the_steps_every_run_evaluated():
+    def run(row, seed, curve):
+        return {"spec": {"row": row, "seed": seed},
+                "val_curve": [[s, loss, 10.0 * s] for s, loss in curve]}
+    one = [(100, 2.5), (200, 2.1)]
+    results = [
+        run("ps_onebit", 1, one),
+        # The same losses at another rate, stopped a step sooner (the cap)
+        # and at other seconds: the same training.
+        run("ps_onebit", 1, one[:1]),
+        run("ps_onebit", 2, one),
+        run("ps_onebit", 2, [(100, 2.5), (200, 2.1000001)]),
+        # At one rate only: not compared.
+        run("ddp_fp32", 1, one)]
+    assert ttl.curves_across_rates(results) == {
+        "pairs": 2, "same": 1, "differ": ["ps_onebit seed 2"]}
