@@ -7,7 +7,9 @@ Starts the shards (pserver_server on 127.0.0.1, a free port each, reported
 through --port_file), waits until every one listens, then starts the workers:
 `python3 script.py args` once per rank with RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE and PSERVER_SERVERS set (what pserver.init() reads), and
-PYTHONPATH extended so the script imports this package. Rank 0's output goes
+PYTHONPATH extended so the script imports this package (checked first: the
+script's interpreter must import pserver._native), and OMP_NUM_THREADS=1
+with more than one worker if unset (as torchrun). Rank 0's output goes
 to the terminal; every other process writes to a log in the run folder
 (printed in part when it fails).
 
@@ -15,7 +17,8 @@ It stops everything it started when the workers finish, when a worker or a
 shard fails (the other ranks are stopped), and on Ctrl-C or SIGTERM; it exits
 with the script's status: 0 when every rank exited 0, else the first failing
 rank's code (128 + signal when a signal ended it; 130/143 when the launcher
-itself was interrupted/terminated); 2 for bad arguments.
+itself was interrupted/terminated); 2 for bad arguments, or when the checks
+before anything starts fail (no extension, another job's checkpoints).
 
 Launcher options:
   --shards N          shards to start (default 2)
@@ -25,6 +28,15 @@ Launcher options:
   --run-dir DIR       logs and the pid list (default: a new /tmp/pserver-run-*)
   --python PATH       interpreter for the script (default: this one)
   --start-timeout S   seconds a shard gets to listen (default 30)
+  --checkpoint-dir D  (or --checkpoint_dir) checkpoints of shard i in
+                      D/shard-<i> (pserver_server --checkpoint_dir; write
+                      one every N rounds with --checkpoint-every N, default
+                      100, and at the stop); the same command again resumes
+                      every shard from its newest. D/job.json holds the
+                      shard and worker counts: other counts are refused, as
+                      are a D another running job uses, one with
+                      ckpt-*.pserver files in it and one with a shard-<j>
+                      folder for j >= --shards
   --recipe NAME[:F]   a measured compression recipe for language models
                       (pserver/recipes.py): lm-onebit or lm-topk, with 1-bit
                       Adam's variance frozen at round F (default 300 for
@@ -57,7 +69,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +76,10 @@ import tempfile
 import time
 
 from pserver import recipes
+from pserver._launch_prep import (UsageError, apply_recipe, check_native,
+                                  check_recipe_flags, describe_restore,
+                                  find_server, prepare_checkpoints,
+                                  shard_folder, worker_env)
 
 _OWN_SERVER_FLAGS = ("listen", "port_file", "shard_index", "num_shards",
                      "num_workers")
@@ -73,10 +88,6 @@ try:
     _PRCTL = ctypes.CDLL(None).prctl
 except (OSError, AttributeError):
     _PRCTL = None
-
-
-class UsageError(Exception):
-    pass
 
 
 def _shard_metrics(listen, i):
@@ -110,7 +121,7 @@ def parse_args(argv):
     opts = {"shards": 2, "workers": 4, "server_bin": None, "run_dir": None,
             "python": sys.executable, "start_timeout": 30.0,
             "recipe": None, "server_flags": [], "script": None,
-            "script_args": []}
+            "script_args": [], "checkpoint_dir": None}
     own = {"--shards", "--workers", "--server-bin", "--run-dir", "--python",
            "--start-timeout", "--recipe"}
     i = 0
@@ -158,6 +169,9 @@ def parse_args(argv):
         if flag in _OWN_SERVER_FLAGS:
             raise UsageError(f"--{flag} is set by the launcher; use --shards"
                              "/--workers instead")
+        if flag == "checkpoint_dir":  # one folder per shard under it
+            opts["checkpoint_dir"] = value or None
+            continue
         opts["server_flags"].append(f"--{flag}={value}")
     if i >= len(argv):
         raise UsageError("no script given; usage: python3 -m pserver.launch "
@@ -166,70 +180,12 @@ def parse_args(argv):
         if f.startswith("--metrics_listen="):
             _shard_metrics(f.split("=", 1)[1], opts["shards"] - 1)  # checks
     if opts["recipe"] is not None:
-        _check_recipe_flags(opts["recipe"], opts["server_flags"])
+        check_recipe_flags(opts["recipe"], opts["server_flags"])
     opts["script"] = argv[i]
     opts["script_args"] = argv[i + 1:]
     if not os.path.isfile(opts["script"]):
         raise UsageError(f"script {opts['script']!r} is not a file")
     return opts
-
-
-def _check_recipe_flags(chosen, server_flags):
-    """The recipe's schedule switches codecs at its freeze: a --schedule or
-    --freeze_step of the user's would break that agreement (a recipe
-    without a schedule sets the codecs: a --schedule would change them)."""
-    recipe, _ = chosen
-    for f in server_flags:
-        flag, _, value = f.partition("=")
-        if flag == "--schedule":
-            what = ("writes its own schedule" if recipe.freezes else
-                    "sets the codecs, a schedule would change them")
-            raise UsageError(
-                f"{f} with --recipe {recipe.name}: the recipe {what}; drop "
-                "--schedule, or drop --recipe and give the shards and "
-                "workers your schedule")
-        if flag == "--freeze_step" and recipe.freezes:
-            raise UsageError(
-                f"{f} with --recipe {recipe.name}: the recipe's schedule "
-                "switches codecs at its freeze; use --recipe "
-                f"{recipe.name}:{value if value.isdigit() else 'F'} "
-                "instead")
-
-
-def apply_recipe(opts, run_dir):
-    """Writes the recipe's schedule into run_dir, puts its shard flags
-    before the user's (pserver_server, an absl binary, takes the last of a
-    repeated flag, so the user's win) and sets opts["client_options"].
-    Returns the line to print."""
-    recipe, freeze = opts["recipe"]
-    path = None
-    if recipe.freezes:
-        path = (pathlib.Path(run_dir) /
-                f"recipe_{recipe.name}.txtpb").resolve()
-        path.write_text(recipe.schedule_text(freeze))
-    flags = recipe.shard_flags(freeze, path)
-    opts["server_flags"] = flags + opts["server_flags"]
-    opts["client_options"] = recipe.client_options(path)
-    if not recipe.freezes:
-        return f"recipe {recipe.name}: {' '.join(flags)}"
-    return f"recipe {recipe.name} (freeze {freeze}): {' '.join(flags)}"
-
-
-def find_server(explicit):
-    """The pserver_server binary to run; raises UsageError when none."""
-    candidates = [explicit] if explicit else [
-        os.environ.get("PSERVER_SERVER_BIN"),
-        # build/python/pserver/launch.py -> build/server/pserver_server
-        str(pathlib.Path(__file__).resolve().parents[2] / "server" /
-            "pserver_server"),
-        shutil.which("pserver_server")]
-    for path in candidates:
-        if path and os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    raise UsageError(f"no pserver_server at {explicit}" if explicit else
-                     "no pserver_server found; build it (ninja -C build "
-                     "pserver_server_bin), pass --server-bin or set "
-                     "PSERVER_SERVER_BIN")
 
 
 def _say(text):
@@ -269,6 +225,14 @@ class Cluster:
         with open(self.run_dir / "pids", "a") as f:
             f.write(f"{role} {proc.pid}\n")
 
+    def _checkpoint_lock(self):
+        lock = self.opts.get("checkpoint_lock")
+        return () if lock is None else (lock,)
+
+    def _checkpoint_flag(self, i):
+        root = self.opts["checkpoint_dir"]
+        return [f"--checkpoint_dir={shard_folder(root, i)}"] if root else []
+
     def start_shards(self):
         n = self.opts["shards"]
         flags = list(self.opts["server_flags"])
@@ -292,10 +256,12 @@ class Cluster:
                      f"--num_workers={self.opts['workers']}",
                      "--listen=127.0.0.1:0", f"--port_file={port_file}",
                      f"--metrics_listen={_shard_metrics(metrics, i)}",
-                     *flags],
+                     *flags, *self._checkpoint_flag(i)],
                     stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=_die_with_launcher)
+                    preexec_fn=_die_with_launcher,
+                    # The folder's lock lasts until its last shard exits.
+                    pass_fds=self._checkpoint_lock())
             self.shards.append((proc, log))
             self._record(f"shard{i}", proc)
             port_files.append(port_file)
@@ -323,18 +289,18 @@ class Cluster:
                     if host in ("0.0.0.0", "[::]"):
                         host = "127.0.0.1"
                     _say(f"shard {i} metrics: http://{host}:{m.group(1)}/metrics")
+        if self.opts["checkpoint_dir"]:
+            _say(describe_restore(self.opts["checkpoint_dir"],
+                                  [log for _, log in self.shards]))
         return addrs
 
     def start_workers(self, addrs):
         n = self.opts["workers"]
-        package_root = str(pathlib.Path(__file__).resolve().parents[1])
-        path = os.environ.get("PYTHONPATH", "")
         for rank in range(n):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n),
-                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
-                       PSERVER_SERVERS=",".join(addrs),
-                       PYTHONPATH=os.pathsep.join(
-                           p for p in (package_root, path) if p))
+            env = dict(self.opts["worker_env"], RANK=str(rank),
+                       WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(n),
+                       PSERVER_SERVERS=",".join(addrs))
             if self.opts.get("client_options") is not None:
                 env["PSERVER_CLIENT_OPTIONS"] = json.dumps(
                     self.opts["client_options"])
@@ -418,6 +384,8 @@ def main(argv=None):
             sys.stdout.write(__doc__)
             return 0
         server_bin = find_server(opts["server_bin"])
+        opts["worker_env"], omp_notice = worker_env(opts["workers"])
+        check_native(opts["python"], opts["worker_env"])
         run_dir = opts["run_dir"]
         if run_dir:
             os.makedirs(run_dir, exist_ok=True)
@@ -425,6 +393,12 @@ def main(argv=None):
             run_dir = tempfile.mkdtemp(prefix="pserver-run-")
         if opts["recipe"] is not None:
             _say(apply_recipe(opts, run_dir))
+        if opts["checkpoint_dir"]:
+            opts["checkpoint_dir"], opts["checkpoint_lock"] = \
+                prepare_checkpoints(opts["checkpoint_dir"], opts["shards"],
+                                    opts["workers"])
+        if omp_notice:
+            _say(omp_notice)
     except (UsageError, OSError) as e:
         print(f"launch: error: {e}", file=sys.stderr)
         return 2
