@@ -18,6 +18,9 @@ inline constexpr uint64_t kDefaultChunkElements = uint64_t{1} << 20;
 // (256 MiB of fp32 per message).
 inline constexpr uint64_t kMinChunkElements = uint64_t{1} << 10;
 inline constexpr uint64_t kMaxChunkElements = uint64_t{1} << 26;
+// GetShardState / InstallShardState move a shard's state in chunks of this
+// many bytes (parameter_server.proto, "Shard state transfer").
+inline constexpr uint64_t kShardStateChunkBytes = uint64_t{4} << 20;
 
 struct ChunkPlan {
   uint64_t n = 0;                            // elements of the slice

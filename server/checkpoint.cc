@@ -44,9 +44,20 @@ std::vector<std::string> ListCheckpoints(FileSystem& fs, const std::string& dir)
   return names;
 }
 
-// Why `s` may not be loaded by a shard that expects `expect`; empty if it
-// may.
-std::string Mismatch(const ShardState& s, const CheckpointExpectation& expect) {
+// Whether `s` is of the shard and job `expect` describes (shard index and
+// count, worker count, optimizer); a file that is not cannot be this
+// shard's own, whatever else is wrong with it.
+bool SameJob(const ShardState& s, const CheckpointExpectation& expect) {
+  return s.shard_index == expect.shard_index &&
+         s.num_shards == expect.num_shards &&
+         s.num_workers == expect.num_workers &&
+         s.optimizer_kind == expect.optimizer_kind;
+}
+
+}  // namespace
+
+std::string CheckpointMismatch(const ShardState& s,
+                               const CheckpointExpectation& expect) {
   if (s.shard_index != expect.shard_index ||
       s.num_shards != expect.num_shards) {
     return absl::StrCat("it is shard ", s.shard_index, "/", s.num_shards,
@@ -95,8 +106,6 @@ std::string Mismatch(const ShardState& s, const CheckpointExpectation& expect) {
   }
   return "";
 }
-
-}  // namespace
 
 std::string SerializeShardState(const ShardState& s) {
   RecordWriter w(Magic());
@@ -210,7 +219,9 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint optimizer kind is ", s.optimizer_kind, "; expected 0..2"));
   }
-  if (wants_v != !s.v.empty()) {
+  // A shard whose range is empty (a model smaller than a block per shard)
+  // holds no v either way.
+  if (n > 0 && wants_v != !s.v.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint v holds ", s.v.size(), " elements; expected ",
         wants_v ? n : 0, " for optimizer kind ", s.optimizer_kind));
@@ -258,9 +269,17 @@ absl::StatusOr<ShardState> LoadNewestCheckpoint(
     absl::StatusOr<std::string> bytes = fs->ReadFile(path);
     absl::StatusOr<ShardState> s =
         bytes.ok() ? ParseShardState(*bytes) : bytes.status();
-    std::string why =
-        s.ok() ? Mismatch(*s, expect) : std::string(s.status().message());
+    std::string why = s.ok() ? CheckpointMismatch(*s, expect)
+                             : std::string(s.status().message());
     if (why.empty()) return s;
+    if (s.ok() && !SameJob(*s, expect)) {
+      // A whole file of another shard or job: the folder is the wrong one,
+      // and starting empty would silently drop this shard's own state.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint_dir ", dir, " holds ", name, " of another shard or job (",
+          why, "); expected this shard's own folder: give each shard its own "
+          "--checkpoint_dir, or move these files away"));
+    }
     if (refused) refused->push_back(absl::StrCat(path, ": ", why));
   }
   return absl::NotFoundError(absl::StrCat("no usable checkpoint in ", dir));

@@ -99,11 +99,19 @@ struct CheckpointExpectation {
   uint64_t schedule_fingerprint = 0;
 };
 
+// Why `s` may not be loaded by a shard that expects `expect` (one phrase,
+// e.g. "it is shard 0/2; this shard is 1/2"); empty if it may.
+std::string CheckpointMismatch(const ShardState& s,
+                               const CheckpointExpectation& expect);
+
 // Loads the newest checkpoint in `dir` that is complete, uncorrupted,
 // internally consistent (x_hat matches its recorded replica checksum) and
 // matches `expect`, falling back to older ones; each refused file is
 // described in *refused (one line each: path, then why). NOT_FOUND when none
-// is usable. `fs` defaults to PosixFileSystem().
+// is usable. FAILED_PRECONDITION, naming the file, when a file that parses
+// is of another shard index, shard count, worker count or optimizer (the
+// folder is another shard's or another job's). `fs` defaults to
+// PosixFileSystem().
 absl::StatusOr<ShardState> LoadNewestCheckpoint(
     const std::string& dir, const CheckpointExpectation& expect,
     std::vector<std::string>* refused, FileSystem* fs = nullptr);

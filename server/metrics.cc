@@ -35,6 +35,8 @@ const char* RpcMethodName(RpcMethod m) {
     case RpcMethod::kPull: return "Pull";
     case RpcMethod::kGetFrozenVariance: return "GetFrozenVariance";
     case RpcMethod::kGetStatus: return "GetStatus";
+    case RpcMethod::kGetShardState: return "GetShardState";
+    case RpcMethod::kInstallShardState: return "InstallShardState";
   }
   return "unknown";
 }

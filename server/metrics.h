@@ -31,8 +31,16 @@
 namespace pserver {
 
 // The RPC methods, for the `method` label.
-enum class RpcMethod { kRegister, kPush, kPull, kGetFrozenVariance, kGetStatus };
-inline constexpr int kRpcMethods = 5;
+enum class RpcMethod {
+  kRegister,
+  kPush,
+  kPull,
+  kGetFrozenVariance,
+  kGetStatus,
+  kGetShardState,
+  kInstallShardState,
+};
+inline constexpr int kRpcMethods = 7;
 // "Register", "Push", ...: the method as the proto names it.
 const char* RpcMethodName(RpcMethod m);
 

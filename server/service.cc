@@ -207,4 +207,27 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
                 SerializeResponse(shard_->Status(), resp));
 }
 
+grpc::ServerUnaryReactor* ParameterServerService::GetShardState(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::GetShardStateRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kGetShardState, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kGetShardState, s);
+  absl::StatusOr<v1::GetShardStateResponse> r = shard_->GetShardState(req);
+  s = r.ok() ? SerializeResponse(*r, resp) : r.status();
+  return Answer(ctx, RpcMethod::kGetShardState, s);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::InstallShardState(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::InstallShardStateRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kInstallShardState, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kInstallShardState, s);
+  absl::StatusOr<v1::InstallShardStateResponse> r =
+      shard_->InstallShardState(req);
+  s = r.ok() ? SerializeResponse(*r, resp) : r.status();
+  return Answer(ctx, RpcMethod::kInstallShardState, s);
+}
+
 }  // namespace pserver

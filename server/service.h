@@ -33,7 +33,10 @@ using RawParameterServerService =
             v1::ParameterServer::WithRawCallbackMethod_Pull<
                 v1::ParameterServer::WithRawCallbackMethod_GetFrozenVariance<
                     v1::ParameterServer::WithRawCallbackMethod_GetStatus<
-                        v1::ParameterServer::Service>>>>>;
+                        v1::ParameterServer::WithRawCallbackMethod_GetShardState<
+                            v1::ParameterServer::
+                                WithRawCallbackMethod_InstallShardState<
+                                    v1::ParameterServer::Service>>>>>>>;
 
 // Thread-safe; the shard and metrics must outlive the service.
 class ParameterServerService final : public RawParameterServerService {
@@ -59,6 +62,12 @@ class ParameterServerService final : public RawParameterServerService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* GetShardState(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req,
+                                          grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* InstallShardState(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req,
+                                              grpc::ByteBuffer* resp) override;
 
   // Returns once every pull answered through the shard's callback has
   // counted itself in the metrics (for up to 5 s). After

@@ -175,6 +175,12 @@ class Shard {
 
   absl::StatusOr<v1::GetFrozenVarianceResponse> GetFrozenVariance(
       const v1::GetFrozenVarianceRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // The shard's checkpoint bytes in chunks, out (a worker's state_dict())
+  // and in (a fresh job resuming from one): server/shard_transfer.cc.
+  absl::StatusOr<v1::GetShardStateResponse> GetShardState(
+      const v1::GetShardStateRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::InstallShardStateResponse> InstallShardState(
+      const v1::InstallShardStateRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   // What the shard holds now. The checksum of the big arrays is computed at
   // most once per change of them, however often this is called.
   v1::GetStatusResponse Status() ABSL_LOCKS_EXCLUDED(mu_);
@@ -243,7 +249,18 @@ class Shard {
   void InstallModel(const v1::ModelLayout& layout,
                     const std::vector<TensorSlot>& slots, std::vector<float> x)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a checkpoint or an installed state must match (this config).
+  CheckpointExpectation Expectation() const;
   absl::Status RestoreFrom(ShardState state) ABSL_LOCKS_EXCLUDED(mu_);
+  // RestoreFrom's commit, after its checks.
+  void CommitState(ShardState st, const std::vector<TensorSlot>& slots,
+                   std::optional<ResolvedSchedule> schedule)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empty when a state of `step` and replica `checksum` may be installed
+  // (no rounds completed or pushed yet: *current false) or is what the
+  // shard holds already (*current true); else STATE_MISMATCH.
+  absl::Status CheckInstall(uint64_t step, uint64_t checksum, bool* current)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardState CaptureState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FastForward(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The learning-rate gauges, one per group: what a round stepped with, or
@@ -394,6 +411,15 @@ class Shard {
   absl::Time norms_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   static constexpr absl::Duration kNormsPeriod = absl::Seconds(1);
   PullWaiters waiters_ ABSL_GUARDED_BY(mu_);
+  // Per worker: a GetShardState capture being read, and the bytes of an
+  // InstallShardState received so far (server/shard_transfer.cc).
+  struct Transfer {
+    uint64_t step = 0;
+    uint64_t checksum = 0;
+    std::string bytes;
+  };
+  std::map<uint32_t, Transfer> exports_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, Transfer> imports_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   // Status(): the checksum of x, x_hat, m and v, valid while
   // arrays_version_ == hashed_version_.

@@ -18,6 +18,21 @@ bool Shard::ExpectsMomentum() const {
          optimizer_->stage() == v1::OPTIMIZER_STAGE_COMPRESSION;
 }
 
+CheckpointExpectation Shard::Expectation() const {
+  CheckpointExpectation expect;
+  expect.shard_index = config_.shard_index;
+  expect.num_shards = config_.num_shards;
+  expect.num_workers = config_.num_workers;
+  expect.optimizer_kind = static_cast<uint32_t>(config_.optimizer.kind);
+  expect.preconditioned = config_.optimizer.preconditioned;
+  expect.worker_momentum = config_.optimizer.worker_momentum;
+  expect.schedule_fingerprint =
+      config_.schedule != nullptr ? config_.schedule->fingerprint() : 0;
+  // freeze_step is not compared: a shard that fast-forwarded from a fresh
+  // start saves its shifted freeze step, which a restart must accept.
+  return expect;
+}
+
 absl::Status ValidateShardConfig(const ShardConfig& c) {
   if (c.num_shards == 0) {
     return absl::InvalidArgumentError("num_shards is 0; expected >= 1");
@@ -107,23 +122,13 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardConfig& config,
   std::unique_ptr<Shard> shard(
       new Shard(config, env, std::move(replica).value()));
   if (!config.checkpoint_dir.empty()) {
-    CheckpointExpectation expect;
-    expect.shard_index = config.shard_index;
-    expect.num_shards = config.num_shards;
-    expect.num_workers = config.num_workers;
-    expect.optimizer_kind = static_cast<uint32_t>(config.optimizer.kind);
-    expect.preconditioned = config.optimizer.preconditioned;
-    expect.worker_momentum = config.optimizer.worker_momentum;
-    expect.schedule_fingerprint =
-        config.schedule != nullptr ? config.schedule->fingerprint() : 0;
-    // freeze_step is not compared: a shard that fast-forwarded from a fresh
-    // start saves its shifted freeze step, which a restart must accept.
     std::vector<std::string> refused;
-    absl::StatusOr<ShardState> state =
-        LoadNewestCheckpoint(config.checkpoint_dir, expect, &refused);
+    absl::StatusOr<ShardState> state = LoadNewestCheckpoint(
+        config.checkpoint_dir, shard->Expectation(), &refused);
     for (const std::string& r : refused) {
       shard->startup_log_.push_back(absl::StrCat("refused checkpoint ", r));
     }
+    if (absl::IsFailedPrecondition(state.status())) return state.status();
     if (state.ok()) {
       uint64_t step = state->step;
       if (absl::Status s = shard->RestoreFrom(*std::move(state)); !s.ok()) {

@@ -25,6 +25,7 @@ v1::GetStatusResponse Shard::Status() {
   r.set_workers_registered(RegisteredCount());
   r.set_pushes_pending(round_.workers_in());
   r.set_workers_live(leases_.live_count());
+  r.set_rounds_since_start(!catching_up_);
   if (registered_) {
     r.set_stage(optimizer_->stage());
     r.set_shard_begin(range_.begin);
@@ -158,7 +159,13 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   // The loader refused a file whose x_hat does not match its checksum
   // (server/checkpoint.cc), falling back to an older one.
   absl::MutexLock lock(&mu_);
-  InstallModel(st.layout, *slots, std::move(st.x));
+  CommitState(std::move(st), *slots, *std::move(schedule));
+  return absl::OkStatus();
+}
+
+void Shard::CommitState(ShardState st, const std::vector<TensorSlot>& slots,
+                        std::optional<ResolvedSchedule> schedule) {
+  InstallModel(st.layout, slots, std::move(st.x));
   replica_->Restore(std::move(st.x_hat), std::move(st.delta),
                     st.replica_checksum, st.prev_replica_checksum);
   optimizer_->RestoreState(st.step, st.frozen, std::move(st.m),
@@ -170,7 +177,7 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   std::fill(late_.begin(), late_.end(), false);
   round_open_ = clock_->Now();
   local_steps_ = st.local_steps;
-  schedule_ = *std::move(schedule);
+  schedule_ = std::move(schedule);
   ++arrays_version_;
   // Workers registered before the restart may push straight away.
   worker_registered_.assign(config_.num_workers, true);
@@ -179,7 +186,6 @@ absl::Status Shard::RestoreFrom(ShardState st) {
   metrics_->SetSchedulePhase(PhaseAt(step_));
   metrics_->SetWorkersRegistered(config_.num_workers);
   PublishLearningRates(RoundHyper().For(step_, config_.optimizer, layout_));
-  return absl::OkStatus();
 }
 
 absl::Status Shard::SaveCheckpoint() {

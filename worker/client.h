@@ -113,6 +113,14 @@ struct ClientOptions {
   std::function<void(absl::string_view)> log;
 };
 
+// One shard's whole state (server/checkpoint.h's bytes) as GetShardState
+// gave it, with the step and replica checksum it is of.
+struct ShardStateCopy {
+  uint64_t step = 0;
+  uint64_t replica_checksum = 0;
+  std::string bytes;
+};
+
 // Thread-compatible: one training loop drives one Client.
 class Client {
  public:
@@ -223,6 +231,28 @@ class Client {
   // Restores a record from SerializeState() or a SaveState() file, with
   // LoadState's checks; `source` names the record in error messages.
   absl::Status RestoreState(absl::string_view record, absl::string_view source);
+  // Every shard's whole state (weights, optimizer moments, step, stage,
+  // replica), fetched now, in shard order: what an optimizer checkpoint
+  // needs beyond this worker's record. Blocks on every shard's chunks
+  // (worker/client_transfer.cc). FAILED_PRECONDITION before Register() or
+  // during a step.
+  absl::StatusOr<std::vector<ShardStateCopy>> FetchShardStates();
+  // Puts `states` (FetchShardStates' of the same model and shard count) on
+  // the shards, then registers again so the replica and step() are the
+  // shards'. A shard already at a state's step with its replica is left as
+  // it is; one with no rounds yet (a fresh job) takes it: worker 0 sends it,
+  // the other workers wait (up to retry_budget) until it is there. Shards
+  // of a running job past the states' step (the job went on while this
+  // worker was away) keep theirs: shards_ahead, nothing changed. Any other
+  // shard is refused before anything changes: FAILED_PRECONDITION
+  // (REJECT_REASON_STATE_MISMATCH) naming the shard and both steps. On
+  // success residuals start from zero (restore them with RestoreState).
+  struct InstallOutcome {
+    int installed = 0;          // shards this call installed
+    bool shards_ahead = false;  // the running job's state was kept
+  };
+  absl::StatusOr<InstallOutcome> InstallShardStates(
+      const std::vector<ShardStateCopy>& states);
 
  private:
   // The push of the step in progress, for resending it after a rejoin

@@ -84,6 +84,16 @@ class ShardCalls {
   // like Register.
   std::vector<absl::Status> Status(const std::vector<size_t>& shards,
                                    std::vector<v1::GetStatusResponse>* resps);
+  // GetShardState / InstallShardState of every shard in `shards` (reqs and
+  // resps indexed by shard), retried like Register.
+  std::vector<absl::Status> GetShardState(
+      const std::vector<size_t>& shards,
+      const std::vector<v1::GetShardStateRequest>& reqs,
+      std::vector<v1::GetShardStateResponse>* resps);
+  std::vector<absl::Status> InstallShardState(
+      const std::vector<size_t>& shards,
+      const std::vector<v1::InstallShardStateRequest>& reqs,
+      std::vector<v1::InstallShardStateResponse>* resps);
 
   // Chunked pushes and pulls (parameter_server.proto, "Chunks"): for every
   // shard s in `shards`, one call per chunk 0 .. chunks[s] - 1, at most

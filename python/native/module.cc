@@ -95,6 +95,9 @@ PYBIND11_MODULE(_native, m) {
       .def("serialize_state", &PyClient::SerializeState)
       .def("restore_state", &PyClient::RestoreState, py::arg("record"),
            py::arg("source") = "state record")
+      .def("fetch_shard_states", &PyClient::FetchShardStates)
+      .def("install_shard_states", &PyClient::InstallShardStates,
+           py::arg("states"), py::arg("out") = py::none())
       .def_property_readonly("residual_norm", &PyClient::residual_norm)
       .def_property_readonly("global_step", &PyClient::step)
       .def_property_readonly("num_params", &PyClient::num_params)

@@ -340,21 +340,6 @@ void PyClient::CopyWeightsInto(const py::handle& out) {
   CopyWeights(dst.mutable_span());
 }
 
-py::bytes PyClient::SerializeState() const {
-  Registered();
-  NotInCall();
-  absl::StatusOr<std::string> record = client_->SerializeState();
-  ThrowIfError(record.status());
-  return py::bytes(*record);
-}
-
-void PyClient::RestoreState(const py::bytes& record,
-                            const std::string& source) {
-  Registered();
-  std::string bytes = record;
-  Call([&] { return client_->RestoreState(bytes, source); });
-}
-
 uint32_t PyClient::schedule_phase() const {
   NotInCall();
   return client_->schedule_phase();
@@ -439,8 +424,7 @@ void PyClient::NotInCall() const {
   if (busy_.load()) throw std::runtime_error(kBusy);
 }
 
-template <typename F>
-void PyClient::Call(F rpc) {
+void PyClient::Call(absl::FunctionRef<absl::Status()> rpc) {
   if (busy_.exchange(true)) throw std::runtime_error(kBusy);
   absl::Status s;
   {

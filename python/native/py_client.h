@@ -14,6 +14,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "prometheus/exposer.h"
@@ -131,6 +132,16 @@ class PyClient {
   // with pserver.Error (state unchanged) when it is corrupt or for another
   // worker id, worker count, shard layout or model size.
   void RestoreState(const pybind11::bytes& record, const std::string& source);
+  // Every shard's whole state (Client::FetchShardStates): a list of
+  // (step, replica_checksum, bytes), one per shard.
+  pybind11::list FetchShardStates();
+  // Client::InstallShardStates of such a list (each bytes entry any
+  // buffer of uint8), then writes the shards' weights into `out` (optional).
+  // Returns {"installed": shards this call installed, "shards_ahead":
+  // whether the running job was past it and kept its own}. pserver.Error
+  // for a refusal, the state unchanged; ValueError for a malformed list.
+  pybind11::dict InstallShardStates(const pybind11::list& states,
+                                    const pybind11::handle& out);
 
   uint64_t step() const {
     NotInCall();
@@ -161,9 +172,8 @@ class PyClient {
   void CopyWeights(absl::Span<float> dst) const;
   // The step's metrics, after Step or FinishStep.
   void ObserveStep(std::optional<double> loss);
-  // Runs `rpc` (returning absl::Status) without the GIL, one at a time.
-  template <typename F>
-  void Call(F rpc);
+  // Runs `rpc` without the GIL, one at a time; raises its error.
+  void Call(absl::FunctionRef<absl::Status()> rpc);
 
   ClientOptions options_;
   // Declared before the client and the metrics that count into it, and the

@@ -9,7 +9,7 @@ namespace py = pybind11;
 namespace pserver::python {
 namespace {
 
-PyObject* g_error_type = nullptr;  // pserver._native.Error, set at import
+PyObject* g_error_type = nullptr;  // pserver.Error, set at import
 
 void TranslateStatus(std::exception_ptr p) {
   try {
@@ -30,7 +30,8 @@ void TranslateStatus(std::exception_ptr p) {
 
 void RegisterStatusError(py::module_& m) {
   g_error_type = PyErr_NewExceptionWithDoc(
-      "pserver._native.Error",
+      // Named where users meet it (pserver.Error), not where it lives.
+      "pserver.Error",
       "A refused or failed pserver call. str(e) is the shard's or client's "
       "message; e.code the gRPC code name; e.reason the shard's "
       "RejectReason name or None.",

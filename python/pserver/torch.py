@@ -18,11 +18,9 @@ in param_groups travel with the pushes, so torch.optim.lr_scheduler works.
 Every worker of a round calls step() once per step (bulk-synchronous).
 """
 
-import copy
-
 import torch
 
-from pserver import _flat, _groups, _outer
+from pserver import _flat, _groups, _outer, _state
 from pserver._native import Client
 from pserver.env import client_options as _env_client_options
 from pserver.env import init
@@ -443,123 +441,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
         flat.load()
 
     def state_dict(self):
-        """torch.optim's layout plus the worker's record, for torch.save.
+        """torch.optim's layout plus the optimizer's state, for torch.save.
 
-        "state" is empty (Adam's moments live on the shards, in their
-        checkpoints) and "param_groups" is torch's (every entry but the
-        parameters, which are indices), so a scheduler's state and
-        torch.save({"model": ..., "optimizer": opt.state_dict()}) work as
-        with torch.optim. Added: "pserver_client_state" (bytes: the
-        client's record, the one pserver_worker writes for --state_file:
-        error-feedback residuals, worker id and count, shard ranges, step),
-        "layout" (the (name, shape) pairs registered, buffers included),
-        "worker_id", "num_workers", "global_step" and
-        "pserver_hyper_from_client" (whether the groups' values are sent).
+        "param_groups" is torch's (every entry but the parameters, which
+        are indices), so a scheduler's state and torch.save({"model": ...,
+        "optimizer": opt.state_dict()}) work as with torch.optim. "state"
+        stays empty: the optimizer's state lives on the shards, and
+        "pserver_shards" holds all of it, fetched now (one uint8 tensor per
+        shard: its checkpoint bytes, about 16 bytes per parameter for Adam;
+        every rank that calls this fetches it). This worker's own part:
+        "pserver_client_state" (bytes: error-feedback residuals, the record
+        pserver_worker writes for --state_file) and, with outer_momentum,
+        "pserver_outer_momentum". Also "layout", "worker_id",
+        "num_workers", "global_step", "pserver_hyper_from_client".
         """
-        out = super().state_dict()
-        flat = self._flat
-        out.update({
-            "pserver_client_state": self.client.serialize_state(),
-            "layout": [(n, tuple(s)) for n, s in zip(flat.names,
-                                                     flat.shapes)],
-            "worker_id": self._where["worker_id"],
-            "num_workers": self._where["num_workers"],
-            "global_step": self.client.global_step,
-            "pserver_hyper_from_client": self._hyper.from_client,
-        })
-        if self._outer is not None:
-            out[_outer.OuterMomentum.KEY] = self._outer.state()
-        return out
+        return _state.save(self, super().state_dict())
 
     def load_state_dict(self, state_dict):
-        """Restores a state_dict() of this worker (after a restart).
+        """Restores a state_dict() of any worker of the job.
 
-        Call it after construction (which registered and loaded the shards'
-        weights) and before the next step(). The param groups' entries
-        (lr, weight_decay, a scheduler's initial_lr, ...) are restored as
+        Call it after construction and before the next step(), on every
+        rank (each with its own file or all with rank 0's). Shards started
+        fresh take the saved state (worker 0 sends it; the others wait for
+        it); shards already at its step, restored from their own
+        checkpoints, keep theirs; shards at any other step are refused
+        (pserver.Error FAILED_PRECONDITION naming both steps) before
+        anything changes. Another worker's dict: the shards' part is taken
+        and this worker's residuals (and outer momentum) start from zero,
+        said in one line on stderr. The param groups' entries (lr,
+        weight_decay, a scheduler's initial_lr, ...) are restored as
         torch.optim does. Refused, with nothing changed: ValueError for
         something that is not such a dict, was saved for another model
         (naming the first differing tensor) or other groups, or holds a
-        betas / eps other than the shards'; pserver.Error (code
-        FAILED_PRECONDITION) for another worker id, worker count or shard
-        count, DATA_LOSS for a damaged record. A dict of the earlier format
-        (the record and layout, no param_groups) restores the record only.
+        betas / eps other than the shards'; pserver.Error for another worker
+        count or shard count, DATA_LOSS for a damaged record. A dict without
+        "pserver_shards" (an earlier version's) restores the record only.
         """
-        key = "pserver_client_state"
-        if not isinstance(state_dict, dict) or key not in state_dict:
-            raise ValueError(
-                f"state_dict is a {type(state_dict).__name__} without "
-                f"{key!r}; expected a dict from "
-                "DistributedOptimizer.state_dict()")
-        record = state_dict[key]
-        if not isinstance(record, (bytes, bytearray)):
-            raise ValueError(f"state_dict[{key!r}] is a "
-                             f"{type(record).__name__}; expected bytes")
-        saved_groups = state_dict.get("param_groups")
-        if saved_groups is not None:
-            self._check_saved_groups(saved_groups)
-        layout = state_dict.get("layout")
-        if layout is not None:
-            self._check_layout(layout)
-        outer = state_dict.get(_outer.OuterMomentum.KEY)
-        if (outer is None) != (self._outer is None):
-            raise ValueError(
-                f"state_dict {'has no' if outer is None else 'has an'} "
-                f"{_outer.OuterMomentum.KEY!r}; expected "
-                f"{'one' if self._outer is not None else 'none'}, as this "
-                "optimizer was made with outer_momentum="
-                f"{None if self._outer is None else self._outer.beta}")
-        before = None if self._outer is None else self._outer.u
-        if outer is not None:
-            self._outer.load(outer)
-        try:
-            self.client.restore_state(bytes(record), "state_dict")
-        except BaseException:
-            if before is not None:
-                self._outer.u = before  # refused: nothing changed
-            raise
-        if saved_groups is not None:
-            for group, saved in zip(self.param_groups,
-                                    copy.deepcopy(saved_groups)):
-                saved.pop("params", None)
-                group.update(saved)
-            if state_dict.get("pserver_hyper_from_client"):
-                self._hyper.from_client = True
-
-    def _check_saved_groups(self, saved):
-        if (not isinstance(saved, list)
-                or not all(isinstance(g, dict) for g in saved)):
-            raise ValueError("state_dict['param_groups'] is not a list of "
-                             "dicts; expected DistributedOptimizer."
-                             "state_dict()'s")
-        if len(saved) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(saved)} param groups; "
-                             f"expected {len(self.param_groups)}")
-        for g, (s, mine) in enumerate(zip(saved, self.param_groups)):
-            n = len(s.get("params", ()))
-            if n != len(mine["params"]):
-                raise ValueError(f"state_dict param group {g} has {n} "
-                                 f"parameters; expected "
-                                 f"{len(mine['params'])}")
-        self._hyper.check_loaded(saved)
-
-    def _check_layout(self, layout):
-        try:
-            layout = [(str(n), [int(d) for d in shape])
-                      for n, shape in layout]
-        except (TypeError, ValueError):
-            raise ValueError("state_dict['layout'] is not a list of "
-                             "(name, shape) pairs; expected the layout "
-                             "of DistributedOptimizer.state_dict()") \
-                from None
-        mine = list(zip(self._flat.names, self._flat.shapes))
-        for i, (saved, have) in enumerate(zip(layout, mine)):
-            if (saved[0], list(saved[1])) != (have[0], list(have[1])):
-                raise ValueError(
-                    f"state_dict layout[{i}] is {saved[0]!r} with shape "
-                    f"{list(saved[1])}; expected {have[0]!r} with shape "
-                    f"{list(have[1])} (the state of another model)")
-        if len(layout) != len(mine):
-            raise ValueError(f"state_dict layout has {len(layout)} "
-                             f"tensors; expected {len(mine)} (the state "
-                             "of another model)")
+        _state.load(self, state_dict)

@@ -149,6 +149,24 @@ TEST(Checkpoint, Issue6AdamStateWithoutVarianceIsRefused) {
   EXPECT_FALSE(ParseShardState(SerializeShardState(s)).ok());
 }
 
+// Issue 47: a shard of a model with fewer blocks than shards holds no
+// elements; its own Adam checkpoint (v empty, as every array) was refused
+// as "v holds 0 elements; expected 0", so after a restart it came up empty
+// and the resumed job waited for it until the lease ran out.
+TEST(Checkpoint, Issue47AnEmptyShardsAdamCheckpointLoads) {
+  ShardState s;
+  s.shard_index = 1;
+  s.num_shards = 2;
+  s.optimizer_kind = static_cast<uint32_t>(OptimizerKind::kAdam);
+  *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);
+  ASSERT_EQ(ShardRangeFor(256, 2, 1).size(), 0u);
+  s.last_pushed = {3};
+  s.step = 4;
+  auto r = ParseShardState(SerializeShardState(s));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 4u);
+}
+
 TEST(Checkpoint, EveryTruncationAndBitFlipIsRefusedWithoutCrashing) {
   ShardState s;
   *s.layout.add_tensors() = testing_util::SmallLayout().tensors(1);

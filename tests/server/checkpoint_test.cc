@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/checksum.h"
+#include "common/chunking.h"
 #include "common/file_io.h"
 #include "common/rejection.h"
 #include "gtest/gtest.h"
@@ -31,6 +32,13 @@ using testing_util::kSmallElements;
 using testing_util::PullRequestFor;
 using testing_util::PushRequestFor;
 using testing_util::RegisterRequestFor;
+
+struct ShardStateCopyForTest {
+  uint64_t step = 0;
+  uint64_t checksum = 0;
+  uint32_t chunks = 0;
+  std::string bytes;
+};
 
 std::string NewDir(const std::string& name) {
   return testing_util::MakeTempDir(name);
@@ -154,12 +162,189 @@ TEST(Checkpoint, CorruptNewestFallsBackAndMismatchedIsRefused) {
     }
   }
   EXPECT_TRUE(mentioned);
-  // Another shard index or worker count never loads these files.
-  ShardConfig other = c;
-  other.num_workers = 3;
-  auto d = Shard::Create(other, nullptr);
+}
+
+// Issue 47: a folder holding another shard's or another job's checkpoints
+// (two shards given one --checkpoint_dir) was refused file by file and the
+// shard came up empty, its workers then waiting for minutes; now the start
+// fails at once, naming the folder, the file and why.
+TEST(Checkpoint, Issue47AnotherShardsFolderIsRefusedAtStart) {
+  std::string dir = NewDir("ckpt_other_shard");
+  ShardConfig c = Config(dir, 100);
+  c.checkpoint_every = 0;
+  auto a = NewRegisteredShard(c);
+  RunRounds(*a, 0, 2);
+  ASSERT_TRUE(a->SaveCheckpoint().ok());
+  ShardConfig second = c;
+  second.num_shards = 2;
+  second.shard_index = 1;
+  auto d = Shard::Create(second, nullptr);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(d.status().message().find(dir), std::string::npos);
+  EXPECT_NE(d.status().message().find("it is shard 0/1; this shard is 1/2"),
+            std::string::npos)
+      << d.status();
+  ShardConfig workers = c;
+  workers.num_workers = 3;
+  auto e = Shard::Create(workers, nullptr);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("it has 2 workers; expected 3"),
+            std::string::npos)
+      << e.status();
+  // The shard's own folder still loads.
+  auto own = Shard::Create(c, nullptr);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ((*own)->Status().current_step(), 2u);
+}
+
+// GetShardState's chunks of `shard`, joined (worker 0).
+ShardStateCopyForTest FetchState(Shard& shard) {
+  ShardStateCopyForTest out;
+  v1::GetShardStateRequest req;
+  for (uint32_t c = 0; c == 0 || c < out.chunks; ++c) {
+    req.set_chunk(c);
+    req.set_step(out.step);
+    auto r = shard.GetShardState(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return out;
+    out.step = r->step();
+    out.checksum = r->replica_checksum();
+    out.chunks = r->num_chunks();
+    out.bytes += r->data();
+  }
+  return out;
+}
+
+// InstallShardState of `state` into `shard` in chunks; the last answer.
+absl::StatusOr<v1::InstallShardStateResponse> Install(
+    Shard& shard, const ShardStateCopyForTest& state) {
+  absl::StatusOr<v1::InstallShardStateResponse> r;
+  const uint64_t k = kShardStateChunkBytes;
+  for (uint64_t c = 0; c * k < state.bytes.size(); ++c) {
+    v1::InstallShardStateRequest req;
+    req.set_chunk(static_cast<uint32_t>(c));
+    req.set_total_bytes(state.bytes.size());
+    req.set_step(state.step);
+    req.set_replica_checksum(state.checksum);
+    req.set_data(state.bytes.substr(c * k, k));
+    r = shard.InstallShardState(req);
+    if (!r.ok() || r->installed() || r->already_current()) return r;
+  }
+  return r;
+}
+
+// Issue 47: a fresh job resuming from a worker's state_dict() gets the
+// shards' whole state (moments, stage, replica, the workers' last pushes;
+// the state checksum covers them all), not just the weights. The model is
+// large enough for the state to take several chunks.
+TEST(ShardTransfer, Issue47InstalledStateIsTheWholeStateOfItsSource) {
+  ShardConfig c = Config("", /*freeze_step=*/3);
+  auto a = Shard::Create(c, nullptr);
+  ASSERT_TRUE(a.ok());
+  const uint64_t n = 400000;  // 4 arrays of 1.6 MB: 2 chunks
+  auto large = [&](uint32_t w) {
+    v1::RegisterRequest r = RegisterRequestFor(w, 2, InitialWeights(n));
+    r.mutable_layout()->Clear();
+    v1::TensorSpec* t = r.mutable_layout()->add_tensors();
+    t->set_name("w");
+    t->add_shape(n);
+    return r;
+  };
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto r = (*a)->Register(large(w));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  for (uint64_t t = 0; t < 5; ++t) {
+    for (uint32_t w = 0; w < 2; ++w) {
+      v1::GetStatusResponse st = (*a)->Status();
+      ASSERT_EQ(st.current_step(), t);
+      ASSERT_EQ(st.stage(), t < 3 ? v1::OPTIMIZER_STAGE_WARMUP
+                                  : v1::OPTIMIZER_STAGE_COMPRESSION);
+      auto r = (*a)->Push(PushRequestFor(
+          w, t, Fp32Tensor(Gradient(n, w, t, 0.1f)),
+          t < 3 ? v1::GRADIENT_SPACE_RAW : v1::GRADIENT_SPACE_PRECONDITIONED));
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+  ShardStateCopyForTest state = FetchState(**a);
+  ASSERT_EQ(state.step, 5u);
+  ASSERT_EQ(state.chunks, 2u);
+  // A shard that registered the model (the job's construction) but ran no
+  // round takes it.
+  auto b = Shard::Create(c, nullptr);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE((*b)->Register(large(0)).ok());
+  auto r = Install(**b, state);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->installed());
+  EXPECT_EQ(r->current_step(), 5u);
+  EXPECT_EQ((*b)->Status().state_checksum(), (*a)->Status().state_checksum());
+  EXPECT_EQ((*b)->Status().stage(), v1::OPTIMIZER_STAGE_COMPRESSION);
+  // Installing it again is a no-op.
+  r = Install(**b, state);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->already_current());
+  EXPECT_FALSE(r->installed());
+  // A shard with no model at all takes it too.
+  auto f = Shard::Create(c, nullptr);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(Install(**f, state).ok());
+  EXPECT_EQ((*f)->Status().state_checksum(), (*a)->Status().state_checksum());
+}
+
+TEST(ShardTransfer, Issue47AShardWithRoundsOfItsOwnRefusesAndKeepsItsState) {
+  ShardConfig c = Config("", 100);
+  auto a = NewRegisteredShard(c);
+  RunRounds(*a, 0, 4);
+  ShardStateCopyForTest state = FetchState(*a);
+  auto b = NewRegisteredShard(c);
+  RunRounds(*b, 0, 2);
+  const uint64_t before = b->Status().state_checksum();
+  auto r = Install(*b, state);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(r.status()), v1::REJECT_REASON_STATE_MISMATCH);
+  EXPECT_NE(r.status().message().find("holds step 2"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("of step 4"), std::string::npos);
+  EXPECT_EQ(b->Status().state_checksum(), before);
+  // Another job's state (worker count) is refused after its last chunk,
+  // the shard unchanged.
+  ShardConfig three = c;
+  three.num_workers = 3;
+  auto d = Shard::Create(three, nullptr);
   ASSERT_TRUE(d.ok());
+  r = Install(**d, state);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("it has 2 workers; expected 3"),
+            std::string::npos)
+      << r.status();
   EXPECT_FALSE((*d)->registered());
+  // Chunks out of order are refused naming the expected one.
+  v1::InstallShardStateRequest req;
+  req.set_chunk(1);
+  req.set_total_bytes(10u << 20);
+  req.set_data("x");
+  auto o = b->InstallShardState(req);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kFailedPrecondition)
+      << o.status();  // b has rounds: refused before the chunk is looked at
+  auto e = Shard::Create(c, nullptr);
+  ASSERT_TRUE(e.ok());
+  o = (*e)->InstallShardState(req);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("expected chunk 0 of 3"),
+            std::string::npos)
+      << o.status();
+  // A later export chunk without chunk 0 first.
+  v1::GetShardStateRequest g;
+  g.set_chunk(1);
+  auto x = b->GetShardState(g);
+  ASSERT_FALSE(x.ok());
+  EXPECT_NE(x.status().message().find("expected chunk 0 first"),
+            std::string::npos);
 }
 
 // Hole 6: a checkpoint whose x_hat does not match its recorded replica
