@@ -88,7 +88,7 @@ absl::Status Client::RestoreState(absl::string_view record,
         path, " is for worker ", worker, "/", workers, " with ", shards,
         " shards and ", params, " parameters; this is worker ",
         options_.worker_id, "/", options_.num_workers, " with ",
-        encoders_.size(), " shards and ", num_params()));
+        encoders_.size(), " shards and ", num_params(), " parameters"));
   }
   // All-or-nothing (hole 7): parse and validate every shard before changing
   // any, so that the commit below has no failure path.

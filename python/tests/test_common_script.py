@@ -27,14 +27,15 @@ FLAGS = ("--optimizer=onebit_adam", "--freeze_step=5", "--pull-codec=fp32",
 LAST = 12
 
 
-def launch(tmp_path, name, out_dir, *script_args):
+def launch(tmp_path, name, out_dir, *script_args, launcher_args=()):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]))
     out_dir.mkdir(parents=True, exist_ok=True)
     p = subprocess.run(
         [sys.executable, "-m", "pserver.launch", "--server-bin",
          server_binary(), "--run-dir", str(tmp_path / name), "--shards", "2",
-         "--workers", "2", *FLAGS, SCRIPT, str(out_dir), *script_args],
+         "--workers", "2", *launcher_args, *FLAGS, SCRIPT, str(out_dir),
+         *script_args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         timeout=300)
     logs = "".join(f.read_text() for f in sorted((tmp_path / name).glob(
@@ -62,11 +63,13 @@ def uninterrupted(tmp_path_factory):
     return final(tmp / "out"), final_loss(text)
 
 
-def stop_and_resume(tmp_path, stop, *variant, drop_shards=False):
+def stop_and_resume(tmp_path, stop, *variant, drop_shards=False,
+                    launcher_args=()):
     """The script run to `stop`, then its own resume to LAST in a new
     launch (new shards). Returns (final weights, final loss, output)."""
     out = tmp_path / "out"
-    launch(tmp_path, "first", out, "--max-iters", str(stop), *variant)
+    launch(tmp_path, "first", out, "--max-iters", str(stop), *variant,
+           launcher_args=launcher_args)
     if drop_shards:
         # What the optimizer's state_dict held before issue 47: no shard
         # state (and no rank takes the record).
@@ -80,7 +83,8 @@ def stop_and_resume(tmp_path, stop, *variant, drop_shards=False):
         shards = saved["optimizer"]["pserver_shards"]
         assert [s["step"] for s in shards] == [stop, stop]
     text = launch(tmp_path, "resumed", out, "--max-iters", str(LAST),
-                  "--init-from", "resume", *variant)
+                  "--init-from", "resume", *variant,
+                  launcher_args=launcher_args)
     # Without the shards' state they count only the resumed run's rounds.
     step = LAST - stop if drop_shards else LAST
     assert f"iter {LAST} loss" in text and f"step {step}\n" in text, text
@@ -116,3 +120,13 @@ def test_resume_after_the_freeze(tmp_path, uninterrupted):
           f"{control_loss:.6f}")
     assert 0 < lost_residual < lost_state
     assert abs(loss - uninterrupted[1]) < abs(control_loss - uninterrupted[1])
+
+    # The same resume with the launcher's --checkpoint-dir: the shards come
+    # back from their own checkpoints at step 8, which load_state_dict()
+    # leaves as they are; the run is the fresh-shards one, bit for bit.
+    ckpt = tmp_path / "shard_ckpt"
+    restored, _, text = stop_and_resume(
+        tmp_path / "restored", 8,
+        launcher_args=("--checkpoint-dir", str(ckpt), "--checkpoint_every=1"))
+    assert "shard 0 step 8, shard 1 step 8" in text, text
+    assert max_diff(restored, weights) == 0.0

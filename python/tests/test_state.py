@@ -146,6 +146,10 @@ def test_state_of_another_worker_or_model_is_refused_and_changes_nothing(
     # rank 0's file) is taken: the shards hold its step already, and worker
     # 1 keeps its own residuals, with one line saying so.
     residual = opts[1].client.residual_norm
+    # The record alone still says whose it is, to its last word.
+    with pytest.raises(pserver.Error, match=r"is for worker 0/2 .* this is "
+                       r"worker 1/2 with 2 shards and \d+ parameters$"):
+        opts[1].client.restore_state(other_worker["pserver_client_state"])
     capfd.readouterr()
     opts[1].load_state_dict(other_worker)
     assert opts[1].client.residual_norm == residual
