@@ -80,6 +80,11 @@ ABSL_FLAG(std::string, onebit_momentum, "server",
           "the shard keeps the momentum) or 'worker' (workers keep the "
           "momentum and push it: DeepSpeed's 1-bit Adam, DGC's momentum "
           "correction)");
+ABSL_FLAG(std::string, push_codec, "",
+          "the job's push codec, announced to workers at Register: a worker "
+          "that names none pushes with it, one that names another is "
+          "refused (empty: onebit with --optimizer=onebit_adam, fp32 with "
+          "adam and sgd; a worker may then name another)");
 ABSL_FLAG(std::string, pull_codec, "onebit",
           "codec of pull deltas: fp32 (exact snapshots), fp16, bf16, onebit, "
           "topk, randomk, quantize, topk_quantize, block_topk");
@@ -209,6 +214,12 @@ int Run() {
       {{"server", false}, {"worker", true}});
   if (!worker_momentum.ok()) return Fail(worker_momentum.status().message());
   o.worker_momentum = *worker_momentum;
+  if (!absl::GetFlag(FLAGS_push_codec).empty()) {
+    absl::StatusOr<v1::Codec> push =
+        ParseCodecFlag("push_codec", absl::GetFlag(FLAGS_push_codec));
+    if (!push.ok()) return Fail(push.status().message());
+    config.push_codec = *push;
+  }
   absl::StatusOr<v1::Codec> codec =
       ParseCodecFlag("pull_codec", absl::GetFlag(FLAGS_pull_codec));
   if (!codec.ok()) return Fail(codec.status().message());

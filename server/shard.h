@@ -77,6 +77,11 @@ struct ShardConfig {
   // snapshot of x (as many bytes as an fp32 delta, and no rounding).
   v1::Codec pull_codec = v1::CODEC_ONEBIT;
   v1::CodecParams pull_params;
+  // The job's push codec, announced at Register: a worker that chose none
+  // pushes with it. Unspecified: the optimizer's default (onebit for
+  // onebit_adam, fp32 for adam and sgd). Given (pserver_server
+  // --push_codec): a worker that chose another is refused.
+  v1::Codec push_codec = v1::CODEC_UNSPECIFIED;
   // Where checkpoints go (empty: none). The newest usable one is loaded at
   // start. One folder per shard.
   std::string checkpoint_dir;
@@ -113,6 +118,10 @@ struct ShardConfig {
 };
 
 absl::Status ValidateShardConfig(const ShardConfig& c);
+// The job's push codec (ShardConfig::push_codec or the optimizer's
+// default) and where it comes from, as RegisterResponse announces them.
+v1::Codec JobPushCodec(const ShardConfig& c);
+std::string JobPushCodecSource(const ShardConfig& c);
 
 // What a shard runs on; every field may be null for the defaults.
 struct ShardEnv {

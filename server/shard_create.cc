@@ -33,6 +33,22 @@ CheckpointExpectation Shard::Expectation() const {
   return expect;
 }
 
+v1::Codec JobPushCodec(const ShardConfig& c) {
+  if (c.push_codec != v1::CODEC_UNSPECIFIED) return c.push_codec;
+  // 1-bit Adam exists to compress its pushes; plain Adam and SGD are the
+  // exact baselines.
+  return c.optimizer.kind == OptimizerKind::kOneBitAdam ? v1::CODEC_ONEBIT
+                                                       : v1::CODEC_FP32;
+}
+
+std::string JobPushCodecSource(const ShardConfig& c) {
+  if (c.push_codec != v1::CODEC_UNSPECIFIED) {
+    return absl::StrCat("--push_codec=", CodecName(c.push_codec));
+  }
+  return absl::StrCat("the default of --optimizer=",
+                      OptimizerName(c.optimizer.kind));
+}
+
 absl::Status ValidateShardConfig(const ShardConfig& c) {
   if (c.num_shards == 0) {
     return absl::InvalidArgumentError("num_shards is 0; expected >= 1");

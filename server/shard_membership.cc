@@ -41,6 +41,18 @@ absl::Status Shard::CheckRegisterRequest(const v1::RegisterRequest& req,
                       req.num_shards(), "; this shard is ", config_.shard_index,
                       "/", config_.num_shards)));
   }
+  if (config_.push_codec != v1::CODEC_UNSPECIFIED &&
+      req.push_codec() != v1::CODEC_UNSPECIFIED &&
+      req.push_codec() != config_.push_codec) {
+    return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "push_codec is ", CodecName(req.push_codec()),
+                      "; this job pushes ", CodecName(config_.push_codec),
+                      " (", JobPushCodecSource(config_), " on the shards): "
+                      "expected the worker to leave push_codec unset (it "
+                      "takes the job's) or the shards to be started with "
+                      "another --push_codec")));
+  }
   absl::StatusOr<std::vector<TensorSlot>> s = ValidateLayout(req.layout());
   if (!s.ok()) return Reject(v1::REJECT_REASON_BAD_LAYOUT, s.status());
   for (size_t i = 0; i < s->size(); ++i) {
@@ -288,6 +300,8 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
       set->set_nesterov(o.nesterov);
       set->set_bias_correction(o.bias_correction);
     }
+    resp.set_push_codec(JobPushCodec(config_));
+    resp.set_push_codec_source(JobPushCodecSource(config_));
     resp.set_model_ready(true);
     return resp;
   }();

@@ -33,6 +33,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
        {std::tuple{options.push_codec, options.push_params, "push_codec"},
         std::tuple{options.warmup_codec, options.warmup_params,
                    "warmup_codec"}}) {
+    // An unspecified push codec is the job's, known at Register.
+    if (codec == v1::CODEC_UNSPECIFIED &&
+        absl::string_view(name) == "push_codec") {
+      continue;
+    }
     absl::StatusOr<std::unique_ptr<Codec>> c = MakeCodec(codec, params);
     if (!c.ok()) {
       return absl::InvalidArgumentError(
@@ -80,6 +85,7 @@ v1::RegisterRequest Client::RegisterRequestFor(size_t s,
   *r.mutable_layout() = layout_;
   r.set_resume_step(resume_step);
   r.set_local_steps(options_.local_steps);
+  r.set_push_codec(options_.push_codec);
   if (options_.schedule != nullptr) {
     r.set_schedule_fingerprint(options_.schedule->fingerprint());
   }
@@ -261,7 +267,20 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
     }
   }
   PushCodecs codecs;
-  codecs.push = options_.push_codec;
+  // The worker's own choice, else the job's (shards before the field
+  // announce none: onebit, the client's old default).
+  codecs.push = options_.push_codec != v1::CODEC_UNSPECIFIED
+                    ? options_.push_codec
+                : resps[0].push_codec() != v1::CODEC_UNSPECIFIED
+                    ? resps[0].push_codec()
+                    : v1::CODEC_ONEBIT;
+  if (absl::Status st = MakeCodec(codecs.push, options_.push_params).status();
+      !st.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job's push codec ", CodecName(codecs.push), " (",
+        resps[0].push_codec_source(), "): ", st.message()));
+  }
+  push_codec_ = codecs.push;
   codecs.push_params = options_.push_params;
   codecs.warmup = options_.warmup_codec;
   codecs.warmup_params = options_.warmup_params;

@@ -71,7 +71,9 @@ struct ClientOptions {
   uint32_t worker_id = 0;
   uint32_t num_workers = 1;
   // Codec of pushes once 1-bit Adam has frozen its variance, and at every
-  // step for optimizers that never freeze (adam, sgd).
+  // step for optimizers that never freeze (adam, sgd). CODEC_UNSPECIFIED:
+  // the job's, as the shards announce it at Register (onebit from shards
+  // that announce none).
   v1::Codec push_codec = v1::CODEC_ONEBIT;
   v1::CodecParams push_params;
   // Codec of pushes during 1-bit Adam's warmup (fp32 or bf16 usually).
@@ -197,6 +199,9 @@ class Client {
   // INVALID_ARGUMENT (nothing changed) for another count than the layout's
   // groups or a value that is not finite and >= 0.
   absl::Status SetHyper(std::vector<v1::HyperParams> hyper);
+  // The push codec in use: push_codec, or the job's when that is
+  // unspecified (after Register()).
+  v1::Codec push_codec() const { return push_codec_; }
   // Shard 0's optimizer configuration (RegisterResponse); empty before
   // Register().
   const v1::OptimizerSettings& shard_settings() const { return settings_; }
@@ -388,6 +393,7 @@ class Client {
   absl::Time push_start_;
   Replica replica_;
   bool registered_ = false;
+  v1::Codec push_codec_ = v1::CODEC_UNSPECIFIED;
   v1::ModelLayout layout_;
   // SetHyper's values, sent with every push chunk.
   google::protobuf::RepeatedPtrField<v1::HyperParams> hyper_;

@@ -103,6 +103,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("num_params", &PyClient::num_params)
       .def_property_readonly("registered", &PyClient::registered)
       .def_property_readonly("stage", &PyClient::stage)
+      .def_property_readonly("push_codec", &PyClient::push_codec)
       .def_property_readonly("schedule_phase", &PyClient::schedule_phase)
       .def_property_readonly("consistency", &PyClient::consistency)
       .def_property_readonly("metrics_port", &PyClient::metrics_port)

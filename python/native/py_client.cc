@@ -22,6 +22,7 @@ namespace pserver::python {
 namespace {
 
 v1::Codec CodecArg(const std::string& name, const char* arg) {
+  if (name.empty()) return v1::CODEC_UNSPECIFIED;  // the job's (at register)
   absl::StatusOr<v1::Codec> c = ParseCodecName(name);
   if (!c.ok()) {
     throw py::value_error(absl::StrCat(arg, ": ", c.status().message()));

@@ -30,7 +30,8 @@ struct PyClientArgs {
   std::vector<std::string> servers;
   uint32_t worker_id = 0;
   uint32_t num_workers = 1;
-  std::string push_codec = "onebit";
+  // Empty: the job's, as the shards announce it at register().
+  std::string push_codec;
   std::string warmup_codec = "fp32";
   uint32_t block_size = 256;
   double k_fraction = 0.01;
@@ -154,6 +155,8 @@ class PyClient {
   bool registered() const { return registered_; }
   double residual_norm() const;
   std::string stage() const;
+  // The codec pushes use (its name): the one given, else the job's.
+  std::string push_codec() const;
   // The compression schedule's phase of the next push (0 without one).
   uint32_t schedule_phase() const;
   // What the shards' rounds wait for: "bsp", "ssp" or "async" ("" before

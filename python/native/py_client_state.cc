@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/codec.h"
 #include "python/native/float_buffer.h"
 #include "python/native/py_client.h"
 #include "python/native/status_error.h"
@@ -27,6 +28,12 @@ void PyClient::RestoreState(const py::bytes& record,
   Registered();
   std::string bytes = record;
   Call([&] { return client_->RestoreState(bytes, source); });
+}
+
+std::string PyClient::push_codec() const {
+  Registered();
+  NotInCall();
+  return CodecName(client_->push_codec());
 }
 
 py::list PyClient::FetchShardStates() {

@@ -67,7 +67,10 @@ class Recipe:
         self.name = name
         self.default_freeze = default_freeze
         self.summary = summary
-        self._shard_flags = tuple(shard_flags)
+        # The shards announce the recipe's push codec as the job's
+        # (pserver_server --push_codec): a worker that names none takes it.
+        self._shard_flags = (*shard_flags,
+                             f"--push_codec={client_options['push_codec']}")
         self._client_options = dict(client_options)
         self._phases = (("warmup", warmup), ("compression", compression))
 

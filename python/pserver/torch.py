@@ -18,6 +18,8 @@ in param_groups travel with the pushes, so torch.optim.lr_scheduler works.
 Every worker of a round calls step() once per step (bulk-synchronous).
 """
 
+import json
+
 import torch
 
 from pserver import _flat, _groups, _outer, _state
@@ -125,8 +127,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     when it is set: a JSON object of Client options, what python3 -m
     pserver.launch --recipe NAME gives the workers (it may set
     outer_momentum too, used with local steps when the caller passes none:
-    the recipe lm-local's). Given by neither,
-    push_codec is "onebit" and the others are Client's defaults. A value that
+    the recipe lm-local's); a push_codec given here that is not the
+    recipe's raises ValueError naming both. Given by neither, push_codec is
+    the job's, which the shards announce (pserver_server --push_codec;
+    unset: onebit for onebit_adam, fp32 for adam and sgd), and the others
+    are Client's defaults. A value that
     is not JSON, not an object, or has a key that is not a Client option
     raises ValueError naming PSERVER_CLIENT_OPTIONS, before any shard is
     contacted.
@@ -146,9 +151,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  outer_nesterov=True, **client_options):
         # Explicit arguments win over the launcher's recipe.
         from_env = _env_client_options()
+        recipe_codec = from_env.pop("push_codec", None)
         if push_codec is None:
-            push_codec = from_env.get("push_codec", "onebit")
-        from_env.pop("push_codec", None)
+            # The recipe's, else the job's (the shards announce it).
+            push_codec = recipe_codec or ""
+        elif recipe_codec is not None and push_codec != recipe_codec:
+            # The recipe's other options (momentum masking, k, bits, the
+            # schedule) were chosen for its codec: refuse, naming both.
+            raise ValueError(
+                f"push_codec is {push_codec!r} but the launcher's recipe "
+                f"pushes {recipe_codec!r} (PSERVER_CLIENT_OPTIONS: "
+                f"{json.dumps(dict(from_env, push_codec=recipe_codec))}); "
+                "expected push_codec left out (the recipe's) or the job run "
+                "without --recipe")
         env_outer = from_env.pop("outer_momentum", None)
         client_options = {**from_env, **client_options}
         if (not isinstance(local_steps, int) or isinstance(local_steps, bool)

@@ -293,7 +293,7 @@ def test_a_recipe_configures_the_shards_and_the_workers(tmp_path):
     assert (f"launch: recipe lm-topk (freeze 5): --optimizer=onebit_adam "
             "--freeze_step=5 --bias_correction=true --onebit_momentum=worker "
             "--compression_beta1=0.5 --pull_codec=topk_quantize "
-            "--pull_k_fraction=0.03 --pull_bits=4 "
+            "--pull_k_fraction=0.03 --pull_bits=4 --push_codec=topk "
             f"--schedule={schedule}\n") in text, text
     assert "begin_step: 5" in schedule.read_text()
     assert (f"optimizer onebit_adam (momentum on the workers), pull codec "
@@ -330,7 +330,8 @@ def test_the_local_recipe_runs_local_steps_and_refuses_a_script_without(
     assert p.returncode == 0, text
     assert ("launch: recipe lm-local: --optimizer=sgd --momentum=0 "
             "--weight_decay=0 --lr=0.6 --pull_codec=quantize --pull_bits=2 "
-            "--local_steps=16 --lease_timeout_seconds=600\n") in text, text
+            "--local_steps=16 --lease_timeout_seconds=600 "
+            "--push_codec=quantize\n") in text, text
     assert not list(run_dir.glob("recipe_*.txtpb"))
     for rank in range(2):
         seen = json.loads((out / f"rank{rank}.json").read_text())

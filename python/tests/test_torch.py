@@ -252,23 +252,30 @@ def _client_options_given(monkeypatch, value, **kwargs):
 def test_client_options_from_the_environment_fill_what_is_not_given(
         monkeypatch):
     """PSERVER_CLIENT_OPTIONS (python3 -m pserver.launch --recipe) supplies
-    the Client options the script does not pass; explicit ones win, and
-    without it the defaults are as before."""
+    the Client options the script does not pass; explicit ones win, but
+    a push codec other than the recipe's is refused naming both (issue 47:
+    the recipe's other options were chosen for its codec). Without it the
+    push codec is the job's (empty: the shards announce it)."""
     assert _client_options_given(monkeypatch, None) == {
-        "push_codec": "onebit", "local_steps": 1}
+        "push_codec": "", "local_steps": 1}
     assert _client_options_given(monkeypatch, "") == {
-        "push_codec": "onebit", "local_steps": 1}
+        "push_codec": "", "local_steps": 1}
     recipe = ('{"push_codec": "topk", "k_fraction": 0.01, '
               '"momentum_masking": true, "schedule": "/run/s.txtpb"}')
     assert _client_options_given(monkeypatch, recipe) == {
         "push_codec": "topk", "k_fraction": 0.01, "momentum_masking": True,
         "schedule": "/run/s.txtpb", "local_steps": 1}
     assert _client_options_given(
-        monkeypatch, recipe, push_codec="fp32", k_fraction=0.05) == {
-        "push_codec": "fp32", "k_fraction": 0.05, "momentum_masking": True,
+        monkeypatch, recipe, push_codec="topk", k_fraction=0.05) == {
+        "push_codec": "topk", "k_fraction": 0.05, "momentum_masking": True,
         "schedule": "/run/s.txtpb", "local_steps": 1}
+    with pytest.raises(ValueError, match="push_codec is 'fp32' but the "
+                       "launcher's recipe pushes 'topk' "
+                       r"\(PSERVER_CLIENT_OPTIONS: .*\"momentum_masking\": "
+                       r"true.*\); expected push_codec left out"):
+        _client_options_given(monkeypatch, recipe, push_codec="fp32")
     assert _client_options_given(monkeypatch, '{"seed": 3}') == {
-        "push_codec": "onebit", "seed": 3, "local_steps": 1}
+        "push_codec": "", "seed": 3, "local_steps": 1}
 
 
 @pytest.mark.parametrize("value,message", [
