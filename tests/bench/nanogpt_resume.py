@@ -273,7 +273,7 @@ def script_args(a, seed, max_iters, out_dir, resume=False):
 
 def launcher(a, run_dir, beta2=True):
     cmd = [PYTHON, "-m", "pserver.launch", "--shards", "2", "--workers", "2",
-           "--server-bin", str(a.snapshot / "pserver_server"),
+           "--server-bin", str(a.snapshot / "server" / "pserver_server"),
            "--run-dir", str(run_dir), "--recipe", f"lm-onebit:{a.freeze}"]
     # The script's betas are (0.9, 0.99); the shards' default beta2 is
     # 0.999 and they refuse a script's other value (see the probe).
@@ -367,43 +367,71 @@ def run(a, name, cwd, cmd, timeout):
     return out
 
 
-def final_loss(r, at):
-    return next((v for it, _, v in r["evals"] if it == at), None) \
-        if r and r["exit"] == 0 else None
+def final_loss(r, at, metric):
+    """nanoGPT's estimate_loss() val loss at iter `at` ("estimate"), or the
+    final weights' loss on the whole of val.bin ("heldout")."""
+    if not r or r["exit"] != 0:
+        return None
+    if metric == "heldout":
+        h = r.get("heldout")
+        return h["val_loss"] if h and h["iter"] == at else None
+    return next((v for it, _, v in r["evals"] if it == at), None)
+
+
+def spread(finals, full=None):
+    got = [x for x in finals.values() if x is not None]
+    s = {"final_val_loss": finals, "runs": len(got),
+         "mean": statistics.mean(got) if got else None,
+         "std": statistics.stdev(got) if len(got) > 1 else None,
+         "min": min(got) if got else None, "max": max(got) if got else None}
+    if full and full["min"] is not None and got:
+        s["mean_within_full_range"] = full["min"] <= s["mean"] <= full["max"]
+        s["seeds_within_full_range"] = sum(full["min"] <= x <= full["max"]
+                                           for x in got)
+        s["mean_rel_to_full"] = s["mean"] / full["mean"] - 1
+        s["per_seed_rel_to_full"] = {
+            k: x / full["final_val_loss"][k] - 1 for k, x in finals.items()
+            if x is not None and full["final_val_loss"].get(k) is not None}
+    return s
 
 
 def summarize(st, runs):
     """The finals per variant and the checkpoints' cost, from the runs and
-    the settings (st); --report recomputes it."""
-    by = {r["name"]: r for r in runs}
+    the settings (st); --report recomputes it. A resumed variant's final is
+    its first attempt that exited 0; the failed attempts are counted."""
+    prefix = {"full": "full", "after": "resume_after",
+              "before": "resume_before", "adamw": "adamw"}
     variants = {}
-    for v in st["runs"]:
-        finals = {}
+    for metric in ("estimate", "heldout"):
+        out = {}
+        for v in ["full"] + [x for x in st["runs"] if x != "full"]:
+            if v not in st["runs"]:
+                continue
+            finals, failed = {}, 0
+            for seed in st["seeds"]:
+                attempts = [r for r in runs
+                            if re.fullmatch(rf"{prefix[v]}_s{seed}(_retry\d+)?",
+                                            r["name"])]
+                failed += sum(r["exit"] != 0 for r in attempts)
+                ok = next((r for r in attempts if r["exit"] == 0), None)
+                finals[str(seed)] = final_loss(ok, st["max_iters"], metric)
+            out[v] = spread(finals, out.get("full"))
+            out[v]["failed_attempts"] = failed
+        variants[metric] = out
+    noise = []
+    for v, stop in (("after", st["stop_after"]), ("before", st["stop_before"])):
         for seed in st["seeds"]:
-            final = {"full": f"full_s{seed}", "after": f"resume_after_s{seed}",
-                     "before": f"resume_before_s{seed}",
-                     "adamw": f"adamw_s{seed}"}[v]
-            finals[str(seed)] = final_loss(by.get(final), st["max_iters"])
-        got = [x for x in finals.values() if x is not None]
-        variants[v] = {"final_val_loss": finals, "runs": len(got),
-                       "mean": statistics.mean(got) if got else None,
-                       "std": statistics.stdev(got) if len(got) > 1 else None,
-                       "min": min(got) if got else None,
-                       "max": max(got) if got else None}
-    full = variants.get("full")
-    for v, s in variants.items():
-        if v == "full" or not full or full["min"] is None or s["mean"] is None:
-            continue
-        s["mean_within_full_range"] = full["min"] <= s["mean"] <= full["max"]
-        s["seeds_within_full_range"] = sum(
-            full["min"] <= x <= full["max"]
-            for x in s["final_val_loss"].values() if x is not None)
-        s["mean_minus_full_mean"] = s["mean"] - full["mean"]
-        s["mean_rel_to_full"] = s["mean"] / full["mean"] - 1
-        s["per_seed_rel_to_full"] = {
-            k: x / full["final_val_loss"][k] - 1
-            for k, x in s["final_val_loss"].items()
-            if x is not None and full["final_val_loss"].get(k) is not None}
+            stopped = next((r for r in runs if r["name"] == f"stop_{v}_s{seed}"
+                            and r["exit"] == 0), None)
+            resumed = next((r for r in runs if re.fullmatch(
+                rf"resume_{v}_s{seed}(_retry\d+)?", r["name"])
+                and r["exit"] == 0), None)
+            a = final_loss(stopped, stop, "estimate")
+            b = next((x for it, _, x in resumed["evals"] if it == stop),
+                     None) if resumed else None
+            if a is not None and b is not None:
+                noise.append({"variant": v, "seed": seed, "iter": stop,
+                              "stopped": a, "resumed": b})
 
     def cost(ss, loads, others):
         if not ss:
@@ -433,49 +461,133 @@ def summarize(st, runs):
                 [x for r in chosen for x in
                  r.get("load_state_dict_seconds_others", {}).values()])
 
-    return {"variants": variants,
+    return {"variants": variants, "estimate_noise": noise,
             "checkpoint_pserver": cost(*pick(("full", "stop", "resume"))),
             "checkpoint_adamw_reference": cost(*pick(("adamw",)))}
 
 
 def provenance(a):
-    def git(*args):
-        return sh(["git", "-C", str(ROOT), *args])
+    """The machine, the repository now, and the build: where it was copied
+    from and the repository's state then (a copy's own provenance.json when
+    --build is such a copy)."""
     cpu = next((line.split(":", 1)[1].strip()
                 for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), None)
-    dirty = [line for line in git("status", "--porcelain").splitlines()
-             if line]
-    py_same = {}
-    for f in sorted((a.snapshot / "python" / "pserver").glob("*.py")):
-        try:
-            head = git("show", f"HEAD:python/pserver/{f.name}")
-            py_same[f.name] = head == f.read_text().strip()
-        except subprocess.CalledProcessError:
-            py_same[f.name] = None
-    return {"commit": git("describe", "--always", "--dirty"),
-            "head": git("rev-parse", "HEAD"), "dirty_paths": dirty,
-            "build": str(a.build),
-            "build_server_sha256": sha256(a.snapshot / "pserver_server"),
-            "build_native_sha256": {p.name: sha256(p) for p in
-                                    (a.snapshot / "python" / "pserver")
-                                    .glob("_native*.so")},
-            "build_python_equals_head": py_same,
+    return {"commit": repo_state()["commit"],
+            "repository_at_run": repo_state(),
+            "build_copied": json.loads(
+                (a.snapshot / "provenance.json").read_text()),
             "nproc": int(sh(["nproc"])), "cpu": cpu,
             "python": PYTHON,
             "torch": sh([PYTHON, "-c", "import torch; print(torch.__version__)"])}
 
 
+def repo_state(package=None):
+    def git(*args):
+        return sh(["git", "-C", str(ROOT), *args])
+    out = {"commit": git("describe", "--always", "--dirty"),
+           "head": git("rev-parse", "HEAD"),
+           "dirty_paths": [line for line in
+                           git("status", "--porcelain").splitlines() if line]}
+    if package is not None:
+        same = {}
+        for f in sorted(package.glob("*.py")):
+            try:
+                head = git("show", f"HEAD:python/pserver/{f.name}")
+                same[f.name] = head == f.read_text().strip()
+            except subprocess.CalledProcessError:
+                same[f.name] = None
+        out["python_equals_head"] = same
+    return out
+
+
 def snapshot_build(a):
+    """Copies BUILD's pserver_server and Python package into WORK/build (the
+    same layout), with provenance.json: the sources' state at the copy. A
+    BUILD that is such a copy is copied with its own provenance.json."""
     server = a.build / "server" / "pserver_server"
     package = a.build / "python" / "pserver"
     if not server.is_file() or not list(package.glob("_native*.so")):
         sys.exit(f"nanogpt_resume: no {server} or no extension in {package}: "
                  "build first (tests/run.sh)")
-    a.snapshot.mkdir(parents=True)
-    shutil.copy2(server, a.snapshot / "pserver_server")
+    (a.snapshot / "server").mkdir(parents=True)
+    shutil.copy2(server, a.snapshot / "server" / "pserver_server")
     shutil.copytree(package, a.snapshot / "python" / "pserver",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    if (a.build / "provenance.json").is_file():
+        shutil.copy2(a.build / "provenance.json", a.snapshot)
+        return
+    copied = {"from": str(a.build), "at": time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "server_sha256": sha256(server),
+        "native_sha256": {p.name: sha256(p)
+                          for p in package.glob("_native*.so")},
+        **repo_state(package)}
+    (a.snapshot / "provenance.json").write_text(json.dumps(copied, indent=1))
+
+
+HELDOUT = """
+import sys, numpy as np, torch
+from model import GPT, GPTConfig
+torch.set_num_threads(1)
+c = torch.load(sys.argv[1], map_location="cpu")
+m = GPT(GPTConfig(**c["model_args"]))
+m.load_state_dict(c["model"])
+m.eval()
+data = np.memmap(sys.argv[2], dtype=np.uint16, mode="r")
+t = c["model_args"]["block_size"]
+n = (len(data) - 1) // t
+ids = torch.from_numpy(data[:n * t + 1].astype(np.int64))
+x, y = ids[:-1].view(n, t), ids[1:].view(n, t)
+total = 0.0
+with torch.no_grad():
+    for i in range(0, n, 256):
+        total += m(x[i:i + 256], y[i:i + 256])[1].item() * len(x[i:i + 256])
+print(c["iter_num"], total / n)
+"""
+
+
+def heldout_loss(a, copy, r, out_dir):
+    """The run's final weights (its ckpt.pt, saved at the eval at
+    --max-iters) on the whole of val.bin in consecutive block_size
+    windows: the same windows for every run, so no estimate_loss noise
+    (its 40 random batches)."""
+    ckpt = out_dir / "ckpt.pt"
+    if r["exit"] != 0 or not ckpt.is_file():
+        return
+    with bench_lock():
+        got = sh([PYTHON, "-c", HELDOUT, str(ckpt),
+                  str(copy / "data" / DATASET / "val.bin")], cwd=copy)
+    it, loss = got.split()[-2:]
+    r["heldout"] = {"iter": int(it), "val_loss": float(loss)}
+    print(f"nanogpt_resume: {r['name']}: whole val.bin at iter {it}: "
+          f"{float(loss):.4f}", flush=True)
+
+
+def race_probe(a, ps):
+    """The start of a resume, repeated: --init_from=resume from the first
+    seed's stop before the freeze, to its own iter (one eval of one batch,
+    one step), fresh shards each time. Counts the starts that fail."""
+    src = a.work / "out" / f"before_s{a.seeds[0]}" / "ckpt_stop.pt"
+    if not src.is_file():
+        return None
+    trials = []
+    for i in range(a.race_trials):
+        out_dir = a.work / "out" / f"race_{i}"
+        out_dir.mkdir(parents=True)
+        shutil.copy2(src, out_dir / "ckpt.pt")
+        r = run(a, f"race_{i}", ps, launcher(
+            a, a.work / "runs" / f"race_{i}" / "launch") + ["train.py"]
+            + script_args(a, a.seeds[0], a.stop_before, out_dir, True)
+            + ["--eval_iters=1"], 600)
+        trials.append({"exit": r["exit"], "error": r["error"],
+                       "worker_errors": r.get("worker_errors")})
+    failed = [t for t in trials if t["exit"] != 0]
+    return {"trials": len(trials), "failed": len(failed),
+            "errors": sorted({e for t in failed for e in
+                              [t["error"], *(t["worker_errors"] or {})
+                               .values()] if e}),
+            "runs": trials}
 
 
 def measure(a):
@@ -509,24 +621,45 @@ def measure(a):
                             [PYTHON, "train.py"] + script_args(
                                 a, seed, a.max_iters, out("adamw")),
                             a.timeout))
+            heldout_loss(a, ref, runs[-1], out("adamw"))
         if "full" in a.runs:
             name = f"full_s{seed}"
             runs.append(run(a, name, ps, launcher(
                 a, a.work / "runs" / name / "launch") + ["train.py"]
                 + script_args(a, seed, a.max_iters, out("full")), a.timeout))
+            heldout_loss(a, ps, runs[-1], out("full"))
         for v, stop in (("after", a.stop_after), ("before", a.stop_before)):
             if v not in a.runs:
                 continue
-            for phase, iters, resume in (("stop", stop, False),
-                                         ("resume", a.max_iters, True)):
-                name = f"{phase}_{v}_s{seed}"
+            name = f"stop_{v}_s{seed}"
+            runs.append(run(a, name, ps, launcher(
+                a, a.work / "runs" / name / "launch") + ["train.py"]
+                + script_args(a, seed, stop, out(v)), a.timeout))
+            # The stop's ckpt.pt, kept: a failed resume may have begun to
+            # overwrite it (rank 0 saves at its first eval), and every
+            # retry and the race probe start from it.
+            ckpt = out(v) / "ckpt.pt"
+            if ckpt.is_file():
+                shutil.copy2(ckpt, out(v) / "ckpt_stop.pt")
+            for attempt in range(1 + a.resume_retries
+                                 if ckpt.is_file() else 1):
+                name = f"resume_{v}_s{seed}" + (f"_retry{attempt}"
+                                                 if attempt else "")
+                if attempt:
+                    shutil.copy2(out(v) / "ckpt_stop.pt", ckpt)
                 runs.append(run(a, name, ps, launcher(
                     a, a.work / "runs" / name / "launch") + ["train.py"]
-                    + script_args(a, seed, iters, out(f"{v}"), resume),
+                    + script_args(a, seed, a.max_iters, out(v), True),
                     a.timeout))
+                runs[-1]["attempt"] = attempt
+                if runs[-1]["exit"] == 0:
+                    heldout_loss(a, ps, runs[-1], out(v))
+                    break
+    race = race_probe(a, ps) if a.race_trials else None
     settings = {k: getattr(a, k) for k in (
         "seeds", "runs", "max_iters", "stop_after", "stop_before", "freeze",
-        "warmup", "eval_interval", "eval_iters")}
+        "warmup", "eval_interval", "eval_iters", "resume_retries",
+        "race_trials")}
     return {"issue": 47, "what": "nanoGPT train.py's own stop and resume "
             "through pserver.launch, lm-onebit recipe, against uninterrupted "
             "runs",
@@ -537,7 +670,7 @@ def measure(a):
             "patches": [{"key": k, "file": f, "why": w}
                         for k, f, _, _, w in PATCHES],
             "reference_patches": sorted(REFERENCE_KEYS),
-            "probes": probes, "runs": runs,
+            "probes": probes, "runs": runs, "race_probe": race,
             "summary": summarize(settings, runs)}
 
 
@@ -571,36 +704,60 @@ def report(res):
             "/work/.mirror/karpathy+nanoGPT/repo` "
             "([nanogpt_resume.json](nanogpt_resume.json) holds every run).",
             ""]
-    out += ["| variant | seeds | final val loss, mean ± std | range | "
-            "vs uninterrupted mean | within the uninterrupted range |",
-            "|---|---|---|---|---|---|"]
     names = {"full": "uninterrupted", "after":
              f"stopped at {st['stop_after']} (after the freeze), resumed",
              "before": f"stopped at {st['stop_before']} (before the freeze), "
              "resumed", "adamw": "reference: unchanged nanoGPT, "
              "torch.optim.AdamW, 1 process"}
-    for v, s in su["variants"].items():
-        within = s.get("mean_within_full_range")
-        out.append(
-            f"| {names[v]} | {s['runs']} | {fmt(s['mean'])} ± "
-            f"{fmt(s['std'])} | {fmt(s['min'])} - {fmt(s['max'])} | "
-            + ("-" if v == "full" or s.get("mean_rel_to_full") is None
-               else f"{100 * s['mean_rel_to_full']:+.2f}%")
-            + " | " + ("-" if within is None else
-                       f"{'yes' if within else 'no'} (mean; "
-                       f"{s['seeds_within_full_range']} of {s['runs']} "
-                       "seeds)") + " |")
-    out.append("")
-    seeds = sorted({k for s in su["variants"].values()
-                    for k in s["final_val_loss"]})
-    out += ["Final val loss per seed:", "",
-            "| seed | " + " | ".join(su["variants"]) + " |",
-            "|---|" + "---|" * len(su["variants"])]
-    for seed in seeds:
-        out.append(f"| {seed} | " + " | ".join(
-            fmt(s["final_val_loss"].get(seed))
-            for s in su["variants"].values()) + " |")
-    out.append("")
+    titles = {"heldout": "Final weights (ckpt.pt at iter "
+              f"{st['max_iters']}) on the whole of val.bin (3,124 windows of "
+              "64, the same for every run):",
+              "estimate": "nanoGPT's own final estimate_loss() val loss at "
+              f"iter {st['max_iters']} ({st['eval_iters']} random batches "
+              "of 12):"}
+    for metric in ("heldout", "estimate"):
+        rows = su["variants"][metric]
+        out += [titles[metric], "",
+                "| variant | seeds | mean ± std | range | vs uninterrupted "
+                "mean | within the uninterrupted range | failed attempts |",
+                "|---|---|---|---|---|---|---|"]
+        for v, x in rows.items():
+            within = x.get("mean_within_full_range")
+            out.append(
+                f"| {names[v]} | {x['runs']} | {fmt(x['mean'])} ± "
+                f"{fmt(x['std'])} | {fmt(x['min'])} - {fmt(x['max'])} | "
+                + ("-" if x.get("mean_rel_to_full") is None
+                   else f"{100 * x['mean_rel_to_full']:+.2f}%")
+                + " | " + ("-" if within is None else
+                           f"{'yes' if within else 'no'} (mean; "
+                           f"{x['seeds_within_full_range']} of {x['runs']} "
+                           "seeds)") + f" | {x['failed_attempts']} |")
+        out.append("")
+        seeds = sorted({k for x in rows.values() for k in x["final_val_loss"]})
+        out += ["| seed | " + " | ".join(rows) + " |",
+                "|---|" + "---|" * len(rows)]
+        for seed in seeds:
+            out.append(f"| {seed} | " + " | ".join(
+                fmt(x["final_val_loss"].get(seed)) for x in rows.values())
+                + " |")
+        out.append("")
+    noise = su.get("estimate_noise")
+    if noise:
+        out += ["estimate_loss()'s own noise: the same weights (the stop's "
+                "ckpt.pt) evaluated by the stopped run and again by its "
+                "resume at the same iter: "
+                + ", ".join(f"{n['stopped']:.4f} / {n['resumed']:.4f}"
+                            for n in noise)
+                + f" (mean absolute difference "
+                f"{statistics.mean(abs(n['stopped'] - n['resumed']) for n in noise):.4f}).",
+                ""]
+    race = res.get("race_probe")
+    if race:
+        out += [f"Resume starts repeated ({race['trials']} times from the "
+                f"stop at {st['stop_before']}, fresh shards each time): "
+                f"{race['failed']} failed"
+                + (": " + "; ".join(f"`{e}`" for e in race["errors"])
+                   if race["errors"] else "") + ".", ""]
     ck, ref = su["checkpoint_pserver"], su["checkpoint_adamw_reference"]
     if ck:
         last = ck["last_save"]
@@ -679,6 +836,11 @@ def main():
     ap.add_argument("--eval-interval", type=int, default=50)
     ap.add_argument("--eval-iters", type=int, default=40)
     ap.add_argument("--no-probes", dest="probes", action="store_false")
+    ap.add_argument("--resume-retries", type=int, default=2,
+                    help="runs of a failed resume again, from the stop's "
+                    "ckpt.pt (each attempt is recorded)")
+    ap.add_argument("--race-trials", type=int, default=20,
+                    help="starts of a resume repeated to count failures")
     ap.add_argument("--timeout", type=int, default=1800,
                     help="seconds per run")
     ap.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
