@@ -1,6 +1,8 @@
 #include "server/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -16,7 +18,7 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
 absl::string_view Magic() { return absl::string_view(kMagic, sizeof(kMagic)); }
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 // Version 2 had no local_steps; it loads as local_steps 1. Version 3 had no
 // schedule; it loads as none.
 constexpr uint32_t kOldestVersion = 2;
@@ -91,6 +93,17 @@ std::string CheckpointMismatch(const ShardState& s,
                           " (--freeze_step)");
     }
   }
+  if (s.has_adam_hyper) {
+    for (const auto& [name, saved, flag] :
+         {std::tuple{"beta1", s.beta1, expect.beta1},
+          std::tuple{"beta2", s.beta2, expect.beta2},
+          std::tuple{"eps", s.eps, expect.eps}}) {
+      if (flag.has_value() && *flag != saved) {
+        return absl::StrCat("it was written with ", name, " ", saved,
+                            "; this shard has --", name, "=", *flag);
+      }
+    }
+  }
   if (s.schedule_fingerprint != expect.schedule_fingerprint) {
     return absl::StrFormat(
         "it was written with compression schedule %016x; this shard has "
@@ -125,6 +138,10 @@ std::string SerializeShardState(const ShardState& s) {
   w.Num<uint32_t>(s.local_steps);
   w.Num<uint64_t>(s.schedule_fingerprint);
   w.Num<uint64_t>(s.schedule_total_steps);
+  w.Num<uint8_t>(s.has_adam_hyper ? 1 : 0);
+  w.Num<float>(s.beta1);
+  w.Num<float>(s.beta2);
+  w.Num<float>(s.eps);
   w.Blob(s.layout.SerializeAsString());
   {
     v1::EncodedChunks chunks;
@@ -147,6 +164,7 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
   uint32_t version = 0;
   ShardState s;
   uint8_t frozen = 0, preconditioned = 0, has_delta = 0, worker_momentum = 0;
+  uint8_t has_adam = 0;
   std::string layout, delta;
   if (!r.Num(&version)) return absl::DataLossError("truncated header");
   if (version < kOldestVersion || version > kVersion) {
@@ -162,6 +180,8 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
             (version < 3 || r.Num(&s.local_steps)) &&
             (version < 4 || (r.Num(&s.schedule_fingerprint) &&
                              r.Num(&s.schedule_total_steps))) &&
+            (version < 5 || (r.Num(&has_adam) && r.Num(&s.beta1) &&
+                             r.Num(&s.beta2) && r.Num(&s.eps))) &&
             r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
             r.Floats(&s.m) && r.Floats(&s.v) && r.Floats(&s.x_hat) &&
             r.Int64s(&s.last_pushed);
@@ -172,6 +192,14 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
   }
   s.frozen = frozen != 0;
   s.preconditioned = preconditioned != 0;
+  if (has_adam > 1 || (has_adam == 1 && !(s.beta1 >= 0 && s.beta1 < 1 &&
+                                          s.beta2 >= 0 && s.beta2 < 1 &&
+                                          s.eps > 0 && std::isfinite(s.eps)))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint betas/eps are ", s.beta1, ", ", s.beta2, ", ", s.eps,
+        "; expected betas in [0, 1) and eps > 0"));
+  }
+  s.has_adam_hyper = has_adam != 0;
   if (worker_momentum > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint worker_momentum is ", static_cast<int>(worker_momentum),

@@ -2,12 +2,13 @@
 // including its compression state (the replica x_hat that workers hold and
 // the last pull delta), so a restart loses no error-feedback memory.
 //
-// File format (version 4), all numbers little-endian:
+// File format (version 5), all numbers little-endian:
 //   "PSCKPT\0\1" | u32 version | u32 shard_index | u32 num_shards |
 //   u32 num_workers | u32 optimizer kind | u8 frozen | u8 preconditioned |
 //   u8 has_delta | u8 worker_momentum | u64 step | u64 freeze_step |
 //   u64 prev_replica_checksum | u64 replica_checksum | u32 local_steps |
 //   u64 schedule_fingerprint | u64 schedule_total_steps |
+//   u8 has_adam_hyper | f32 beta1 | f32 beta2 | f32 eps |
 //   blob layout (pserver.v1.ModelLayout) | blob delta (pserver.v1.EncodedChunks)
 //   | floats x | floats m | floats v | floats x_hat | i64s last_pushed |
 //   u64 Checksum64 of every byte before it
@@ -15,7 +16,8 @@
 // record format of common/record_io.h). freeze_step is the step at which v
 // freezes (onebit_adam; 0 for the other optimizers). Version 2 files (no
 // local_steps: the job pushed every step) still load, as local_steps 1;
-// version 3 files (no schedule fields) load as having no schedule.
+// version 3 files (no schedule fields) load as having no schedule; version
+// 4 files (no Adam hyper-parameters) as the shard's flags'.
 // worker_momentum (--onebit_momentum=worker: m holds only the freeze-time
 // momentum) was a zero pad byte before, which is the shard's momentum.
 // Files are named ckpt-<20-digit step>.pserver and written atomically: a
@@ -60,6 +62,10 @@ struct ShardState {
   // length its fractions were resolved against (0: none needed).
   uint64_t schedule_fingerprint = 0;
   uint64_t schedule_total_steps = 0;
+  // The betas and eps the shard ran with (its flags, or the first
+  // worker's optimizer's); has_adam_hyper false: not recorded (version 4).
+  bool has_adam_hyper = false;
+  float beta1 = 0, beta2 = 0, eps = 0;
 };
 
 // Serialises / parses the format above. Parse never crashes on any input:
@@ -97,6 +103,9 @@ struct CheckpointExpectation {
   // The shard's --schedule fingerprint (0: none): the phases a checkpoint
   // was in follow from it, so another schedule is refused.
   uint64_t schedule_fingerprint = 0;
+  // Betas and eps given to the shard by flag: a recorded other value is
+  // refused (nullopt: the checkpoint's are taken).
+  std::optional<float> beta1, beta2, eps;
 };
 
 // Why `s` may not be loaded by a shard that expects `expect` (one phrase,

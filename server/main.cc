@@ -45,12 +45,18 @@ ABSL_FLAG(uint64_t, lr_decay_rounds, 0,
           "cosine)");
 ABSL_FLAG(float, min_lr, 0.0f,
           "where the --lr_decay ends (0 .. --lr)");
-ABSL_FLAG(float, beta1, 0.9f, "Adam beta1 (momentum decay)");
+ABSL_FLAG(std::optional<float>, beta1, std::nullopt,
+          "Adam beta1 (momentum decay); unset: the first worker's "
+          "optimizer's (PyTorch's betas[0]), else 0.9");
 ABSL_FLAG(float, compression_beta1, -1.0f,
           "onebit_adam: the momentum's decay after the freeze (the workers' "
           "with --onebit_momentum=worker); -1: --beta1");
-ABSL_FLAG(float, beta2, 0.999f, "Adam beta2 (variance decay)");
-ABSL_FLAG(float, eps, 1e-8f, "Adam eps, added outside the sqrt");
+ABSL_FLAG(std::optional<float>, beta2, std::nullopt,
+          "Adam beta2 (variance decay); unset: the first worker's "
+          "optimizer's (PyTorch's betas[1]), else 0.999");
+ABSL_FLAG(std::optional<float>, eps, std::nullopt,
+          "Adam eps, added outside the sqrt; unset: the first worker's "
+          "optimizer's, else 1e-8");
 ABSL_FLAG(float, weight_decay, 0.0f,
           "decoupled weight decay for Adam variants (AdamW), L2 for sgd");
 ABSL_FLAG(std::optional<bool>, bias_correction, std::nullopt,
@@ -184,10 +190,14 @@ int Run() {
   OptimizerConfig& o = config.optimizer;
   o.kind = *kind;
   o.lr = absl::GetFlag(FLAGS_lr);
-  o.beta1 = absl::GetFlag(FLAGS_beta1);
-  o.beta2 = absl::GetFlag(FLAGS_beta2);
+  // Left out, they are the first worker's optimizer's (its Register).
+  config.beta1_given = absl::GetFlag(FLAGS_beta1).has_value();
+  config.beta2_given = absl::GetFlag(FLAGS_beta2).has_value();
+  config.eps_given = absl::GetFlag(FLAGS_eps).has_value();
+  o.beta1 = absl::GetFlag(FLAGS_beta1).value_or(o.beta1);
+  o.beta2 = absl::GetFlag(FLAGS_beta2).value_or(o.beta2);
   o.compression_beta1 = absl::GetFlag(FLAGS_compression_beta1);
-  o.eps = absl::GetFlag(FLAGS_eps);
+  o.eps = absl::GetFlag(FLAGS_eps).value_or(o.eps);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.bias_correction = absl::GetFlag(FLAGS_bias_correction)
                           .value_or(o.kind == OptimizerKind::kAdam);

@@ -82,6 +82,10 @@ struct ShardConfig {
   // onebit_adam, fp32 for adam and sgd). Given (pserver_server
   // --push_codec): a worker that chose another is refused.
   v1::Codec push_codec = v1::CODEC_UNSPECIFIED;
+  // Whether optimizer.beta1 / beta2 / eps were given (pserver_server
+  // flags): false lets the installing Register set them (its
+  // RegisterRequest.adam_hyper), as it sets the layout.
+  bool beta1_given = true, beta2_given = true, eps_given = true;
   // Where checkpoints go (empty: none). The newest usable one is loaded at
   // start. One folder per shard.
   std::string checkpoint_dir;
@@ -260,6 +264,10 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a checkpoint or an installed state must match (this config).
   CheckpointExpectation Expectation() const;
+  // Takes the installing Register's betas / eps where the flags left them
+  // out; CONFIG_MISMATCH naming both for any other value (nothing changed).
+  absl::Status AdoptAdamHyper(const v1::RegisterRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RestoreFrom(ShardState state) ABSL_LOCKS_EXCLUDED(mu_);
   // RestoreFrom's commit, after its checks.
   void CommitState(ShardState st, const std::vector<TensorSlot>& slots,
@@ -343,6 +351,9 @@ class Shard {
   const RoundPolicy policy_;
 
   absl::Mutex mu_;
+  // config_.optimizer with the betas and eps the job runs (the flags', or
+  // the first worker's optimizer's, or a restored state's).
+  OptimizerConfig opt_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // Since this incarnation started, no round has completed: the shard may

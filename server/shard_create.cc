@@ -14,7 +14,7 @@
 
 namespace pserver {
 bool Shard::ExpectsMomentum() const {
-  return WorkerMomentumBeta(config_.optimizer) > 0 &&
+  return WorkerMomentumBeta(opt_) > 0 &&
          optimizer_->stage() == v1::OPTIMIZER_STAGE_COMPRESSION;
 }
 
@@ -30,6 +30,9 @@ CheckpointExpectation Shard::Expectation() const {
       config_.schedule != nullptr ? config_.schedule->fingerprint() : 0;
   // freeze_step is not compared: a shard that fast-forwarded from a fresh
   // start saves its shifted freeze step, which a restart must accept.
+  if (config_.beta1_given) expect.beta1 = config_.optimizer.beta1;
+  if (config_.beta2_given) expect.beta2 = config_.optimizer.beta2;
+  if (config_.eps_given) expect.eps = config_.optimizer.eps;
   return expect;
 }
 
@@ -197,6 +200,7 @@ Shard::Shard(const ShardConfig& config, ShardEnv env,
       clock_(env.clock != nullptr ? env.clock : Clock::Real()),
       pool_(env.pool),
       policy_(config.consistency),
+      opt_(config.optimizer),
       worker_registered_(config.num_workers, false),
       last_pushed_(config.num_workers, -1),
       landed_(config.num_workers, -1),

@@ -96,7 +96,7 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
                        std::vector<const Codec*>(slots_.size(), nullptr))));
   // No push can be queued before a model is installed: nothing to answer.
   round_.Resize(range.size(), config_.chunk_elements);
-  optimizer_ = MakeOptimizer(config_.optimizer, range.size(),
+  optimizer_ = MakeOptimizer(opt_, range.size(),
                              std::move(segments), pool_);
   registered_ = true;
   ++arrays_version_;

@@ -2,6 +2,7 @@
 // model, through shard_install.cc; a re-registration may fast-forward a
 // shard that lost rounds) and the lease reaper that drops silent workers.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <utility>
 
@@ -173,6 +174,7 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                         "local_steps is ", local_steps, "; expected ",
                         config_.local_steps, " (this shard's --local_steps)")));
     }
+    if (absl::Status s = AdoptAdamHyper(req); !s.ok()) return s;
     if (registered_) {
       std::string diff = FirstLayoutDifference(req.layout(), layout_);
       if (!diff.empty()) {
@@ -282,13 +284,13 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
                                    ? v1::GRADIENT_SPACE_PRECONDITIONED
                                    : v1::GRADIENT_SPACE_RAW);
     resp.set_chunk_elements(config_.chunk_elements);
-    resp.set_worker_momentum(WorkerMomentumBeta(config_.optimizer));
+    resp.set_worker_momentum(WorkerMomentumBeta(opt_));
     resp.set_schedule_phase(PhaseAt(step_));
     resp.set_consistency(static_cast<v1::Consistency>(
         static_cast<int>(policy_.mode()) + 1));
     resp.set_max_staleness(policy_.config().max_staleness);
     {
-      const OptimizerConfig& o = config_.optimizer;
+      const OptimizerConfig& o = opt_;
       v1::OptimizerSettings* set = resp.mutable_optimizer_settings();
       set->set_optimizer(OptimizerName(o.kind));
       set->set_lr(o.lr);
@@ -384,6 +386,50 @@ void Shard::ReaperLoop() {
     }
     for (Ready& r : ready) r();
   }
+}
+
+absl::Status Shard::AdoptAdamHyper(const v1::RegisterRequest& req) {
+  if (config_.optimizer.kind == OptimizerKind::kSgd) return absl::OkStatus();
+  const v1::AdamHyper& h = req.adam_hyper();
+  struct Field {
+    const char* name;
+    bool has;
+    float value;
+    float* mine;
+    bool given;
+  } fields[] = {
+      {"beta1", h.has_beta1(), h.beta1(), &opt_.beta1, config_.beta1_given},
+      {"beta2", h.has_beta2(), h.beta2(), &opt_.beta2, config_.beta2_given},
+      {"eps", h.has_eps(), h.eps(), &opt_.eps, config_.eps_given},
+  };
+  for (const Field& f : fields) {
+    if (!f.has || f.value == *f.mine) continue;
+    if (f.given || registered_) {
+      return Reject(v1::REJECT_REASON_CONFIG_MISMATCH,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        f.name, " is ", f.value, " (the worker's optimizer); "
+                        "this job runs ", *f.mine, " (",
+                        f.given ? absl::StrCat("--", f.name, " on the shards")
+                                : "set by the first worker's optimizer",
+                        "): expected the same ", f.name, " on every worker, "
+                        "and a shard flag that agrees or is left out")));
+    }
+  }
+  for (const Field& f : fields) {
+    if (!f.has) continue;
+    const bool ok = f.name[0] == 'e' ? f.value > 0 && std::isfinite(f.value)
+                                     : f.value >= 0 && f.value < 1;
+    if (!ok) {
+      return Reject(v1::REJECT_REASON_INVALID_FIELD,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "adam_hyper.", f.name, " is ", f.value, "; expected ",
+                        f.name[0] == 'e' ? "eps > 0" : "0 <= beta < 1")));
+    }
+  }
+  for (const Field& f : fields) {
+    if (f.has) *f.mine = f.value;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pserver

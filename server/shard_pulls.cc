@@ -158,7 +158,7 @@ absl::StatusOr<v1::GetFrozenVarianceResponse> Shard::GetFrozenVariance(
   const ChunkPlan& plan = round_.plan();
   v1::GetFrozenVarianceResponse resp;
   resp.set_freeze_step(optimizer_->freeze_at());
-  resp.set_eps(config_.optimizer.eps);
+  resp.set_eps(opt_.eps);
   resp.set_chunk(c);
   SetFp32(optimizer_->frozen_variance().subspan(plan.begin(c), plan.size(c)),
           resp.mutable_variance());

@@ -136,6 +136,10 @@ ShardState Shard::CaptureState() {
   st.x_hat.assign(replica_->x_hat().begin(), replica_->x_hat().end());
   st.last_pushed = last_pushed_;
   st.local_steps = local_steps_;
+  st.has_adam_hyper = true;
+  st.beta1 = opt_.beta1;
+  st.beta2 = opt_.beta2;
+  st.eps = opt_.eps;
   if (schedule_.has_value()) {
     st.schedule_fingerprint = schedule_->schedule().fingerprint();
     st.schedule_total_steps = schedule_->total_steps();
@@ -165,6 +169,13 @@ absl::Status Shard::RestoreFrom(ShardState st) {
 
 void Shard::CommitState(ShardState st, const std::vector<TensorSlot>& slots,
                         std::optional<ResolvedSchedule> schedule) {
+  if (st.has_adam_hyper) {
+    // What its moments were computed with (a flag that disagrees was
+    // refused by the loader: CheckpointExpectation).
+    opt_.beta1 = st.beta1;
+    opt_.beta2 = st.beta2;
+    opt_.eps = st.eps;
+  }
   InstallModel(st.layout, slots, std::move(st.x));
   replica_->Restore(std::move(st.x_hat), std::move(st.delta),
                     st.replica_checksum, st.prev_replica_checksum);

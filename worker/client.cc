@@ -86,6 +86,9 @@ v1::RegisterRequest Client::RegisterRequestFor(size_t s,
   r.set_resume_step(resume_step);
   r.set_local_steps(options_.local_steps);
   r.set_push_codec(options_.push_codec);
+  if (options_.beta1) r.mutable_adam_hyper()->set_beta1(*options_.beta1);
+  if (options_.beta2) r.mutable_adam_hyper()->set_beta2(*options_.beta2);
+  if (options_.eps) r.mutable_adam_hyper()->set_eps(*options_.eps);
   if (options_.schedule != nullptr) {
     r.set_schedule_fingerprint(options_.schedule->fingerprint());
   }

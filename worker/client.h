@@ -79,6 +79,10 @@ struct ClientOptions {
   // Codec of pushes during 1-bit Adam's warmup (fp32 or bf16 usually).
   v1::Codec warmup_codec = v1::CODEC_FP32;
   v1::CodecParams warmup_params;
+  // The training script's Adam betas and eps, where it gave them (PyTorch's
+  // betas / eps), sent at Register (RegisterRequest.adam_hyper): the job's
+  // first registration sets them on shards whose flags left them out.
+  std::optional<float> beta1, beta2, eps;
   // Local steps between pushes (worker/trainer.h), sent at Register so that
   // the shards refuse a worker whose schedule differs from the job's.
   uint32_t local_steps = 1;

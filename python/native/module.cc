@@ -32,7 +32,8 @@ PYBIND11_MODULE(_native, m) {
                        std::string tls_ca, std::string tls_cert,
                        std::string tls_key, std::string auth_token_file,
                        bool momentum_masking, std::string schedule,
-                       uint64_t run_length) {
+                       uint64_t run_length, std::optional<float> beta1,
+                       std::optional<float> beta2, std::optional<float> eps) {
              PyClientArgs a;
              a.servers = std::move(servers);
              a.worker_id = worker_id;
@@ -56,6 +57,9 @@ PYBIND11_MODULE(_native, m) {
              a.momentum_masking = momentum_masking;
              a.schedule = std::move(schedule);
              a.run_length = run_length;
+             a.beta1 = beta1;
+             a.beta2 = beta2;
+             a.eps = eps;
              return std::make_unique<PyClient>(a);
            }),
            py::arg("servers"), py::arg("worker_id"), py::arg("num_workers"),
@@ -74,7 +78,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("auth_token_file") = d.auth_token_file,
            py::arg("momentum_masking") = d.momentum_masking,
            py::arg("schedule") = d.schedule,
-           py::arg("run_length") = d.run_length)
+           py::arg("run_length") = d.run_length,
+           py::arg("beta1") = std::optional<float>(),
+           py::arg("beta2") = std::optional<float>(),
+           py::arg("eps") = std::optional<float>())
       .def("register", &PyClient::Register, py::arg("names"),
            py::arg("shapes"), py::arg("initial_weights"),
            py::arg("out") = py::none(), py::kw_only(),

@@ -58,6 +58,9 @@ PyClient::PyClient(const PyClientArgs& a)
   options_.worker_id = a.worker_id;
   options_.num_workers = a.num_workers;
   options_.push_codec = CodecArg(a.push_codec, "push_codec");
+  options_.beta1 = a.beta1;
+  options_.beta2 = a.beta2;
+  options_.eps = a.eps;
   options_.warmup_codec = CodecArg(a.warmup_codec, "warmup_codec");
   options_.push_params.set_block_size(a.block_size);
   options_.push_params.set_k_fraction(a.k_fraction);

@@ -49,6 +49,9 @@ struct PyClientArgs {
   // job's; 0: unknown.
   uint64_t run_length = 0;
   uint64_t seed = 1;
+  // The script's Adam betas and eps (ClientOptions::beta1, ...); none: not
+  // given.
+  std::optional<float> beta1, beta2, eps;
   // Local steps between pushes (ClientOptions::local_steps), 1..100000.
   uint32_t local_steps = 1;
   double rpc_timeout = 30;

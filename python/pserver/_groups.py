@@ -219,6 +219,41 @@ class GroupHyper:
                 group[key] = self.defaults[key]
         return group
 
+    def adam_hyper(self, groups):
+        """The betas and eps the groups give, for the shards' Register
+        (Client's beta1, beta2, eps; the first registration sets those the
+        shards' flags leave out): a dict of the given ones. ValueError when
+        two groups give different ones (the shards run one)."""
+        out = {}
+        for key in ("betas", "eps"):
+            first = None
+            for g, group in enumerate(groups):
+                value = group.get(key)
+                if value is None:
+                    continue
+                try:
+                    value = (tuple(float(b) for b in value) if key == "betas"
+                             else float(value))
+                except (TypeError, ValueError):
+                    raise ValueError(f"param group {g}: {key} is {value!r}; "
+                                     "expected " + ("two floats" if key ==
+                                                    "betas" else "a float"))
+                if key == "betas" and len(value) != 2:
+                    raise ValueError(f"param group {g}: betas is {value!r}; "
+                                     "expected two floats")
+                if first is None:
+                    first = (g, value)
+                elif not _same(value, first[1]):
+                    raise ValueError(
+                        f"param group {g}: {key} is {value!r}; param group "
+                        f"{first[0]}'s is {first[1]!r}; expected one {key} "
+                        "for every group (the shards run one)")
+            if first is not None and key == "betas":
+                out["beta1"], out["beta2"] = first[1]
+            elif first is not None:
+                out["eps"] = first[1]
+        return out
+
     def specs(self, groups):
         """Client.register's group_specs: one per group that has layout
         tensors (self.sent_groups, set by the caller), in order."""

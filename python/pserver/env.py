@@ -6,8 +6,9 @@ import os
 
 CLIENT_OPTIONS_ENV = "PSERVER_CLIENT_OPTIONS"
 # pserver.Client's keyword options that PSERVER_CLIENT_OPTIONS may set
-# (python/native/module.cc); servers, worker_id, num_workers and local_steps
-# are DistributedOptimizer's own.
+# (python/native/module.cc); servers, worker_id, num_workers, local_steps
+# and the Adam hyper-parameters (beta1, beta2, eps: its param groups') are
+# DistributedOptimizer's own.
 CLIENT_OPTIONS = (
     "push_codec", "warmup_codec", "block_size", "k_fraction", "bits",
     "ef_decay", "seed", "rpc_timeout", "pull_timeout", "retry_budget",

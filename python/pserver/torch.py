@@ -69,10 +69,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     the shards' own learning-rate schedule (pserver_server --lr and its
     schedule flags, times the group's lr_scale) applies, with each group's
     weight_decay. Missing entries are filled from the shards' flags at
-    construction. betas and eps (adam, onebit_adam) or momentum and
-    nesterov (sgd) are the shards': given ones must equal them (ValueError
-    naming the group, both values and the flag), and a scheduler may not
-    change them (OneCycleLR needs cycle_momentum=False). A value that is
+    construction. betas and eps (adam, onebit_adam) given here or in the
+    groups are what the shards run: the job's first registration sets them
+    where pserver_server's --beta1/--beta2/--eps are left out; a flag or an
+    earlier worker with other values refuses (pserver.Error
+    FAILED_PRECONDITION naming both), as do groups with different ones
+    (ValueError). momentum and nesterov (sgd) are the shards': given ones
+    must equal them (ValueError naming the group, both values and the
+    flag). A scheduler may change none of them (OneCycleLR needs
+    cycle_momentum=False). A value that is
     not finite or is negative raises ValueError in step(), nothing sent.
     Every worker of a round must send the same values (workers running the
     same scheduler do); the shards refuse the round's later push otherwise
@@ -261,7 +266,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         flat.values_into(flat.weights)
         self.client = Client(where["servers"], where["worker_id"],
                              where["num_workers"], push_codec=push_codec,
-                             local_steps=local_steps, **client_options)
+                             local_steps=local_steps,
+                             **hyper.adam_hyper(self.param_groups),
+                             **client_options)
         self.client.register(flat.names, flat.shapes, flat.weights,
                              out=flat.weights,
                              groups=group_of + [0] * len(bufs),

@@ -101,7 +101,7 @@ def main():
         model.load_state_dict(checkpoint["model"])
         iter_num = resumed_at = checkpoint["iter_num"]
     scaler = torch.cuda.amp.GradScaler(enabled=args.scaler)
-    optimizer = model.configure_optimizers(0.1, 3e-3, (0.9, 0.999))
+    optimizer = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95))
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
     checkpoint = None

@@ -303,7 +303,8 @@ def test_the_environment_s_client_options_are_client_s():
     signature = pserver.Client.__init__.__doc__.split("\n")[0]
     names = re.findall(r"(\w+): ", signature)
     assert names[0] == "self"
-    own = {"self", "servers", "worker_id", "num_workers", "local_steps"}
+    own = {"self", "servers", "worker_id", "num_workers", "local_steps",
+           "beta1", "beta2", "eps"}
     assert sorted(CLIENT_OPTIONS) == sorted(set(names) - own)
 
 

@@ -367,24 +367,51 @@ def test_construction_errors_name_the_parameter_or_group(shards):
     for call, error, words in cases:
         with pytest.raises(error, match=words):
             call()
-    # The shards' betas and eps are known once registered: the model is
-    # then on the shards (rank 0 installed it), the parameters unchanged.
+    # Issue 47: betas and eps against a shard flag are refused by the
+    # shards at Register, naming both, the parameters unchanged.
     net.fc1.weight.data.add_(1.0)
     before = params_of(net)
-    with pytest.raises(ValueError, match=r"param group 0: betas is "
-                       r"\(0.8, 0.999\); the shards' is \(0.9, 0.999\) "
-                       r"\(pserver_server --beta1 and --beta2 set it"):
+    with pytest.raises(pserver.Error, match=r"beta1 is 0.8 \(the worker's "
+                       r"optimizer\); this job runs 0.9 \(--beta1 on the "
+                       r"shards\)") as e:
         make(net.named_parameters(), addrs, betas=(0.8, 0.999))
+    assert e.value.code == "FAILED_PRECONDITION"
     unchanged(make(net.named_parameters(), addrs), net, before, 0)
+    # Groups that give different ones are refused before any shard is
+    # contacted (the shards run one).
     with pytest.raises(ValueError, match=r"param group 1: eps is 1e-06; "
-                       r"the shards' is 1e-08 \(pserver_server --eps"):
-        make([{"params": [net.fc1.weight]},
+                       r"param group 0's is 1e-08; expected one eps"):
+        make([{"params": [net.fc1.weight], "eps": 1e-8},
               {"params": [net.fc1.bias], "eps": 1e-6}],
-             shards(1, 1, *FP32_ADAM))
+             ["127.0.0.1:1"])
     sgd = shards(1, 1, "--optimizer=sgd")
     with pytest.raises(ValueError, match="betas is .*; the shards run "
                        "--optimizer=sgd, which has no betas"):
         make(net.parameters(), sgd, betas=(0.9, 0.999))
+
+
+def test_betas_and_eps_of_the_script_are_what_the_shards_run(shards):
+    """Issue 47: with --beta1/--beta2/--eps left out, the first worker's
+    optimizer sets them (nanoGPT's betas=(0.9, 0.95) need no launcher
+    flag); a later worker with others is refused naming both; a job whose
+    script gives none runs the defaults."""
+    addrs = shards(1, 2, *FP32_ADAM)
+    net = Net()
+    first = make(net.named_parameters(), addrs, world=2, betas=(0.9, 0.95),
+                 eps=1e-6)
+    config = first.client.shard_config
+    assert (config["beta1"], config["beta2"]) == pytest.approx((0.9, 0.95))
+    assert config["eps"] == pytest.approx(1e-6)
+    assert first.param_groups[0]["betas"] == (0.9, 0.95)
+    with pytest.raises(pserver.Error, match=r"beta2 is 0.999 \(the worker's "
+                       r"optimizer\); this job runs 0.95 \(set by the first "
+                       r"worker's optimizer\)"):
+        make(Net().named_parameters(), addrs, rank=1, world=2,
+             betas=(0.9, 0.999), retry_budget=5)
+    # Another job, no betas anywhere: the defaults, filled into the groups.
+    plain = make(Net().named_parameters(), shards(1, 1, *FP32_ADAM))
+    assert plain.param_groups[0]["betas"] == (0.9, 0.999)
+    assert plain.param_groups[0]["eps"] == 1e-8
 
 
 def test_step_errors_send_nothing_and_change_nothing(shards):

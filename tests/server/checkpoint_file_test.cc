@@ -75,8 +75,8 @@ TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
   s.last_pushed = {41, -1};
   s.delta = {Fp32Tensor(std::vector<float>(n, 0.25f))};
   s.local_steps = 1;
-  const std::string v4 = SerializeShardState(s);
-  EXPECT_EQ(v4.size(), 5305u);
+  const std::string v5 = SerializeShardState(s);
+  EXPECT_EQ(v5.size(), 5318u);
   // An older version: `drop` bytes cut at `at`, the version number set, the
   // trailing Checksum64 redone.
   auto older = [](const std::string& newer, size_t at, size_t drop,
@@ -90,40 +90,55 @@ TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
     b.append(reinterpret_cast<const char*>(&sum), 8);
     return b;
   };
-  // Offsets: magic 8, five u32, four u8, four u64 = 64; local_steps 4.
+  // Offsets: magic 8, five u32, four u8, four u64 = 64; local_steps 4;
+  // the schedule's two u64 16; the Adam hyper-parameters 13.
+  const std::string v4 = older(v5, 84, 13, 4);
   const std::string v3 = older(v4, 68, 16, 3);
   const std::string v2 = older(v3, 64, 4, 2);
   Checksum64 h;
   h.Update(v2.data(), v2.size());
   EXPECT_EQ(v2.size(), 5285u);
   EXPECT_EQ(h.Finish(), 0xec80687abfd4e7f8ull);
-  for (const std::string* file : {&v2, &v3}) {
+  for (const std::string* file : {&v2, &v3, &v4}) {
     auto old = ParseShardState(*file);
     ASSERT_TRUE(old.ok()) << old.status();
     EXPECT_EQ(old->local_steps, 1u);
     EXPECT_EQ(old->schedule_fingerprint, 0u);
     EXPECT_EQ(old->schedule_total_steps, 0u);
+    EXPECT_FALSE(old->has_adam_hyper);
     EXPECT_EQ(old->x, s.x);
     EXPECT_EQ(old->step, 42u);
-    EXPECT_EQ(SerializeShardState(*old), v4);
+    EXPECT_EQ(SerializeShardState(*old), v5);
   }
-  // Version 4 carries the values; local_steps 0 is refused.
+  // Version 5 carries the values; local_steps 0 is refused, and so are
+  // betas outside [0, 1).
   s.local_steps = 16;
   s.schedule_fingerprint = 0xfeedfacecafebeefull;
   s.schedule_total_steps = 9370;
+  s.has_adam_hyper = true;
+  s.beta1 = 0.9f;
+  s.beta2 = 0.95f;
+  s.eps = 1e-6f;
   auto now = ParseShardState(SerializeShardState(s));
   ASSERT_TRUE(now.ok()) << now.status();
   EXPECT_EQ(now->local_steps, 16u);
   EXPECT_EQ(now->schedule_fingerprint, 0xfeedfacecafebeefull);
   EXPECT_EQ(now->schedule_total_steps, 9370u);
+  EXPECT_TRUE(now->has_adam_hyper);
+  EXPECT_EQ(now->beta2, 0.95f);
+  EXPECT_EQ(now->eps, 1e-6f);
+  s.beta2 = 1.0f;
+  EXPECT_EQ(ParseShardState(SerializeShardState(s)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  s.beta2 = 0.95f;
   s.local_steps = 0;
   EXPECT_EQ(ParseShardState(SerializeShardState(s)).status().code(),
             absl::StatusCode::kInvalidArgument);
   // A version beyond the newest is refused naming the range.
-  const std::string v5 = older(v4, 68, 0, 5);
-  auto future = ParseShardState(v5);
+  const std::string v6 = older(v5, 68, 0, 6);
+  auto future = ParseShardState(v6);
   ASSERT_FALSE(future.ok());
-  EXPECT_NE(future.status().message().find("expected 2..4"), std::string::npos)
+  EXPECT_NE(future.status().message().find("expected 2..5"), std::string::npos)
       << future.status();
 }
 
