@@ -30,7 +30,11 @@ comm hook), one process per rank started as torchrun starts them (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each taking its share of the global
 batch as with --pserver; DDP averages the gradients before clipping:
 
-    torchrun --nproc_per_node 2 python/examples/train_gpt.py --ddp fp32
+    torchrun --nproc_per_node 2 --redirects 2 --tee 2 \
+        python/examples/train_gpt.py --ddp fp32
+
+(Debian's torch 1.13 under Python 3.11 needs --redirects and --tee given:
+their default fails before any rank starts.)
 
 Rank 0 prints the training loss (its own share of the batch) every
 --log-every steps, and at the end `final_val_loss X` (nats per byte on the
