@@ -340,9 +340,11 @@ def run(a, name, cwd, cmd, timeout):
     text = log.read_text()
     evals, saves, stats, load = parse(text)
     pserver_lines = {}
-    for path in sorted([log] + list((folder / "launch").glob("worker*.log"))):
+    for path in sorted([log] + list((folder / "launch").glob("worker*.log"))
+                       + list((folder / "launch").glob("shard*.log"))):
         found = [line for line in path.read_text().splitlines()
-                 if line.startswith(("pserver:", "pserver worker", "launch:"))]
+                 if line.startswith(("pserver:", "pserver worker", "launch:"))
+                 and "diagnostic: straggler" not in line]
         if found:
             pserver_lines[path.name] = found
     out = {"name": name, "command": cmd, "cwd": str(cwd), "exit": rc,
@@ -564,13 +566,20 @@ def heldout_loss(a, copy, r, out_dir):
           f"{float(loss):.4f}", flush=True)
 
 
+SKIP = ("skips from step", "asking it to skip")
+
+
 def race_probe(a, ps):
     """The start of a resume, repeated: --init_from=resume from the first
-    seed's stop before the freeze, to its own iter (one eval of one batch,
-    one step), fresh shards each time. Counts the starts that fail."""
+    seed's stop before the freeze, fresh shards each time, on to the next
+    eval (estimate_loss() draws the same batches in every trial, so equal
+    training gives an equal value). Counts the starts that fail, those
+    where a shard skipped ahead (its log and rank 1's say so) and the
+    distinct values reached."""
     src = a.work / "out" / f"before_s{a.seeds[0]}" / "ckpt_stop.pt"
     if not src.is_file():
         return None
+    until = a.stop_before + a.eval_interval
     trials = []
     for i in range(a.race_trials):
         out_dir = a.work / "out" / f"race_{i}"
@@ -578,15 +587,26 @@ def race_probe(a, ps):
         shutil.copy2(src, out_dir / "ckpt.pt")
         r = run(a, f"race_{i}", ps, launcher(
             a, a.work / "runs" / f"race_{i}" / "launch") + ["train.py"]
-            + script_args(a, a.seeds[0], a.stop_before, out_dir, True)
-            + ["--eval_iters=1"], 600)
+            + script_args(a, a.seeds[0], until, out_dir, True)
+            + ["--eval_iters=5"], 600)
+        lines = [x for v in r["printed"].values() for x in v]
         trials.append({"exit": r["exit"], "error": r["error"],
-                       "worker_errors": r.get("worker_errors")})
+                       "worker_errors": r.get("worker_errors"),
+                       "skip_lines": [x for x in lines
+                                      if any(k in x for k in SKIP)],
+                       "val_loss": final_loss(r, until, "estimate")})
     failed = [t for t in trials if t["exit"] != 0]
-    return {"trials": len(trials), "failed": len(failed),
+    skipped = [t for t in trials if t["exit"] == 0 and t["skip_lines"]]
+    clean = [t for t in trials if t["exit"] == 0 and not t["skip_lines"]]
+    return {"trials": len(trials), "until": until, "failed": len(failed),
             "errors": sorted({e for t in failed for e in
                               [t["error"], *(t["worker_errors"] or {})
                                .values()] if e}),
+            "skipped": len(skipped),
+            "skip_lines": sorted({x for t in skipped
+                                  for x in t["skip_lines"]}),
+            "val_loss_clean": sorted({t["val_loss"] for t in clean}),
+            "val_loss_skipped": sorted({t["val_loss"] for t in skipped}),
             "runs": trials}
 
 
@@ -753,11 +773,20 @@ def report(res):
                 ""]
     race = res.get("race_probe")
     if race:
-        out += [f"Resume starts repeated ({race['trials']} times from the "
-                f"stop at {st['stop_before']}, fresh shards each time): "
-                f"{race['failed']} failed"
-                + (": " + "; ".join(f"`{e}`" for e in race["errors"])
-                   if race["errors"] else "") + ".", ""]
+        clean = race["trials"] - race["failed"] - race.get("skipped", 0)
+        out += [f"The start of a resume, repeated {race['trials']} times "
+                f"(from the stop at {st['stop_before']}, fresh shards each "
+                f"time, on to iter {race.get('until')}): {clean} clean "
+                "(val loss there "
+                + ", ".join(fmt(x) for x in race.get("val_loss_clean", []))
+                + f"); {race['failed']} refused at rank 1's construction"
+                + (" (" + "; ".join(f"`{e}`" for e in race["errors"]) + ")"
+                   if race["errors"] else "")
+                + f"; {race.get('skipped', 0)} where a shard skipped ahead"
+                + (" (" + "; ".join(f"`{e}`" for e in race["skip_lines"])
+                   + "), val loss there " + ", ".join(
+                       fmt(x) for x in race["val_loss_skipped"]) + ")"
+                   if race.get("skip_lines") else "") + ".", ""]
     ck, ref = su["checkpoint_pserver"], su["checkpoint_adamw_reference"]
     if ck:
         last = ck["last_save"]
@@ -810,11 +839,16 @@ def report(res):
         if r["exit"] != 0:
             out.append(f"- run {r['name']} FAILED: exit {r['exit']}, "
                        f"`{r['error'] or r.get('worker_errors')}`")
-    said = sorted({line for r in res["runs"] if r["name"].startswith("resume")
-                   for lines in r["printed"].values() for line in lines
-                   if line.startswith("pserver")})
-    for line in said:
-        out.append(f"- every resume printed (rank 1): `{line}`")
+    said = {}
+    for r in res["runs"]:
+        if r["name"].startswith("resume") and r["exit"] == 0:
+            for where, lines in r["printed"].items():
+                for line in lines:
+                    if line.startswith("pserver"):
+                        said.setdefault((where, line), []).append(r["name"])
+    for (where, line), names in sorted(said.items()):
+        out.append(f"- {len(names)} of the resumes that ran printed "
+                   f"({where}): `{line}`")
     out += [""] + res.get("notes", [])
     return "\n".join(out).rstrip() + "\n"
 
@@ -839,7 +873,7 @@ def main():
     ap.add_argument("--resume-retries", type=int, default=2,
                     help="runs of a failed resume again, from the stop's "
                     "ckpt.pt (each attempt is recorded)")
-    ap.add_argument("--race-trials", type=int, default=20,
+    ap.add_argument("--race-trials", type=int, default=30,
                     help="starts of a resume repeated to count failures")
     ap.add_argument("--timeout", type=int, default=1800,
                     help="seconds per run")
