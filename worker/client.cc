@@ -145,6 +145,23 @@ absl::Status Client::SendWeights(
 
 absl::Status Client::Register(const v1::ModelLayout& layout,
                               absl::Span<const float> initial_weights) {
+  // A shard may move while this worker registers: another worker installs
+  // a saved state (InstallShardStates) between this worker's Register and
+  // its pull, or between two shards. Registering again then finds the new
+  // state; a real misconfiguration fails the same way each time.
+  constexpr int kAttempts = 4;
+  absl::Status st;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    if (attempt > 0) absl::SleepFor(absl::Milliseconds(200) * attempt);
+    moved_ = false;
+    st = RegisterOnce(layout, initial_weights);
+    if (st.ok() || !(absl::IsAborted(st) || moved_)) return st;
+  }
+  return st;
+}
+
+absl::Status Client::RegisterOnce(const v1::ModelLayout& layout,
+                                  absl::Span<const float> initial_weights) {
   absl::StatusOr<std::vector<TensorSlot>> slots = ValidateLayout(layout);
   if (!slots.ok()) return slots.status();
   if (options_.schedule != nullptr) {
@@ -253,6 +270,7 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   }
   // Under ssp and async the shards' steps are their own.
   if (!relaxed() && max_step > min_step + 1) {
+    moved_ = true;  // or a state being installed shard by shard: retried
     return absl::FailedPreconditionError(
         absl::StrCat("shards are more than one step apart: their steps range "
                      "from ", min_step, " to ", max_step));

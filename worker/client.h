@@ -272,6 +272,10 @@ class Client {
   };
 
   Client(const ClientOptions& options, prometheus::Registry* registry);
+  // One attempt of Register; sets moved_ when the shards' steps were too
+  // far apart (possibly an installation under way).
+  absl::Status RegisterOnce(const v1::ModelLayout& layout,
+                            absl::Span<const float> initial_weights);
   // Step's and StartStep's checks (`what` names the call).
   absl::Status CheckStepStart(const char* what,
                               absl::Span<const float> gradient) const;
@@ -398,6 +402,7 @@ class Client {
   Replica replica_;
   bool registered_ = false;
   v1::Codec push_codec_ = v1::CODEC_UNSPECIFIED;
+  bool moved_ = false;  // RegisterOnce: the shards' steps were far apart
   v1::ModelLayout layout_;
   // SetHyper's values, sent with every push chunk.
   google::protobuf::RepeatedPtrField<v1::HyperParams> hyper_;
