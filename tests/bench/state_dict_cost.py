@@ -132,7 +132,9 @@ def main():
                                  ).stdout.strip(),
         "runs": figures, "medians": med,
         "file_bytes": file_bytes, "bytes_per_param": file_bytes / n,
+        "file_gb": round(file_bytes / 1e9, 2),
         "adamw_file_bytes": adamw_bytes,
+        "adamw_file_gb": round(adamw_bytes / 1e9, 2),
         "adamw_bytes_per_param": adamw_bytes / n,
         "save_total_over_adamw": (med["save"] + med["torch_save"])
         / med["adamw_save"],
