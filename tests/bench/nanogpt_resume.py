@@ -14,9 +14,15 @@ loaded by every rank, into fresh shards). Per seed:
           same global batch (2 micro-batches of 12): a reference, not a
           criterion.
 Each run's final loss is nanoGPT's estimate_loss() val loss at --max-iters
-(a multiple of --eval-interval, so it evaluates there). Before that, short
-probes run the script with one of the changes left out and record what a
-user sees (the exception's last line).
+(a multiple of --eval-interval, so it evaluates there) and, the criterion,
+the loss of the ckpt.pt saved there on the whole of val.bin (estimate_loss's
+random batches differ by about 0.025 between two evaluations of the same
+weights). A resume that fails is recorded and run again (--resume-retries)
+from the stop's ckpt.pt, kept aside. Before the runs, short probes run the
+script with one of the changes left out and record what a user sees (the
+exception's last line); after them the start of a resume is repeated
+(--race-trials) to count clean starts, refused ones and shards that skipped
+ahead (rank 0's install racing rank 1's registration).
 
 Nothing is fetched at run time. NANOGPT is a nanoGPT checkout or a bare git
 dir of it: the `fetch` tool's mirror (github:karpathy/nanoGPT gives
@@ -34,10 +40,12 @@ characters, char-level, train.bin / val.bin (uint16) and meta.pkl.
 
 Writes OUT/nanogpt_resume.json (every run: command, exit status, evals,
 saves, the lines pserver printed; the summary; the commit, the machine) and
-OUT/nanogpt_resume.md; --report remakes the .md from a .json. The build
+OUT/nanogpt_resume.md; --report remakes the .md from a .json, with
+--notes FILE adding a hand-written section (kept in the .json). The build
 (BUILD/server/pserver_server, BUILD/python/pserver) is copied into WORK
 first, so another engineer's rebuild cannot change it between runs; never
-builds. Runs one launcher at a time, each under flock on
+builds; --build may name such a copy (WORK/build, with its provenance.json)
+to run on the same build again. Runs one launcher at a time, each under flock on
 /tmp/pserver_bench.lock (taken here: do not wrap this in flock on that
 file). Seeds: nanoGPT seeds torch with 1337 + rank; seed s here is
 1337 + 1000 (s - 1) + rank (a `seed` config key, PATCHES).
@@ -680,7 +688,9 @@ def measure(a):
         "seeds", "runs", "max_iters", "stop_after", "stop_before", "freeze",
         "warmup", "eval_interval", "eval_iters", "resume_retries",
         "race_trials")}
-    return {"issue": 47, "what": "nanoGPT train.py's own stop and resume "
+    return {"issue": 47, "argv": [PYTHON, "tests/bench/nanogpt_resume.py",
+                                  *sys.argv[1:]],
+            "what": "nanoGPT train.py's own stop and resume "
             "through pserver.launch, lm-onebit recipe, against uninterrupted "
             "runs",
             "settings": settings,
@@ -720,9 +730,14 @@ def report(res):
             f"{res['provenance']['nproc']} cores "
             f"({res['provenance']['cpu']}), torch "
             f"{res['provenance']['torch']}.", ""]
-    out += ["Command: `/usr/bin/python3 tests/bench/nanogpt_resume.py "
-            "/work/.mirror/karpathy+nanoGPT/repo` "
-            "([nanogpt_resume.json](nanogpt_resume.json) holds every run).",
+    default = (st["runs"] == ["full", "after", "before", "adamw"]
+               and st["seeds"] == [1, 2, 3])
+    command = (" ".join(res["argv"]) if res.get("argv") else
+               "/usr/bin/python3 tests/bench/nanogpt_resume.py "
+               "/work/.mirror/karpathy+nanoGPT/repo" if default else None)
+    out += [(f"Command: `{command}`" if command else
+             "Command: in the notes below")
+            + " ([nanogpt_resume.json](nanogpt_resume.json) holds every run).",
             ""]
     names = {"full": "uninterrupted", "after":
              f"stopped at {st['stop_after']} (after the freeze), resumed",
@@ -773,20 +788,40 @@ def report(res):
                 ""]
     race = res.get("race_probe")
     if race:
-        clean = race["trials"] - race["failed"] - race.get("skipped", 0)
+        groups = {}
+        for t in race["runs"]:
+            lines = t.get("skip_lines") or []
+            kind = ("refused at rank 1's construction" if t["exit"] != 0
+                    else "a shard skipped ahead (its log: `pserver: shard N "
+                    "skips from step 0 to ...`)"
+                    if any("skips from step" in x for x in lines)
+                    else "rank 1 asked a shard to skip ahead (`pserver worker "
+                    "1: shard N ... is at step 0 and the others at ...; "
+                    "asking it to skip to step ...`), the shard's log says "
+                    "nothing more" if lines else "clean")
+            groups.setdefault(kind, []).append(t)
         out += [f"The start of a resume, repeated {race['trials']} times "
-                f"(from the stop at {st['stop_before']}, fresh shards each "
-                f"time, on to iter {race.get('until')}): {clean} clean "
-                "(val loss there "
-                + ", ".join(fmt(x) for x in race.get("val_loss_clean", []))
-                + f"); {race['failed']} refused at rank 1's construction"
-                + (" (" + "; ".join(f"`{e}`" for e in race["errors"]) + ")"
-                   if race["errors"] else "")
-                + f"; {race.get('skipped', 0)} where a shard skipped ahead"
-                + (" (" + "; ".join(f"`{e}`" for e in race["skip_lines"])
-                   + "), val loss there " + ", ".join(
-                       fmt(x) for x in race["val_loss_skipped"]) + ")"
-                   if race.get("skip_lines") else "") + ".", ""]
+                f"(rank 0's ckpt.pt from the stop at {st['stop_before']}, "
+                "fresh shards each time, on to the eval at iter "
+                f"{race.get('until')}, where every trial's estimate_loss() "
+                "draws the same batches):", ""]
+        for kind, ts in groups.items():
+            vals = sorted({t["val_loss"] for t in ts
+                           if t["val_loss"] is not None})
+            errs = sorted({t["error"] for t in ts if t["error"]})
+            out.append(f"- {len(ts)} {kind}"
+                       + (": val loss " + ", ".join(fmt(x) for x in vals)
+                          if vals else "")
+                       + (": " + "; ".join(f"`{e}`" for e in errs)
+                          if errs else ""))
+        out.append("")
+    copied = res["provenance"].get("build_copied")
+    if copied:
+        out += [f"The build: a copy of `{copied['from']}` taken at "
+                f"{copied['at']}, when the repository was `{copied['commit']}`"
+                f" ({len(copied['dirty_paths'])} uncommitted paths, "
+                "listed in the JSON with the binaries' sha256); the harness "
+                f"ran at `{res['provenance']['commit']}`.", ""]
     ck, ref = su["checkpoint_pserver"], su["checkpoint_adamw_reference"]
     if ck:
         last = ck["last_save"]
