@@ -57,12 +57,18 @@ def worker_env(workers):
     return env, None
 
 
-def check_native(python, env):
+def check_native(python, env, script):
     """Raises UsageError unless `python` imports the extension
     pserver._native with `env` (the workers' PYTHONPATH): a build of the
-    daemons alone (deploy/local.sh) has none, and every rank would die."""
+    daemons alone (deploy/local.sh) has none, and every rank would die.
+    `-c` puts the current folder first on sys.path where a script puts
+    its own folder: the check puts the script's folder there, so that a
+    pserver package in the launcher's cwd does not pass for one the
+    workers see."""
+    folder = os.path.dirname(os.path.abspath(script))
+    probe = f"import sys; sys.path[0] = {folder!r}; import pserver._native"
     try:
-        p = subprocess.run([python, "-c", "import pserver._native"], env=env,
+        p = subprocess.run([python, "-c", probe], env=env,
                            stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            timeout=120)

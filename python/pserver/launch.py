@@ -385,7 +385,7 @@ def main(argv=None):
             return 0
         server_bin = find_server(opts["server_bin"])
         opts["worker_env"], omp_notice = worker_env(opts["workers"])
-        check_native(opts["python"], opts["worker_env"])
+        check_native(opts["python"], opts["worker_env"], opts["script"])
         run_dir = opts["run_dir"]
         if run_dir:
             os.makedirs(run_dir, exist_ok=True)

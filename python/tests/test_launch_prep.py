@@ -244,19 +244,26 @@ def test_omp_num_threads_is_set_as_torchrun_sets_it(tmp_path, workers,
     assert (notice in text) == (given is None and workers > 1), text
 
 
-@pytest.mark.parametrize("arrangement", ["package", "python"])
+@pytest.mark.parametrize("arrangement", ["package", "script", "python"])
 def test_no_extension_for_the_script_is_one_line(tmp_path, arrangement):
     """"package": the launcher from a package folder without the extension
-    (a source tree, or a build of the daemons only); "python": a script
-    interpreter that does not see PYTHONPATH (-I). Both exit 2 naming
-    what failed and how to build it, with nothing started."""
+    (a source tree, or a build of the daemons only); "script": a script
+    beside such a folder (a script puts its own folder first on sys.path,
+    where the launcher's built package then goes unseen); "python": a
+    script interpreter that does not see PYTHONPATH (-I). All exit 2
+    naming what failed and how to build it, with nothing started. The
+    launcher runs in tmp_path: `-m` would take a pserver in its cwd."""
     env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT)
     python = sys.executable
-    if arrangement == "package":
+    script = ENV_WORKER
+    if arrangement in ("package", "script"):
         (tmp_path / "pkg" / "pserver").mkdir(parents=True)
         for f in (pathlib.Path(PACKAGE_ROOT) / "pserver").glob("*.py"):
             shutil.copy(f, tmp_path / "pkg" / "pserver")
-        env["PYTHONPATH"] = str(tmp_path / "pkg")
+        if arrangement == "package":
+            env["PYTHONPATH"] = str(tmp_path / "pkg")
+        else:
+            script = shutil.copy(ENV_WORKER, tmp_path / "pkg")
         why = "ModuleNotFoundError: No module named 'pserver._native'"
     else:
         python = tmp_path / "isolated-python"
@@ -266,7 +273,7 @@ def test_no_extension_for_the_script_is_one_line(tmp_path, arrangement):
     p = subprocess.run(
         [sys.executable, "-m", "pserver.launch", "--server-bin",
          server_binary(), "--run-dir", str(tmp_path / "run"), "--python",
-         str(python), ENV_WORKER, str(tmp_path)], env=env,
+         str(python), str(script), str(tmp_path)], env=env, cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     text = p.stdout.decode()
     assert p.returncode == 2 and text.count("\n") == 1, text
