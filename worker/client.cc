@@ -146,18 +146,38 @@ absl::Status Client::SendWeights(
 absl::Status Client::Register(const v1::ModelLayout& layout,
                               absl::Span<const float> initial_weights) {
   // A shard may move while this worker registers: another worker installs
-  // a saved state (InstallShardStates) between this worker's Register and
-  // its pull, or between two shards. Registering again then finds the new
-  // state; a real misconfiguration fails the same way each time.
-  constexpr int kAttempts = 4;
-  absl::Status st;
-  for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    if (attempt > 0) absl::SleepFor(absl::Milliseconds(200) * attempt);
+  // a saved state (InstallShardStates) shard by shard, so for a while some
+  // shards hold the state's step and others step 0. RegisterOnce then sets
+  // moved_ and this waits (up to retry_budget) for the shards to agree,
+  // registering again; ABORTED (a shard moving between Register and pull)
+  // is tried a few times. A real misconfiguration fails at once.
+  constexpr int kAbortedAttempts = 4;
+  const absl::Time deadline = absl::Now() + options_.retry_budget;
+  bool noted = false;
+  for (int aborted = 1;; ++aborted) {
     moved_ = false;
-    st = RegisterOnce(layout, initial_weights);
-    if (st.ok() || !(absl::IsAborted(st) || moved_)) return st;
+    absl::Status st = RegisterOnce(layout, initial_weights);
+    if (st.ok()) return st;
+    if (moved_) {
+      if (absl::Now() >= deadline) {
+        return absl::Status(
+            st.code(), absl::StrCat(st.message(), "; still so after ",
+                                    absl::FormatDuration(options_.retry_budget),
+                                    " (retry_budget)"));
+      }
+      if (!noted) {
+        metrics_.Note(absl::StrCat(st.message(), "; waiting up to ",
+                                   absl::FormatDuration(options_.retry_budget),
+                                   " for the shards to agree"));
+        noted = true;
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    } else if (absl::IsAborted(st) && aborted < kAbortedAttempts) {
+      absl::SleepFor(absl::Milliseconds(200) * aborted);
+    } else {
+      return st;
+    }
   }
-  return st;
 }
 
 absl::Status Client::RegisterOnce(const v1::ModelLayout& layout,
@@ -270,7 +290,7 @@ absl::Status Client::RegisterOnce(const v1::ModelLayout& layout,
   }
   // Under ssp and async the shards' steps are their own.
   if (!relaxed() && max_step > min_step + 1) {
-    moved_ = true;  // or a state being installed shard by shard: retried
+    moved_ = true;  // or a state being installed shard by shard: waited for
     return absl::FailedPreconditionError(
         absl::StrCat("shards are more than one step apart: their steps range "
                      "from ", min_step, " to ", max_step));

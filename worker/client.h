@@ -148,7 +148,8 @@ class Client {
   // shards is acknowledged as a duplicate (their slice of the replica is
   // already newer and resyncs by snapshot). Blocks on one Register and one
   // Pull per shard, retrying while shards are unavailable (for up to
-  // retry_budget).
+  // retry_budget). Shards whose steps disagree (another worker installing a
+  // saved state into them one by one) are waited for, as long.
   // REQUIRES: initial_weights.size() == TotalElements(layout).
   // FAILED_PRECONDITION when the shards' layout or configuration differs.
   absl::Status Register(const v1::ModelLayout& layout,
@@ -273,7 +274,8 @@ class Client {
 
   Client(const ClientOptions& options, prometheus::Registry* registry);
   // One attempt of Register; sets moved_ when the shards' steps were too
-  // far apart (possibly an installation under way).
+  // far apart or a shard is at step 0 behind the others (possibly an
+  // installation under way): Register then waits and tries again.
   absl::Status RegisterOnce(const v1::ModelLayout& layout,
                             absl::Span<const float> initial_weights);
   // Step's and StartStep's checks (`what` names the call).
@@ -332,7 +334,9 @@ class Client {
   absl::Status AwaitLostModels();
   // At Register: a shard more than one step behind the others (restored
   // from a checkpoint behind them) is registered again with resume_step at
-  // the others' step, so that it skips there. Updates *resps.
+  // the others' step, so that it skips there. Updates *resps. A shard at
+  // step 0 is not: it sets moved_ and fails (a state may be being
+  // installed into it).
   absl::Status CatchUpLaggingShards(std::vector<v1::RegisterResponse>* resps);
   // Pulls `step` from every shard (snapshot[s]: a full snapshot from shard
   // s) and commits the answers to the replica only when all verified; a

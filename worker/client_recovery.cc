@@ -210,6 +210,18 @@ absl::Status Client::CatchUpLaggingShards(
   // all restarted would refuse to start, forever.
   for (size_t s = 0; s < resps->size(); ++s) {
     if ((*resps)[s].current_step() + 1 >= hi) continue;
+    if ((*resps)[s].current_step() == 0) {
+      // Step 0 holds none of the job's rounds: a shard that a worker is
+      // installing a saved state into (InstallShardStates goes shard by
+      // shard) must not skip ahead with its initial weights, which would
+      // throw the state away in silence. Register waits for it (moved_).
+      moved_ = true;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " (", calls_->address(s), ") is at step 0 and another "
+          "at step ", hi, "; expected a saved state being installed into it "
+          "(load_state_dict on worker 0) to reach it, or else restart the "
+          "job (the shards from their checkpoints)"));
+    }
     metrics_.Note(absl::StrCat("shard ", s, " (", calls_->address(s),
                                ") is at step ", (*resps)[s].current_step(),
                                " and the others at ", hi,
