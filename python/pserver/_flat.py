@@ -116,15 +116,6 @@ class FlatLayout:
         else:
             self.grad[b:e].copy_(p.grad.reshape(-1))
 
-    def grad_unchanged(self, i):
-        """Whether parameter i's gradient is still what copy_grad took."""
-        g = self.params[i].grad
-        if g is None or g.layout != torch.strided:
-            return False
-        b, e = self.offsets[i]
-        return torch.equal(self.grad[b:e].to(g.device, g.dtype),
-                           g.reshape(-1))
-
     def check_sparse(self):
         for i, p in enumerate(self.params):
             if p.grad is not None and p.grad.layout != torch.strided:

@@ -16,6 +16,49 @@ next, as with 1-bit Adam's momentum on the workers.
 import torch
 
 
+def configure(local_steps, inner_optimizer, overlap, max_grad_norm,
+              outer_momentum, outer_nesterov, env_outer):
+    """DistributedOptimizer's local-step arguments checked together:
+    ValueError naming the argument and what it expects. Returns the outer
+    momentum to use: the caller's, else a recipe's (`env_outer`, from
+    PSERVER_CLIENT_OPTIONS) when there are local steps."""
+    if (not isinstance(local_steps, int) or isinstance(local_steps, bool)
+            or not 1 <= local_steps <= 100000):
+        raise ValueError(f"local_steps is {local_steps!r}; expected an "
+                         "integer in 1..100000")
+    if local_steps > 1:
+        if not isinstance(inner_optimizer, torch.optim.Optimizer):
+            raise ValueError(
+                f"local_steps is {local_steps} and inner_optimizer is "
+                f"{type(inner_optimizer).__name__}; expected a "
+                "torch.optim.Optimizer over the same parameters (e.g. "
+                "torch.optim.AdamW(model.parameters(), lr=1e-3))")
+        if overlap:
+            raise ValueError("overlap=True pushes gradients during "
+                             "backward; with local_steps > 1 nothing is "
+                             "pushed per step: use overlap=False")
+        if max_grad_norm is not None:
+            raise ValueError("max_grad_norm clips the pushed gradient; "
+                             "with local_steps > 1 a weight change is "
+                             "pushed: clip the inner optimizer's "
+                             "gradients with clip_grad_norm_ instead")
+    elif inner_optimizer is not None:
+        raise ValueError("inner_optimizer is set but local_steps is 1; "
+                         "expected local_steps > 1 with it")
+    # A recipe's outer momentum (lm-local) applies to local steps only.
+    from_recipe = (outer_momentum is None and env_outer is not None
+                   and local_steps > 1)
+    if from_recipe:
+        outer_momentum = env_outer
+    try:
+        check(outer_momentum, outer_nesterov, local_steps)
+    except ValueError as e:
+        if from_recipe:
+            raise ValueError(f"PSERVER_CLIENT_OPTIONS: {e}") from None
+        raise
+    return outer_momentum
+
+
 def check(beta, nesterov, local_steps):
     """Refuses what cannot be an outer momentum: ValueError naming the
     argument and what it expects."""

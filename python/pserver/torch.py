@@ -22,7 +22,7 @@ import json
 
 import torch
 
-from pserver import _flat, _groups, _outer, _state
+from pserver import _flat, _groups, _outer, _overlap, _state
 from pserver._native import Client
 from pserver.env import client_options as _env_client_options
 from pserver.env import init
@@ -171,40 +171,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "without --recipe")
         env_outer = from_env.pop("outer_momentum", None)
         client_options = {**from_env, **client_options}
-        if (not isinstance(local_steps, int) or isinstance(local_steps, bool)
-                or not 1 <= local_steps <= 100000):
-            raise ValueError(f"local_steps is {local_steps!r}; expected an "
-                             "integer in 1..100000")
-        if local_steps > 1:
-            if not isinstance(inner_optimizer, torch.optim.Optimizer):
-                raise ValueError(
-                    f"local_steps is {local_steps} and inner_optimizer is "
-                    f"{type(inner_optimizer).__name__}; expected a "
-                    "torch.optim.Optimizer over the same parameters (e.g. "
-                    "torch.optim.AdamW(model.parameters(), lr=1e-3))")
-            if overlap:
-                raise ValueError("overlap=True pushes gradients during "
-                                 "backward; with local_steps > 1 nothing is "
-                                 "pushed per step: use overlap=False")
-            if max_grad_norm is not None:
-                raise ValueError("max_grad_norm clips the pushed gradient; "
-                                 "with local_steps > 1 a weight change is "
-                                 "pushed: clip the inner optimizer's "
-                                 "gradients with clip_grad_norm_ instead")
-        elif inner_optimizer is not None:
-            raise ValueError("inner_optimizer is set but local_steps is 1; "
-                             "expected local_steps > 1 with it")
-        # A recipe's outer momentum (lm-local) applies to local steps only.
-        from_recipe = (outer_momentum is None and env_outer is not None
-                       and local_steps > 1)
-        if from_recipe:
-            outer_momentum = env_outer
-        try:
-            _outer.check(outer_momentum, outer_nesterov, local_steps)
-        except ValueError as e:
-            if from_recipe:
-                raise ValueError(f"PSERVER_CLIENT_OPTIONS: {e}") from None
-            raise
+        outer_momentum = _outer.configure(
+            local_steps, inner_optimizer, overlap, max_grad_norm,
+            outer_momentum, outer_nesterov, env_outer)
         if max_grad_norm is not None:
             max_grad_norm = _groups.hyper_value(max_grad_norm,
                                                 "max_grad_norm")
@@ -280,53 +249,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                    self.client.shard_config)
         flat.load()
         self._sent_hyper = None  # what client.set_hyper last got
-        self._step_hyper = None  # what an overlapped step started with
-        self._overlap = bool(overlap)
-        self._handed = [False] * len(flat.params)
-        self._defer = False  # this step's hooks leave everything to step()
-        self._hooks = []
-        if self._overlap:
-            for i, p in enumerate(flat.params):
-                # The gradient accumulator's hook runs once p.grad holds this
-                # backward pass's sum (torch 1.13 has no post-accumulate hook
-                # on the tensor itself).
-                with torch.enable_grad():
-                    acc = p.view_as(p).grad_fn.next_functions[0][0]
-                self._hooks.append((acc, acc.register_hook(
-                    self._make_hook(i))))
-
-    def _make_hook(self, i):
-        def hook(*unused):
-            self._gradient_ready(i)
-        return hook
-
-    @torch.no_grad()
-    def _gradient_ready(self, i):
-        flat = self._flat
-        if self._handed[i]:
-            raise RuntimeError(
-                f"DistributedOptimizer: the gradient of "
-                f"{flat.param_names[i]!r} arrived twice in one step "
-                "(several backward passes per step, e.g. gradient "
-                "accumulation); construct it with overlap=False for that")
-        if self._defer:
-            return
-        clipping = self._max_grad_norm is not None
-        if not clipping and not self.client.in_step:
-            try:
-                hyper = self._hyper.to_send(self.param_groups)
-                flat.check_sparse()
-            except (TypeError, ValueError):
-                # step() raises it, with nothing sent.
-                self._defer = True
-                return
-            self._set_hyper(hyper)
-            self._step_hyper = hyper
-            self.client.start_step(flat.grad)
-        flat.copy_grad(i)
-        self._handed[i] = True
-        if not clipping:
-            self.client.gradient_ready(*flat.offsets[i])
+        self._overlap = _overlap.Overlap(self) if overlap else None
 
     def _set_hyper(self, hyper):
         if hyper != self._sent_hyper:
@@ -381,31 +304,33 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        flat = self._flat
+        flat, ov = self._flat, self._overlap
         overlapped = self.client.in_step
+        late = None  # changed after the push went out: said once it is done
         try:
             hyper = self._hyper.to_send(self.param_groups)
-            if overlapped and hyper != self._step_hyper:
-                raise RuntimeError(
-                    "DistributedOptimizer: a group's lr or weight_decay "
-                    "changed after backward started the step (with "
-                    "overlap=True they go with the first gradient): set "
-                    "them before backward, or use overlap=False")
+            if overlapped and hyper != ov.step_hyper:
+                late = ("a group's lr or weight_decay changed after backward "
+                        "started the step (with overlap=True they go with "
+                        "the first gradient); set them before backward")
             flat.check_sparse()
             present = []
             for i, p in enumerate(flat.params):
-                if self._handed[i]:
-                    # Handed over (or, clipping, copied) by its hook during
-                    # backward: it must be what the caller now holds.
-                    if not flat.grad_unchanged(i):
-                        raise RuntimeError(
-                            f"DistributedOptimizer: the gradient of "
-                            f"{flat.param_names[i]!r} changed after "
-                            "backward handed it over (clipping or scaling "
-                            "between backward and step?); with overlap=True "
-                            "gradients are pushed as backward produces "
-                            "them: clip with max_grad_norm=, or use "
-                            "overlap=False")
+                if ov is not None and ov.handed[i]:
+                    # Copied (or pushed) by its hook during backward: it
+                    # must be what the caller now holds.
+                    if ov.changed(i):
+                        what = (f"the gradient of {flat.param_names[i]!r} "
+                                "changed after backward handed it over "
+                                "(clipping or scaling between backward and "
+                                "step?); with overlap=True gradients are "
+                                "pushed as backward produces them: clip with "
+                                "max_grad_norm=, or use overlap=False")
+                        if not overlapped:
+                            raise RuntimeError(
+                                f"DistributedOptimizer: {what} (nothing was "
+                                "sent)")
+                        late = late or what
                 else:
                     flat.copy_grad(i)
                 if p.grad is not None:
@@ -420,11 +345,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._set_hyper(hyper)
                 self.client.step(flat.grad, flat.weights,
                                  loss=_as_float(loss))
+            if ov is not None:
+                ov.probed = True
         finally:
-            if not self.client.in_step:
-                self._handed = [False] * len(flat.params)
-                self._defer = False
+            if ov is not None and not self.client.in_step:
+                ov.end_step()
         flat.load()
+        if late is not None:
+            raise RuntimeError(f"DistributedOptimizer: {late} (this step "
+                               "completed as it was pushed)")
         return loss
 
     def _local_step(self, closure):

@@ -333,54 +333,6 @@ def test_client_takes_cpu_tensors_and_refuses_others(shards):
     assert torch.equal(out, w - 0.5)
 
 
-def test_overlapped_steps_equal_plain_steps_and_refuse_accumulation(shards):
-    """overlap=True pushes each parameter's gradient from its hook during
-    backward (several chunks per shard here); the weights after 1-bit Adam
-    steps are bit-identical to overlap=False's. Two backward passes in one
-    step are refused with overlap=True (gradient accumulation needs
-    overlap=False)."""
-    finals = []
-    for overlap in (False, True):
-        addrs = shards(2, 1, "--optimizer=onebit_adam", "--freeze_step=2",
-                       "--chunk_elements=1024")
-        model = Net(seed=3, hidden=600)  # 4803 parameters: 3 chunks a shard
-        opt = pserver.torch.DistributedOptimizer(
-            model.named_parameters(), servers=addrs, worker_id=0,
-            num_workers=1, overlap=overlap)
-        gen = torch.Generator().manual_seed(11)
-        for step in range(4):
-            x = torch.randn(16, 4, generator=gen)
-            y = torch.randint(0, 3, (16,), generator=gen)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            # The hooks started the step during backward.
-            assert opt.client.in_step == overlap
-            opt.step()
-            assert not opt.client.in_step
-            assert opt.global_step == step + 1
-        finals.append([p.detach().clone() for p in model.parameters()])
-    for a, b in zip(*finals):
-        assert torch.equal(a, b)
-    # Misuse is caught (each leaves the step open: a new optimizer is
-    # needed). A gradient changed after backward handed it over (clipping):
-    x = torch.randn(16, 4)
-    y = torch.zeros(16, dtype=torch.long)
-    for misuse in ("clip", "accumulate"):
-        addrs = shards(1, 1, "--optimizer=sgd")
-        model = Net(seed=3)
-        opt = pserver.torch.DistributedOptimizer(
-            model.named_parameters(), servers=addrs, worker_id=0,
-            num_workers=1, overlap=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        if misuse == "clip":
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
-            with pytest.raises(RuntimeError, match="changed after backward"):
-                opt.step()
-        else:
-            with pytest.raises(RuntimeError, match="overlap=False"):
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-
-
 def test_local_steps_push_the_averaged_weight_change(shards):
     """local_steps=3 with an outer step that just averages (sgd, lr 1, no
     momentum) and fp32 both ways: after each round every worker holds the
