@@ -1,5 +1,6 @@
-"""One worker process of test_torch_optim.py's golden test; also its model,
-groups, schedule and batches, which the test imports for the reference.
+"""One worker process of test_torch_schedulers.py's golden test; also its
+model, groups, schedule and batches, which the test imports for the
+reference.
 
     RANK=r WORLD_SIZE=n PSERVER_SERVERS=a,b python3 optim_worker.py OUT STEPS
 
