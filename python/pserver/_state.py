@@ -43,13 +43,29 @@ def _as_tensor(data):
         return torch.frombuffer(data, dtype=torch.uint8)
 
 
+def _raw(data, what):
+    """A 1-d torch.uint8 tensor (what save() writes; as a numpy view, not
+    copied) or bytes (an earlier version's record); ValueError naming
+    `what` for anything else."""
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    if not isinstance(data, torch.Tensor):
+        raise ValueError(f"{what} is a {type(data).__name__}; expected a "
+                         "1-d torch.uint8 tensor")
+    if data.dtype != torch.uint8 or data.dim() != 1:
+        raise ValueError(f"{what} is {data.dtype} of shape "
+                         f"{list(data.shape)}; expected a 1-d torch.uint8 "
+                         "tensor")
+    return data.detach().to("cpu").contiguous().numpy()
+
+
 def save(opt, out):
     """Adds the shards' state and this worker's part to `out` (torch's
     state_dict() of the optimizer's param groups)."""
     flat = opt._flat
     shards = opt.client.fetch_shard_states()
     out.update({
-        RECORD: opt.client.serialize_state(),
+        RECORD: _as_tensor(opt.client.serialize_state()),
         SHARDS: [{"step": step, "replica_checksum": checksum,
                   "state": _as_tensor(data)}
                  for step, checksum, data in shards],
@@ -81,13 +97,7 @@ def _shard_states(saved):
             raise ValueError(f"state_dict[{SHARDS!r}][{s}] is not a dict of "
                              "step, replica_checksum and state; expected "
                              "DistributedOptimizer.state_dict()'s")
-        data = entry["state"]
-        if isinstance(data, torch.Tensor):
-            if data.dtype != torch.uint8 or data.dim() != 1:
-                raise ValueError(f"state_dict[{SHARDS!r}][{s}]['state'] is "
-                                 f"{data.dtype} of shape {list(data.shape)}; "
-                                 "expected a 1-d torch.uint8 tensor")
-            data = data.detach().to("cpu").contiguous().numpy()
+        data = _raw(entry["state"], f"state_dict[{SHARDS!r}][{s}]['state']")
         out.append((entry["step"], entry["replica_checksum"], data))
     return out
 
@@ -99,10 +109,7 @@ def load(opt, state_dict):
             f"state_dict is a {type(state_dict).__name__} without "
             f"{RECORD!r}; expected a dict from "
             "DistributedOptimizer.state_dict()")
-    record = state_dict[RECORD]
-    if not isinstance(record, (bytes, bytearray)):
-        raise ValueError(f"state_dict[{RECORD!r}] is a "
-                         f"{type(record).__name__}; expected bytes")
+    record = bytes(_raw(state_dict[RECORD], f"state_dict[{RECORD!r}]"))
     saved_groups = state_dict.get("param_groups")
     if saved_groups is not None:
         _check_saved_groups(opt, saved_groups)
@@ -134,7 +141,7 @@ def load(opt, state_dict):
             outcome = opt.client.install_shard_states(shards,
                                                       out=opt._flat.weights)
         if own:
-            opt.client.restore_state(bytes(record), "state_dict")
+            opt.client.restore_state(record, "state_dict")
     except BaseException:
         if before is not None:
             opt._outer.u = before  # refused: nothing changed here

@@ -401,8 +401,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         "pserver_shards" holds all of it, fetched now (one uint8 tensor per
         shard: its checkpoint bytes, about 16 bytes per parameter for Adam;
         every rank that calls this fetches it). This worker's own part:
-        "pserver_client_state" (bytes: error-feedback residuals, the record
-        pserver_worker writes for --state_file) and, with outer_momentum,
+        "pserver_client_state" (a uint8 tensor: error-feedback residuals,
+        the record pserver_worker writes for --state_file) and, with
+        outer_momentum,
         "pserver_outer_momentum". Also "layout", "worker_id",
         "num_workers", "global_step", "pserver_hyper_from_client".
         """

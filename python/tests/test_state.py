@@ -26,6 +26,11 @@ FLAGS = ("--optimizer=onebit_adam", "--lr=0.01", "--freeze_step=3",
 KILLED_AT, LAST = 7, 12
 
 
+
+def record_of(state_dict):
+    """The client's record in a state_dict() as bytes."""
+    return state_dict["pserver_client_state"].numpy().tobytes()
+
 def params(net):
     return [p.detach().clone() for p in net.parameters()]
 
@@ -129,10 +134,13 @@ def test_state_of_another_worker_or_model_is_refused_and_changes_nothing(
     assert other_worker["worker_id"] == 0 and other_worker["global_step"] == 2
 
     def same(a, b):
-        """state_dict()s equal, the shards' state compared by its bytes."""
-        strip = ("pserver_shards",)
+        """state_dict()s equal, the shards' state and the record compared
+        by their bytes."""
+        strip = ("pserver_shards", "pserver_client_state")
         if {k: v for k, v in a.items() if k not in strip} != {
                 k: v for k, v in b.items() if k not in strip}:
+            return False
+        if record_of(a) != record_of(b):
             return False
         return [(s["step"], s["replica_checksum"], s["state"].tolist())
                 for s in a["pserver_shards"]] == [
@@ -149,7 +157,7 @@ def test_state_of_another_worker_or_model_is_refused_and_changes_nothing(
     # The record alone still says whose it is, to its last word.
     with pytest.raises(pserver.Error, match=r"is for worker 0/2 .* this is "
                        r"worker 1/2 with 2 shards and \d+ parameters$"):
-        opts[1].client.restore_state(other_worker["pserver_client_state"])
+        opts[1].client.restore_state(record_of(other_worker))
     capfd.readouterr()
     opts[1].load_state_dict(other_worker)
     assert opts[1].client.residual_norm == residual
@@ -171,9 +179,11 @@ def test_state_of_another_worker_or_model_is_refused_and_changes_nothing(
                        r"\[4, 6\]; expected 'w1' with shape \[6, 4\]"):
         opts[0].load_state_dict(foreign)
     assert same(opts[0].state_dict(), before)
-    opts[0].client.restore_state(foreign["pserver_client_state"])  # fits
+    opts[0].client.restore_state(record_of(foreign))  # fits
 
-    damaged = bytearray(mine["pserver_client_state"])
+    # The record is a uint8 tensor (torch.save stores it as raw bytes).
+    assert mine["pserver_client_state"].dtype == torch.uint8
+    damaged = bytearray(record_of(mine))
     damaged[len(damaged) // 2] ^= 1
     with pytest.raises(pserver.Error, match="state_dict") as e:
         opts[1].load_state_dict(dict(mine, pserver_client_state=bytes(
@@ -181,13 +191,14 @@ def test_state_of_another_worker_or_model_is_refused_and_changes_nothing(
     assert e.value.code == "DATA_LOSS"
     unchanged()
     for bad in ({}, [], {"pserver_client_state": "text"},
+                {"pserver_client_state": torch.zeros(4)},
                 dict(mine, layout=[("w1",)]), dict(mine, layout=7)):
         with pytest.raises(ValueError, match="expected"):
             opts[1].load_state_dict(bad)
     unchanged()
     opts[1].load_state_dict(mine)
     unchanged()
-    # A bare record (e.g. a pserver_worker --state_file read as bytes).
-    opts[1].load_state_dict({"pserver_client_state":
-                             mine["pserver_client_state"]})
+    # A bare record (e.g. a pserver_worker --state_file read as bytes, as
+    # the earlier versions' state_dict held it).
+    opts[1].load_state_dict({"pserver_client_state": record_of(mine)})
     unchanged()
