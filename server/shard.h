@@ -209,6 +209,9 @@ class Shard {
   // shard holds already (*current true); else STATE_MISMATCH.
   absl::Status CheckInstall(uint64_t step, uint64_t checksum, bool* current)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No rounds of its own yet (no model, or step 0 with nothing pushed): it
+  // takes any state (GetStatusResponse.takes_state announces it).
+  bool TakesStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ShardState CaptureState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FastForward(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The learning-rate gauges, one per group: what a round stepped with, or

@@ -26,6 +26,7 @@ v1::GetStatusResponse Shard::Status() {
   r.set_pushes_pending(round_.workers_in());
   r.set_workers_live(leases_.live_count());
   r.set_rounds_since_start(!catching_up_);
+  r.set_takes_state(TakesStateLocked());
   if (registered_) {
     r.set_stage(optimizer_->stage());
     r.set_shard_begin(range_.begin);

@@ -100,14 +100,16 @@ absl::StatusOr<v1::GetShardStateResponse> Shard::GetShardState(
   return resp;
 }
 
+bool Shard::TakesStateLocked() {
+  return !registered_ ||
+         (step_ == 0 && round_.workers_in() == 0 && !round_.summing());
+}
+
 absl::Status Shard::CheckInstall(uint64_t step, uint64_t checksum,
                                  bool* current) {
   *current = registered_ && step_ == step && replica_->checksum() == checksum;
   if (*current) return absl::OkStatus();
-  if (!registered_ ||
-      (step_ == 0 && round_.workers_in() == 0 && !round_.summing())) {
-    return absl::OkStatus();
-  }
+  if (TakesStateLocked()) return absl::OkStatus();
   return Reject(
       v1::REJECT_REASON_STATE_MISMATCH,
       absl::FailedPreconditionError(absl::StrFormat(

@@ -28,11 +28,9 @@ bool Holds(const v1::GetStatusResponse& st, const ShardStateCopy& state) {
          st.replica_checksum() == state.replica_checksum;
 }
 
-// Whether the shard has no rounds of its own: it may take a state.
-bool Fresh(const v1::GetStatusResponse& st) {
-  return !st.model_registered() ||
-         (st.current_step() == 0 && st.pushes_pending() == 0);
-}
+// Whether the shard has no rounds of its own: it may take a state (the
+// shard's own rule, server/shard_transfer.cc TakesStateLocked).
+bool Fresh(const v1::GetStatusResponse& st) { return st.takes_state(); }
 
 // Whether the shard's running job has gone past the state's step (rounds
 // completed since it started): the state is older than the job's.

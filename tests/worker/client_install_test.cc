@@ -106,6 +106,9 @@ TEST(ClientInstall, AWorkerRegisteringMidInstallationWaitsForEveryShard) {
   const bool returned = done.WaitForNotificationWithTimeout(absl::Seconds(1));
   EXPECT_FALSE(returned) << registered;
   EXPECT_EQ(fresh->shard(0)->Status().current_step(), 0u);
+  // What the shards announce for InstallShardStates to decide by.
+  EXPECT_TRUE(fresh->shard(0)->Status().takes_state());
+  EXPECT_FALSE(fresh->shard(1)->Status().takes_state());
   InstallInto(*fresh->shard(0), states[0]);
   t.join();
   ASSERT_TRUE(registered.ok()) << registered;
