@@ -54,6 +54,33 @@ Launcher options:
                       script does not pass. Not with --schedule, nor
                       with --freeze_step for lm-onebit and lm-topk (use
                       NAME:F).
+  --nnodes N          machines in the job (default 1); with N > 1 run the
+                      same command on each machine with its own
+                      --node-rank I (0..N-1; node 0 prints the command):
+  --node-rank I       this machine's place; its workers are ranks
+                      I*G..I*G+G-1 (RANK, LOCAL_RANK, GROUP_RANK,
+                      LOCAL_WORLD_SIZE, WORLD_SIZE, MASTER_ADDR and
+                      MASTER_PORT set as torchrun sets them)
+  --nproc-per-node G  workers on this machine (the same on each; one
+                      machine: the same as --workers)
+  --rdzv-endpoint H:P node 0's address and a free port, the same on every
+                      machine: node 0 hosts torch's TCPStore there, where
+                      the launchers publish their shards and learn the
+                      others' (also --master-addr H --master-port P; the
+                      environment's PET_NNODES, PET_NODE_RANK,
+                      PET_NPROC_PER_NODE, PET_RDZV_ENDPOINT, PET_MASTER_ADDR
+                      and PET_MASTER_PORT when an option is not given)
+  --shards-per-node K shards on each machine beside its workers (default 1;
+                      shard indices I*K..I*K+K-1)
+  --node-addr A       the address the other machines reach this one's
+                      shards at (default: the one this machine reaches the
+                      endpoint from)
+  --join-timeout S    seconds to wait for every machine's launcher and
+                      shards (default 300); then every launcher exits 1
+                      naming the missing ones. A failure on any machine
+                      (a rank exiting non-zero, a shard, Ctrl-C) stops the
+                      job on all of them, each naming where it started.
+                      Not with --shards, --workers or --checkpoint-dir.
   --                  ends the options; the script comes next
 Every other option before the script is a pserver_server flag given to every
 shard, as --name=value or --name value (dashes become underscores:
@@ -75,117 +102,18 @@ import sys
 import tempfile
 import time
 
-from pserver import recipes
+from pserver import _nodes
+from pserver._launch_args import parse_args, shard_metrics
 from pserver._launch_prep import (UsageError, apply_recipe, check_native,
-                                  check_recipe_flags, describe_restore,
+                                  describe_restore,
                                   find_server, prepare_checkpoints,
                                   shard_folder, worker_env)
 
-_OWN_SERVER_FLAGS = ("listen", "port_file", "shard_index", "num_shards",
-                     "num_workers")
 _TAIL_LINES = 20
 try:
     _PRCTL = ctypes.CDLL(None).prctl
 except (OSError, AttributeError):
     _PRCTL = None
-
-
-def _shard_metrics(listen, i):
-    """Shard i's --metrics_listen value for the launcher's HOST:PORT: PORT + i,
-    port 0 stays 0 (any free port), empty stays off."""
-    if not listen:
-        return ""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise UsageError(f"--metrics-listen is '{listen}'; expected HOST:PORT")
-    if int(port) == 0:
-        return listen
-    if int(port) + i > 65535:
-        raise UsageError(f"--metrics-listen port {port} + shard {i} is past "
-                         "65535")
-    return f"{host}:{int(port) + i}"
-
-
-def _positive(name, text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"{name} is {text!r}; expected a positive integer")
-    return value
-
-
-def parse_args(argv):
-    """Returns a dict of the launcher's settings; raises UsageError."""
-    opts = {"shards": 2, "workers": 4, "server_bin": None, "run_dir": None,
-            "python": sys.executable, "start_timeout": 30.0,
-            "recipe": None, "server_flags": [], "script": None,
-            "script_args": [], "checkpoint_dir": None}
-    own = {"--shards", "--workers", "--server-bin", "--run-dir", "--python",
-           "--start-timeout", "--recipe"}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("-h", "--help"):
-            opts["help"] = True
-            return opts
-        if arg == "--":
-            i += 1
-            break
-        if not arg.startswith("--"):
-            if arg.startswith("-") and arg != "-":
-                raise UsageError(f"unknown option {arg!r} (see --help)")
-            break
-        name, eq, value = arg.partition("=")
-        if not eq:
-            if i + 1 >= len(argv):
-                raise UsageError(f"{name} needs a value")
-            value = argv[i + 1]
-            i += 1
-        i += 1
-        if name in own:
-            key = name[2:].replace("-", "_")
-            if key in ("shards", "workers"):
-                opts[key] = _positive(name, value)
-            elif key == "start_timeout":
-                try:
-                    opts[key] = float(value)
-                except ValueError:
-                    raise UsageError(f"{name} is {value!r}; expected "
-                                     "seconds") from None
-            elif key == "recipe":
-                try:
-                    opts[key] = recipes.parse(value)
-                except ValueError as e:
-                    # "recipe 'x' is unknown; ..." -> "--recipe 'x' is ..."
-                    raise UsageError(f"--{e}") from None
-            else:
-                opts[key] = value
-            continue
-        flag = name[2:].replace("-", "_")
-        if not flag:
-            raise UsageError(f"malformed option {arg!r}")
-        if flag in _OWN_SERVER_FLAGS:
-            raise UsageError(f"--{flag} is set by the launcher; use --shards"
-                             "/--workers instead")
-        if flag == "checkpoint_dir":  # one folder per shard under it
-            opts["checkpoint_dir"] = value or None
-            continue
-        opts["server_flags"].append(f"--{flag}={value}")
-    if i >= len(argv):
-        raise UsageError("no script given; usage: python3 -m pserver.launch "
-                         "[options] script.py [args]")
-    for f in opts["server_flags"]:
-        if f.startswith("--metrics_listen="):
-            _shard_metrics(f.split("=", 1)[1], opts["shards"] - 1)  # checks
-    if opts["recipe"] is not None:
-        check_recipe_flags(opts["recipe"], opts["server_flags"])
-    opts["script"] = argv[i]
-    opts["script_args"] = argv[i + 1:]
-    if not os.path.isfile(opts["script"]):
-        raise UsageError(f"script {opts['script']!r} is not a file")
-    return opts
 
 
 def _say(text):
@@ -214,12 +142,20 @@ class Cluster:
     """The processes of one run; each in its own session, so stopping one
     stops whatever it started. Not thread-safe: one launcher thread."""
 
-    def __init__(self, opts, server_bin, run_dir):
+    def __init__(self, opts, server_bin, run_dir, node=None):
         self.opts = opts
         self.server_bin = server_bin
         self.run_dir = pathlib.Path(run_dir)
+        self.node = node  # a _nodes.Node on several machines, else None
         self.shards = []   # (Popen, log path)
         self.workers = []  # (Popen, log path or None)
+        # This machine's first shard and rank, and the job's totals.
+        nodes, rank = (1, 0) if node is None else (node.nnodes, node.rank)
+        self.first_shard = rank * opts["shards"]
+        self.first_rank = rank * opts["workers"]
+        self.num_shards = nodes * opts["shards"]
+        self.num_workers = nodes * opts["workers"]
+        self.host = "127.0.0.1" if node is None else opts["node"]["addr"]
 
     def _record(self, role, proc):
         with open(self.run_dir / "pids", "a") as f:
@@ -243,7 +179,7 @@ class Cluster:
         if not any(f.startswith("--drain_seconds=") for f in flags):
             flags.append("--drain_seconds=0")
         port_files = []
-        for i in range(n):
+        for i in range(self.first_shard, self.first_shard + n):
             port_file = self.run_dir / f"shard{i}.port"
             log = self.run_dir / f"shard{i}.log"
             # A reused run folder holds the previous run's port files:
@@ -252,10 +188,10 @@ class Cluster:
             with open(log, "wb") as out:
                 proc = subprocess.Popen(
                     [self.server_bin, f"--shard_index={i}",
-                     f"--num_shards={n}",
-                     f"--num_workers={self.opts['workers']}",
-                     "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                     f"--metrics_listen={_shard_metrics(metrics, i)}",
+                     f"--num_shards={self.num_shards}",
+                     f"--num_workers={self.num_workers}",
+                     f"--listen={self.host}:0", f"--port_file={port_file}",
+                     f"--metrics_listen={shard_metrics(metrics, i)}",
                      *flags, *self._checkpoint_flag(i)],
                     stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -267,8 +203,8 @@ class Cluster:
             port_files.append(port_file)
         deadline = time.monotonic() + self.opts["start_timeout"]
         addrs = []
-        for i, ((proc, log), port_file) in enumerate(zip(self.shards,
-                                                         port_files)):
+        for i, ((proc, log), port_file) in enumerate(
+                zip(self.shards, port_files), self.first_shard):
             while not port_file.exists():
                 if proc.poll() is not None:
                     raise RuntimeError(
@@ -280,7 +216,7 @@ class Cluster:
                         f"{self.opts['start_timeout']:g} s; {log}:\n"
                         f"{_tail(log)}")
                 time.sleep(0.02)
-            addrs.append(f"127.0.0.1:{port_file.read_text().strip()}")
+            addrs.append(f"{self.host}:{port_file.read_text().strip()}")
             if metrics:
                 # The daemon logs its ports before it writes the port file.
                 m = re.search(r"\(metrics port (\d+)\)", log.read_text())
@@ -296,17 +232,22 @@ class Cluster:
 
     def start_workers(self, addrs):
         n = self.opts["workers"]
-        for rank in range(n):
+        for local in range(n):
+            rank = self.first_rank + local
             env = dict(self.opts["worker_env"], RANK=str(rank),
-                       WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(n),
+                       WORLD_SIZE=str(self.num_workers),
+                       LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(n),
                        PSERVER_SERVERS=",".join(addrs))
+            if self.node is not None:  # torchrun's, for the script
+                env.update(GROUP_RANK=str(self.node.rank),
+                           MASTER_ADDR=self.opts["node"]["host"],
+                           MASTER_PORT=str(self.opts["node"]["port"]))
             if self.opts.get("client_options") is not None:
                 env["PSERVER_CLIENT_OPTIONS"] = json.dumps(
                     self.opts["client_options"])
             cmd = [self.opts["python"], self.opts["script"],
                    *self.opts["script_args"]]
-            if rank == 0:
+            if local == 0:
                 proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                                         preexec_fn=_die_with_launcher)
                 log = None
@@ -320,12 +261,22 @@ class Cluster:
             self.workers.append((proc, log))
             self._record(f"worker{rank}", proc)
 
+    def shards_alive(self):
+        """Raises RuntimeError when one of this machine's shards exited."""
+        for i, (proc, log) in enumerate(self.shards, self.first_shard):
+            if proc.poll() is not None:
+                raise RuntimeError(f"shard {i} exited with status "
+                                   f"{proc.returncode} while workers ran; "
+                                   f"{log}:\n{_tail(log)}")
+
     def wait(self):
-        """Until every worker is done or one process fails; returns the exit
-        code for the launcher."""
+        """Until every worker (on every machine) is done or one process
+        fails; returns the exit code for the launcher."""
+        polls = 0
         while True:
             running = 0
-            for rank, (proc, log) in enumerate(self.workers):
+            for rank, (proc, log) in enumerate(self.workers,
+                                               self.first_rank):
                 code = proc.poll()
                 if code is None:
                     running += 1
@@ -333,14 +284,18 @@ class Cluster:
                     where = f"; {log}:\n{_tail(log)}" if log else ""
                     _say(f"rank {rank} exited with status {code}; stopping "
                          f"the others{where}")
+                    if self.node is not None:
+                        self.node.fail(f"rank {rank} exited with status "
+                                       f"{code} on node {self.node.rank}")
                     return _exit_code(code)
             if running == 0:
+                if self.node is not None:
+                    self.node.finish(self.shards_alive)
                 return 0
-            for i, (proc, log) in enumerate(self.shards):
-                if proc.poll() is not None:
-                    _say(f"shard {i} exited with status {proc.returncode} "
-                         f"while workers ran; {log}:\n{_tail(log)}")
-                    return 1
+            self.shards_alive()
+            polls += 1
+            if self.node is not None and polls % 4 == 0:
+                self.node.check_others()
             time.sleep(0.05)
 
     def stop(self, grace=10.0):
@@ -408,22 +363,41 @@ def main(argv=None):
 
     old = {s: signal.signal(s, interrupted)
            for s in (signal.SIGINT, signal.SIGTERM)}
+    node = None
     cluster = Cluster(opts, server_bin, run_dir)
     code = 1
     try:
         try:
+            if opts["node"] is not None:
+                node = _join(opts, argv)
+                cluster = Cluster(opts, server_bin, run_dir, node)
             addrs = cluster.start_shards()
-            _say(f"run folder {run_dir}; {opts['shards']} shards at "
-                 f"{','.join(addrs)}; {opts['workers']} workers of "
-                 f"{opts['script']} (rank 0 below, the others in "
-                 "worker<rank>.log)")
+            if node is not None:
+                addrs = node.shards(cluster.first_shard, addrs,
+                                    cluster.num_shards, opts["shards"],
+                                    cluster.shards_alive)
+            first = cluster.first_rank
+            last = first + opts["workers"] - 1
+            _say(f"run folder {run_dir}; {cluster.num_shards} shards at "
+                 f"{','.join(addrs)}; {cluster.num_workers} workers of "
+                 f"{opts['script']}" + (
+                     f", ranks {first}..{last} here" if node else "") +
+                 f" (rank {first} below, the others in worker<rank>.log)")
             cluster.start_workers(addrs)
             code = cluster.wait()
-        except RuntimeError as e:
+        except _nodes.Elsewhere as e:
             _say(str(e))
             code = 1
+        except RuntimeError as e:
+            _say(str(e))
+            if node is not None:
+                node.fail(str(e))
+            code = 1
         except _Interrupted as e:
-            _say(f"{signal.Signals(e.signum).name}: stopping everything")
+            name = signal.Signals(e.signum).name
+            _say(f"{name}: stopping everything")
+            if node is not None:
+                node.fail(f"{name} on node {node.rank}")
             code = 128 + e.signum
     finally:
         # A second signal during teardown must not leave processes behind.
@@ -433,8 +407,23 @@ def main(argv=None):
         for s, handler in old.items():
             signal.signal(s, handler)
     if code == 0:
-        _say(f"all {opts['workers']} workers exited 0; logs in {run_dir}")
+        _say(f"all {cluster.num_workers} workers exited 0; logs in {run_dir}")
     return code
+
+
+def _join(opts, argv):
+    """This machine's launcher joins the others (several machines)."""
+    n = opts["node"]
+    if n["addr"] is None:
+        n["addr"] = _nodes.local_address(n["host"], n["port"])
+    node = _nodes.Node(n["nnodes"], n["rank"], n["host"], n["port"],
+                       n["join_timeout"])
+    if node.rank == 0:
+        _say(f"node 0 of {n['nnodes']}: the store is at {node.endpoint}; on "
+             f"each other machine I (1..{n['nnodes'] - 1}) run: "
+             f"{_nodes.command_for_others(argv)}")
+    node.join()
+    return node
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def test_each_shard_serves_metrics_on_its_own_port(tmp_path):
 
 
 def test_a_fixed_metrics_port_is_a_base_port():
-    from pserver.launch import _shard_metrics
+    from pserver._launch_args import shard_metrics as _shard_metrics
     assert _shard_metrics("127.0.0.1:9100", 0) == "127.0.0.1:9100"
     assert _shard_metrics("127.0.0.1:9100", 3) == "127.0.0.1:9103"
     assert _shard_metrics("[::1]:9100", 1) == "[::1]:9101"

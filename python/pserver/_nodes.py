@@ -1,0 +1,150 @@
+"""pserver.launch on several machines (--nnodes N): the launchers meet
+through torch's own TCPStore on the rendezvous endpoint (node 0 hosts it,
+as torchrun's c10d rendezvous does), publish the shards they started and
+learn everyone else's, and tell each other when something fails or when
+their workers are done. Keys, all under "pserver/":
+  node/<r>    the hostname of node r (it joined)
+  shard/<i>   shard i's address, HOST:PORT
+  failed/<r>  why node r stopped the job (one line)
+  done/<r>    node r's workers all exited 0
+  left/<r>    node r saw every node done and stops (node 0, hosting the
+              store, stops after them)
+"""
+
+import datetime
+import shlex
+import socket
+import sys
+import time
+
+_POLL = 0.2
+
+
+class Elsewhere(RuntimeError):
+    """Another node stopped the job."""
+
+
+def command_for_others(argv):
+    """The launcher's command line for the other machines: this one's with
+    --node-rank I in place of its own."""
+    out, i = [], 0
+    while i < len(argv) and argv[i].startswith("--") and argv[i] != "--":
+        a = argv[i]
+        take = 1 if "=" in a else 2
+        if a.split("=", 1)[0].replace("_", "-") != "--node-rank":
+            out += argv[i:i + take]
+        i += take
+    words = [sys.executable, "-m", "pserver.launch", "--node-rank", "I",
+             *out, *argv[i:]]
+    return shlex.join(words).replace("--node-rank I", "--node-rank <I>")
+
+
+def local_address(host, port):
+    """The address this machine reaches HOST:PORT from: what the other
+    machines can reach its shards at (127.0.0.1 for a loopback endpoint)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))  # UDP: nothing is sent
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+class Node:
+    """This machine's part in a job of `nnodes` machines. Raises
+    RuntimeError with one line naming what is missing or what failed."""
+
+    def __init__(self, nnodes, rank, host, port, join_timeout):
+        # Imported here: a one-machine launch needs no torch.
+        import torch.distributed as dist
+        self.nnodes, self.rank = nnodes, rank
+        self.endpoint = f"{host}:{port}"
+        self.join_timeout = join_timeout
+        try:
+            self.store = dist.TCPStore(
+                host, port, None, rank == 0,
+                datetime.timedelta(seconds=join_timeout),
+                wait_for_workers=False)
+        except RuntimeError as e:
+            what = ("could not host the store" if rank == 0 else
+                    f"could not reach node 0's store within "
+                    f"{join_timeout:g} s (is node 0 started?)")
+            raise RuntimeError(f"node {rank}: {what} at {self.endpoint}: "
+                               f"{str(e).splitlines()[0]}") from None
+
+    # torch 1.13's TCPStore has no check(): a counter beside each key says
+    # it is there (add of 0 reads it without waiting).
+    def _has(self, key):
+        return self.store.add(f"pserver/set/{key}", 0) > 0
+
+    def _get(self, key):
+        return self.store.get(f"pserver/{key}").decode()
+
+    def _set(self, key, value):
+        self.store.set(f"pserver/{key}", value)
+        self.store.add(f"pserver/set/{key}", 1)
+
+    def _await(self, keys, what, alive=None):
+        """Until every key in `keys` (a dict key -> name) exists; a failure
+        elsewhere or the join deadline raises, naming what is missing."""
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            missing = [name for key, name in keys.items() if not self._has(key)]
+            if not missing:
+                return
+            self.check_others()
+            if alive is not None:
+                alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"node {self.rank}: {what} missing after "
+                    f"{self.join_timeout:g} s (--join-timeout): "
+                    f"{', '.join(missing)} ({self.nnodes} nodes; the store "
+                    f"at {self.endpoint})")
+            time.sleep(_POLL)
+
+    def join(self):
+        self._set(f"node/{self.rank}", socket.gethostname())
+        self._await({f"node/{r}": f"node {r}" for r in range(self.nnodes)},
+                    "launchers")
+
+    def shards(self, first, addrs, total, per_node, alive):
+        """Publishes this node's shards (indices first, first + 1, ...) and
+        returns every shard's address in index order."""
+        for k, a in enumerate(addrs):
+            self._set(f"shard/{first + k}", a)
+        self._await({f"shard/{i}": f"shard {i} (node {i // per_node})"
+                     for i in range(total)}, "shards", alive)
+        return [self._get(f"shard/{i}") for i in range(total)]
+
+    def check_others(self):
+        """Raises when another node stopped the job."""
+        for r in range(self.nnodes):
+            if r != self.rank and self._has(f"failed/{r}"):
+                raise Elsewhere(f"node {r} stopped the job: "
+                                   f"{self._get(f'failed/{r}')}")
+
+    def fail(self, why):
+        """Tells every node this one stops the job (best effort: the store
+        may be gone)."""
+        try:
+            self._set(f"failed/{self.rank}", why.splitlines()[0])
+        except RuntimeError:
+            pass
+
+    def finish(self, alive):
+        """This node's workers are done: waits until every node's are (its
+        shards serve them meanwhile), then leaves; node 0, hosting the
+        store, leaves last."""
+        self._set(f"done/{self.rank}", "1")
+        while not all(self._has(f"done/{r}") for r in range(self.nnodes)):
+            self.check_others()
+            alive()
+            time.sleep(_POLL)
+        self._set(f"left/{self.rank}", "1")
+        if self.rank != 0:
+            return
+        deadline = time.monotonic() + 10
+        while (time.monotonic() < deadline and
+               not all(self._has(f"left/{r}") for r in range(self.nnodes))):
+            time.sleep(_POLL)
