@@ -154,7 +154,8 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
   constexpr int kAbortedAttempts = 4;
   const absl::Time deadline = absl::Now() + options_.retry_budget;
   bool noted = false;
-  for (int aborted = 1;; ++aborted) {
+  int aborted = 0;
+  for (;;) {
     moved_ = false;
     absl::Status st = RegisterOnce(layout, initial_weights);
     if (st.ok()) return st;
@@ -172,7 +173,7 @@ absl::Status Client::Register(const v1::ModelLayout& layout,
         noted = true;
       }
       absl::SleepFor(absl::Milliseconds(200));
-    } else if (absl::IsAborted(st) && aborted < kAbortedAttempts) {
+    } else if (absl::IsAborted(st) && ++aborted < kAbortedAttempts) {
       absl::SleepFor(absl::Milliseconds(200) * aborted);
     } else {
       return st;
