@@ -40,16 +40,6 @@ void ExpectInStepWithShards(Cluster& cluster, const Client& c, uint64_t n) {
   }
 }
 
-// Both workers take a step at once (a synchronous round needs both).
-void StepBoth(Client& a, Client& b, uint64_t n, uint64_t t) {
-  absl::Status sa, sb;
-  std::thread other([&] { sb = b.Step(Gradient(n, 1, t)); });
-  sa = a.Step(Gradient(n, 0, t));
-  other.join();
-  ASSERT_TRUE(sa.ok()) << sa;
-  ASSERT_TRUE(sb.ok()) << sb;
-}
-
 void RestartFromNothing(Cluster& cluster, uint32_t s) {
   const int port = cluster.servers[s]->port();
   cluster.servers[s]->Shutdown(absl::ZeroDuration());

@@ -27,16 +27,6 @@ OptimizerConfig Adam() {
   return o;
 }
 
-// Both workers take a step at once (a synchronous round needs both).
-void StepBoth(Client& a, Client& b, uint64_t n, uint64_t t) {
-  absl::Status sa, sb;
-  std::thread other([&] { sb = b.Step(Gradient(n, 1, t)); });
-  sa = a.Step(Gradient(n, 0, t));
-  other.join();
-  ASSERT_TRUE(sa.ok()) << sa;
-  ASSERT_TRUE(sb.ok()) << sb;
-}
-
 // Two workers train 3 rounds of Adam on two shards; worker 0's
 // FetchShardStates, as its state_dict() would hold them.
 std::vector<ShardStateCopy> SavedStates(const v1::ModelLayout& layout) {

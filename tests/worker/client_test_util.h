@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +147,17 @@ inline ClientOptions Options(const Cluster& c, uint32_t worker, v1::Codec push,
   o.pull_timeout = absl::Seconds(10);
   o.retry_budget = absl::Seconds(10);
   return o;
+}
+
+// Both workers take a step at once (a synchronous round needs both):
+// workers 0 and 1, gradients Gradient(n, worker, t).
+inline void StepBoth(Client& a, Client& b, uint64_t n, uint64_t t) {
+  absl::Status sa, sb;
+  std::thread other([&] { sb = b.Step(Gradient(n, 1, t)); });
+  sa = a.Step(Gradient(n, 0, t));
+  other.join();
+  ASSERT_TRUE(sa.ok()) << sa;
+  ASSERT_TRUE(sb.ok()) << sb;
 }
 
 // Sum of a counter family's children whose labels include `match`.
