@@ -57,18 +57,16 @@ def _nodes(opts, given):
             f"--rdzv-endpoint is {endpoint!r}; expected HOST:PORT of node 0 "
             "(or --master-addr HOST --master-port PORT), the same on every "
             "machine")
-    for name, what in (("--shards", "--shards-per-node K"),
-                       ("--workers", "--nproc-per-node G"),
-                       ("--checkpoint-dir", None)):
-        key = name[2:].replace("-", "_")
-        if opts.get(f"{key}_given") or (key == "checkpoint_dir"
-                                       and opts["checkpoint_dir"]):
-            raise UsageError(
-                f"{name} with --nnodes > 1: " + (
-                    f"expected {what} (shards on each machine)" if what else
-                    "not supported on several machines yet; expected one "
-                    "machine, or shards started by hand with their own "
-                    "--checkpoint_dir"))
+    for name, instead in (("--shards", "--shards-per-node K"),
+                          ("--workers", "--nproc-per-node G")):
+        if name in opts["given"]:
+            raise UsageError(f"{name} with --nnodes > 1: expected {instead} "
+                             "(counts on each machine)")
+    if opts["checkpoint_dir"]:
+        raise UsageError("--checkpoint-dir with --nnodes > 1: not supported "
+                         "on several machines yet; expected one machine, or "
+                         "shards started by hand with their own "
+                         "--checkpoint_dir")
     timeout = given.get("--join-timeout", "300")
     try:
         timeout = float(timeout)
@@ -115,7 +113,8 @@ def parse_args(argv):
     opts = {"shards": 2, "workers": 4, "server_bin": None, "run_dir": None,
             "python": sys.executable, "start_timeout": 30.0,
             "recipe": None, "server_flags": [], "script": None,
-            "script_args": [], "checkpoint_dir": None, "node": None}
+            "script_args": [], "checkpoint_dir": None, "node": None,
+            "given": set()}
     own = {"--shards", "--workers", "--server-bin", "--run-dir", "--python",
            "--start-timeout", "--recipe"}
     given = {}  # the several-machine options, as torchrun spells them
@@ -146,7 +145,7 @@ def parse_args(argv):
             key = name[2:].replace("-", "_")
             if key in ("shards", "workers"):
                 opts[key] = _positive(name, value)
-                opts[f"{key}_given"] = True
+                opts["given"].add(name)
             elif key == "start_timeout":
                 try:
                     opts[key] = float(value)

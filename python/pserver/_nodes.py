@@ -34,9 +34,8 @@ def command_for_others(argv):
         if a.split("=", 1)[0].replace("_", "-") != "--node-rank":
             out += argv[i:i + take]
         i += take
-    words = [sys.executable, "-m", "pserver.launch", "--node-rank", "I",
-             *out, *argv[i:]]
-    return shlex.join(words).replace("--node-rank I", "--node-rank <I>")
+    return (f"{shlex.join([sys.executable, '-m', 'pserver.launch'])} "
+            f"--node-rank <I> {shlex.join([*out, *argv[i:]])}")
 
 
 def local_address(host, port):

@@ -142,20 +142,21 @@ class Cluster:
     """The processes of one run; each in its own session, so stopping one
     stops whatever it started. Not thread-safe: one launcher thread."""
 
-    def __init__(self, opts, server_bin, run_dir, node=None):
+    def __init__(self, opts, server_bin, run_dir):
         self.opts = opts
         self.server_bin = server_bin
         self.run_dir = pathlib.Path(run_dir)
-        self.node = node  # a _nodes.Node on several machines, else None
+        self.node = None  # the _nodes.Node once joined (several machines)
         self.shards = []   # (Popen, log path)
         self.workers = []  # (Popen, log path or None)
         # This machine's first shard and rank, and the job's totals.
-        nodes, rank = (1, 0) if node is None else (node.nnodes, node.rank)
+        node = opts["node"]
+        nodes, rank = (1, 0) if node is None else (node["nnodes"],
+                                                   node["rank"])
         self.first_shard = rank * opts["shards"]
         self.first_rank = rank * opts["workers"]
         self.num_shards = nodes * opts["shards"]
         self.num_workers = nodes * opts["workers"]
-        self.host = "127.0.0.1" if node is None else opts["node"]["addr"]
 
     def _record(self, role, proc):
         with open(self.run_dir / "pids", "a") as f:
@@ -178,6 +179,9 @@ class Cluster:
         metrics = metrics[-1].split("=", 1)[1] if metrics else ""
         if not any(f.startswith("--drain_seconds=") for f in flags):
             flags.append("--drain_seconds=0")
+        # Known once joined: the address the other machines reach this one at.
+        host = ("127.0.0.1" if self.opts["node"] is None else
+                self.opts["node"]["addr"])
         port_files = []
         for i in range(self.first_shard, self.first_shard + n):
             port_file = self.run_dir / f"shard{i}.port"
@@ -190,7 +194,7 @@ class Cluster:
                     [self.server_bin, f"--shard_index={i}",
                      f"--num_shards={self.num_shards}",
                      f"--num_workers={self.num_workers}",
-                     f"--listen={self.host}:0", f"--port_file={port_file}",
+                     f"--listen={host}:0", f"--port_file={port_file}",
                      f"--metrics_listen={shard_metrics(metrics, i)}",
                      *flags, *self._checkpoint_flag(i)],
                     stdin=subprocess.DEVNULL, stdout=out,
@@ -216,7 +220,7 @@ class Cluster:
                         f"{self.opts['start_timeout']:g} s; {log}:\n"
                         f"{_tail(log)}")
                 time.sleep(0.02)
-            addrs.append(f"{self.host}:{port_file.read_text().strip()}")
+            addrs.append(f"{host}:{port_file.read_text().strip()}")
             if metrics:
                 # The daemon logs its ports before it writes the port file.
                 m = re.search(r"\(metrics port (\d+)\)", log.read_text())
@@ -369,8 +373,7 @@ def main(argv=None):
     try:
         try:
             if opts["node"] is not None:
-                node = _join(opts, argv)
-                cluster = Cluster(opts, server_bin, run_dir, node)
+                node = cluster.node = _join(opts, argv)
             addrs = cluster.start_shards()
             if node is not None:
                 addrs = node.shards(cluster.first_shard, addrs,
