@@ -28,10 +28,6 @@ bool Holds(const v1::GetStatusResponse& st, const ShardStateCopy& state) {
          st.replica_checksum() == state.replica_checksum;
 }
 
-// Whether the shard has no rounds of its own: it may take a state (the
-// shard's own rule, server/shard_transfer.cc TakesStateLocked).
-bool Fresh(const v1::GetStatusResponse& st) { return st.takes_state(); }
-
 // Whether the shard's running job has gone past the state's step (rounds
 // completed since it started): the state is older than the job's.
 bool Ahead(const v1::GetStatusResponse& st, const ShardStateCopy& state) {
@@ -130,7 +126,7 @@ absl::StatusOr<Client::InstallOutcome> Client::InstallShardStates(
     if (Holds(status[s], states[s])) continue;
     if (Ahead(status[s], states[s])) {
       ahead.push_back(s);
-    } else if (Fresh(status[s])) {
+    } else if (status[s].takes_state()) {  // no rounds of its own
       fresh.push_back(s);
     } else {
       return Refusal(s, n, status[s], states[s]);
@@ -164,7 +160,7 @@ absl::StatusOr<Client::InstallOutcome> Client::InstallShardStates(
       std::vector<size_t> still;
       for (size_t s : fresh) {
         if (Holds(status[s], states[s])) continue;
-        if (!Fresh(status[s])) return Refusal(s, n, status[s], states[s]);
+        if (!status[s].takes_state()) return Refusal(s, n, status[s], states[s]);
         still.push_back(s);
       }
       fresh = std::move(still);
