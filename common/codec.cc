@@ -89,6 +89,7 @@ class DecoderRegistry {
       if (codec.ok()) decoders_[c.codec] = std::move(*codec);
     }
     decoders_[v1::CODEC_SEGMENTS] = impl::NewSegmentsDecoder();
+    decoders_[v1::CODEC_UNCHANGED] = impl::NewUnchangedDecoder();
   }
 
   const Codec* Get(v1::Codec codec) const {
@@ -259,6 +260,7 @@ std::string CodecName(v1::Codec codec) {
     if (c.codec == codec) return c.name;
   }
   if (codec == v1::CODEC_SEGMENTS) return "segments";
+  if (codec == v1::CODEC_UNCHANGED) return "unchanged";
   return absl::StrCat("codec(", static_cast<int>(codec), ")");
 }
 

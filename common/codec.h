@@ -109,8 +109,8 @@ class Codec {
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(v1::Codec codec,
                                                  const v1::CodecParams& params);
 
-// The decoder of codec id `codec` (CODEC_SEGMENTS included, which only
-// decodes): one immutable instance per id, built on
+// The decoder of codec id `codec` (CODEC_SEGMENTS and CODEC_UNCHANGED
+// included, which only decode): one immutable instance per id, built on
 // first use and alive until the process exits (never destroyed), so it can be
 // kept as a plain pointer and shared by threads. nullptr for an id that is not
 // a known codec (CODEC_UNSPECIFIED included). The instance carries default

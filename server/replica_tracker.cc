@@ -147,6 +147,12 @@ double ReplicaTracker::Advance(absl::Span<const float> x, uint64_t step,
                    : Mix64(PullSeed(shard_index_, step) ^ (c << 20));
         status[c] = EncodeWithPlan(tensor_plan_, *active_, /*ef=*/nullptr, at,
                                    absl::MakeSpan(diff, len), seed, &d[c]);
+        // Before x_hat takes it (below), so x_hat is what workers decode.
+        if (status[c].ok()) {
+          MarkUnchanged(&d[c], at, buffers_, [](uint64_t, absl::string_view b) {
+            return AllZero(b);
+          });
+        }
       }
     });
     absl::Status s;

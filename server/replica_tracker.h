@@ -21,6 +21,7 @@
 #include "common/codec.h"
 #include "common/tensor_codecs.h"
 #include "common/thread_pool.h"
+#include "common/unchanged.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/pull_waiters.h"
 
@@ -82,6 +83,10 @@ class ReplicaTracker {
   // without one keep the active codec); CodecPlan() for none. A chunk
   // holding tensors of different codecs is served as CODEC_SEGMENTS.
   void UseTensorCodecs(CodecPlan plan) { tensor_plan_ = std::move(plan); }
+  // The slice's buffer tensors (common/unchanged.h BufferRanges): a delta's
+  // buffer piece that is all zeros (the buffer did not change) is served as
+  // CODEC_UNCHANGED, i.e. as nothing.
+  void UseBufferRanges(ElementRanges buffers) { buffers_ = std::move(buffers); }
 
   // The answer to a pull of chunk req.chunk() of the current step `step` in
   // stage `stage`: nothing (PULL_KIND_CURRENT) when the request proves the
@@ -123,6 +128,7 @@ class ReplicaTracker {
   const std::unique_ptr<Codec> codec_;  // the configured pull codec
   const Codec* active_;                 // codec_, or a schedule's
   CodecPlan tensor_plan_;               // per-tensor codecs (uniform: none)
+  ElementRanges buffers_;               // UseBufferRanges
   ThreadPool* const pool_;
   ChunkPlan plan_;
   std::vector<float> x_hat_;    // unused with the fp32 pull codec

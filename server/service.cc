@@ -63,7 +63,7 @@ class PushReactor final : public grpc::ServerUnaryReactor {
  public:
   PushReactor(grpc::CallbackServerContext* ctx, Shard* shard,
               ServerMetrics* metrics,
-              std::shared_ptr<const v1::PushRequest> req,
+              std::shared_ptr<v1::PushRequest> req,
               grpc::ByteBuffer* resp)
       : ctx_(ctx), metrics_(metrics) {
     bool queued = false;

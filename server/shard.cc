@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/unchanged.h"
 #include "common/norms.h"
 #include "common/tensor_codecs.h"
 #include "common/validated_tensor.h"
@@ -32,11 +35,11 @@ const char* SpaceName(v1::GradientSpace s) {
 
 absl::StatusOr<v1::PushResponse> Shard::Push(const v1::PushRequest& req) {
   bool queued = false;
-  return Push(std::make_shared<const v1::PushRequest>(req), nullptr, &queued);
+  return Push(std::make_shared<v1::PushRequest>(req), nullptr, &queued);
 }
 
 absl::StatusOr<v1::PushResponse> Shard::Push(
-    std::shared_ptr<const v1::PushRequest> request,
+    std::shared_ptr<v1::PushRequest> request,
     std::function<void()> on_summed, bool* queued) {
   *queued = false;
   const v1::PushRequest& req = *request;
@@ -49,6 +52,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
                       "GRADIENT_SPACE_PRECONDITIONED (2)")));
   }
   const uint32_t c = req.chunk();
+  const bool unchanged = HasUnchanged(req.gradient());
   uint64_t n;
   {
     absl::MutexLock lock(&mu_);
@@ -62,6 +66,11 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
     }
     if (absl::Status s = CheckChunk(c); !s.ok()) return s;
     n = round_.plan().size(c);
+    if (unchanged) {
+      if (absl::Status s = CheckUnchanged(req.gradient(), c); !s.ok()) {
+        return s;
+      }
+    }
   }
   // Payload checks need no state: run them before taking the lock.
   absl::StatusOr<ValidatedTensor> valid = ValidateTensor(req.gradient(), n);
@@ -78,14 +87,24 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
 
   std::vector<Ready> ready;
   v1::PushResponse resp;
+  // What came over the wire (unchanged pieces are filled in below).
+  const uint64_t wire_bytes = PayloadBytes(req.gradient());
   {
     absl::MutexLock lock(&mu_);
     const uint32_t w = req.worker_id();
     leases_.Touch(w);
+    // Unchanged pieces stand for the replica's values of this step: filled
+    // in now, while they are (bsp sums a push of this step only).
+    if (unchanged && (policy_.relaxed() || req.step() == step_)) {
+      if (absl::Status s = FillUnchanged(request.get(), &*valid); !s.ok()) {
+        return s;
+      }
+    }
     absl::Status st =
         policy_.relaxed()
-            ? PushRelaxed(request, *valid, on_summed, queued, &resp)
-            : PushSynchronous(request, *valid, on_summed, queued, &resp);
+            ? PushRelaxed(request, *valid, wire_bytes, on_summed, queued, &resp)
+            : PushSynchronous(request, *valid, wire_bytes, on_summed, queued,
+                              &resp);
     if (!st.ok()) return st;
     if (*queued) ready = Drain();
     resp.set_current_step(step_);
@@ -132,10 +151,49 @@ absl::Status Shard::CheckForm(const v1::PushRequest& req) const {
   return hyper_.Check(req, /*strict=*/!policy_.relaxed());
 }
 
+absl::Status Shard::CheckUnchanged(const v1::EncodedTensor& t,
+                                   uint32_t c) const {
+  const std::optional<OutsidePiece> out =
+      UnchangedOutside(t, round_.plan().begin(c), buffers_);
+  if (!out.has_value()) return absl::OkStatus();
+  const uint64_t at = range_.begin + out->element;
+  std::string tensor = "?";
+  for (const TensorSlot& slot : slots_) {
+    if (slot.offset <= at && at < slot.offset + slot.size) tensor = slot.name;
+  }
+  return Reject(
+      v1::REJECT_REASON_INVALID_PAYLOAD,
+      absl::InvalidArgumentError(absl::StrCat(
+          "gradient (chunk ", c, "): ",
+          out->segment >= 0 ? absl::StrCat("segments[", out->segment, "]")
+                            : std::string("the tensor"),
+          " is unchanged over element ", at, " of tensor '", tensor,
+          "', a parameter; expected unchanged only over buffer tensors")));
+}
+
+absl::Status Shard::FillUnchanged(v1::PushRequest* req,
+                                  ValidatedTensor* valid) {
+  const uint32_t c = req->chunk();
+  const uint64_t n = round_.plan().size(c);
+  pserver::FillUnchanged(
+      req->mutable_gradient(),
+      replica_->x_hat().subspan(round_.plan().begin(c), n));
+  absl::StatusOr<ValidatedTensor> v = ValidateTensor(req->gradient(), n);
+  if (!v.ok()) {
+    return Reject(v1::REJECT_REASON_INVALID_PAYLOAD,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "gradient (chunk ", c, "): the shard's own values of "
+                      "its unchanged pieces do not pass: ",
+                      v.status().message(), "; push the values instead")));
+  }
+  *valid = *v;
+  return absl::OkStatus();
+}
+
 absl::Status Shard::PushSynchronous(
-    std::shared_ptr<const v1::PushRequest>& request,
-    const ValidatedTensor& valid, std::function<void()>& on_summed,
-    bool* queued, v1::PushResponse* resp) {
+    std::shared_ptr<v1::PushRequest>& request, const ValidatedTensor& valid,
+    uint64_t wire_bytes, std::function<void()>& on_summed, bool* queued,
+    v1::PushResponse* resp) {
   const v1::PushRequest& req = *request;
   const uint32_t w = req.worker_id();
   const uint32_t c = req.chunk();
@@ -167,8 +225,7 @@ absl::Status Shard::PushSynchronous(
     return form;
   } else {
     if (round_.received() == 0) round_start_ = clock_->Now();
-    metrics_->AddReceived(req.gradient().codec(),
-                          PayloadBytes(req.gradient()),
+    metrics_->AddReceived(req.gradient().codec(), wire_bytes,
                           Fp32Bytes(req.gradient().num_elements()));
     if (!round_.pushed_any(w)) metrics_->ObserveStaleness(0);
     hyper_.Record(req);

@@ -41,6 +41,7 @@
 #include "common/layout.h"
 #include "common/schedule.h"
 #include "common/thread_pool.h"
+#include "common/unchanged.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/checkpoint.h"
 #include "server/checkpoint_writer.h"
@@ -99,7 +100,7 @@ class Shard {
   // flight bound what the shard holds for it. The request is kept, not
   // copied, until then.
   absl::StatusOr<v1::PushResponse> Push(
-      std::shared_ptr<const v1::PushRequest> req,
+      std::shared_ptr<v1::PushRequest> req,
       std::function<void()> on_summed, bool* queued) ABSL_LOCKS_EXCLUDED(mu_);
   // For tests and tools: a copy of `req`, nothing to notify.
   absl::StatusOr<v1::PushResponse> Push(const v1::PushRequest& req)
@@ -239,15 +240,26 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Push's checks and bookkeeping under bsp: on success the chunk was
   // queued (*queued) or the response says why not (duplicate, round_lost).
-  absl::Status PushSynchronous(std::shared_ptr<const v1::PushRequest>& request,
+  // `wire_bytes`: the push's payload as it came (before FillUnchanged).
+  absl::Status PushSynchronous(std::shared_ptr<v1::PushRequest>& request,
                                const ValidatedTensor& valid,
+                               uint64_t wire_bytes,
                                std::function<void()>& on_summed, bool* queued,
                                v1::PushResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT unless every CODEC_UNCHANGED piece of chunk c's push
+  // lies in buffer tensors (common/unchanged.h).
+  absl::Status CheckUnchanged(const v1::EncodedTensor& t, uint32_t c) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The push's unchanged pieces become fp32 of the replica's values (what
+  // the worker holds and would have sent), and *valid the token of the
+  // result.
+  absl::Status FillUnchanged(v1::PushRequest* req, ValidatedTensor* valid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Push's checks and bookkeeping under ssp and async (stale tags, pushes
   // deferred to the next round); the request is consumed when queued.
-  absl::Status PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
-                           const ValidatedTensor& valid,
+  absl::Status PushRelaxed(std::shared_ptr<v1::PushRequest>& request,
+                           const ValidatedTensor& valid, uint64_t wire_bytes,
                            std::function<void()>& on_summed, bool* queued,
                            v1::PushResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -358,6 +370,8 @@ class Shard {
   RoundHyper hyper_ ABSL_GUARDED_BY(mu_);  // the round's hyper-parameters
   // The slice's broadcast buffers (slice-local [begin, end), in order).
   std::vector<std::pair<uint64_t, uint64_t>> broadcast_ ABSL_GUARDED_BY(mu_);
+  // The slice's buffer tensors (common/unchanged.h BufferRanges).
+  ElementRanges buffers_ ABSL_GUARDED_BY(mu_);
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
   // Stragglers and update blow-ups (server/round_diagnostics.h).
   RoundDiagnostics diagnostics_ ABSL_GUARDED_BY(mu_);

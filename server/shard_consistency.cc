@@ -10,8 +10,9 @@
 
 namespace pserver {
 
-absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
+absl::Status Shard::PushRelaxed(std::shared_ptr<v1::PushRequest>& request,
                                 const ValidatedTensor& valid,
+                                uint64_t wire_bytes,
                                 std::function<void()>& on_summed, bool* queued,
                                 v1::PushResponse* resp) {
   const v1::PushRequest& req = *request;
@@ -30,8 +31,7 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<const v1::PushRequest>& request,
     return absl::OkStatus();
   }
   auto accept = [&](bool defer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    metrics_->AddReceived(req.gradient().codec(),
-                          PayloadBytes(req.gradient()),
+    metrics_->AddReceived(req.gradient().codec(), wire_bytes,
                           Fp32Bytes(req.gradient().num_elements()));
     Round::Push push =
         Round::Push::Own(std::move(request), valid, std::move(on_summed));

@@ -83,10 +83,12 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
   layout_ = layout;
   slots_ = slots;
   broadcast_ = std::move(broadcast);
+  buffers_ = BufferRanges(slots, range);
   pull_plan_phase_ = -1;
   range_ = range;
   x_ = std::move(x);
   replica_->Reset(x_, config_.chunk_elements);
+  replica_->UseBufferRanges(buffers_);
   // The slice's tensors (block_topk keeps its blocks in their rows); a
   // schedule's per-tensor pull codecs replace this when a round completes.
   // Buffers travel exactly (fp32) whatever the pull codec.

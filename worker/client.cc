@@ -13,6 +13,7 @@
 #include "common/hyper_params.h"
 #include "common/mix.h"
 #include "common/tensor_codecs.h"
+#include "common/unchanged.h"
 #include "common/rejection.h"
 #include "common/validated_tensor.h"
 
@@ -337,14 +338,7 @@ absl::Status Client::RegisterOnce(const v1::ModelLayout& layout,
                             momentum);
     if (!e.ok()) return e.status();
     // Buffers are pushed as they are: no preconditioner, no momentum.
-    const ShardRange& range = replica_.range(s);
-    std::vector<std::pair<uint64_t, uint64_t>> raw;
-    for (const TensorSlot& t : slots_) {
-      const uint64_t b = std::max(t.offset, range.begin);
-      const uint64_t e = std::min(t.offset + t.size, range.end);
-      if (t.buffer && b < e) raw.emplace_back(b - range.begin, e - range.begin);
-    }
-    (*e)->SetRawRanges(std::move(raw));
+    (*e)->SetRawRanges(BufferRanges(slots_, replica_.range(s)));
     encoders_.push_back(*std::move(e));
     if (absl::Status st = SetPhase(s, resps[s].schedule_phase()); !st.ok()) {
       return st;

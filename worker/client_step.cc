@@ -30,9 +30,10 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
   uint64_t seed = MixPair(MixPair(options_.seed, options_.worker_id),
                           MixPair(step, s));
   if (c > 0) seed = MixPair(seed, c);
+  // The replica is what the shard serves: buffers equal to it go as nothing.
   absl::Status st = encoders_[s]->EncodeChunk(
       gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
-      seed, req, bound);
+      seed, req, bound, replica_.slice(s).subspan(plan.begin(c), plan.size(c)));
   if (!st.ok()) return st;
   std::vector<v1::EncodedTensor>& kept = sent_[s];
   if (kept.size() != plan.num_chunks()) kept.resize(plan.num_chunks());

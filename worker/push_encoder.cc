@@ -1,6 +1,7 @@
 #include "worker/push_encoder.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "common/codec.h"
 #include "common/internal/cpu.h"
 #include "common/norms.h"
+#include "common/unchanged.h"
 
 namespace pserver {
 PSERVER_CLONES_AVX2 uint32_t MixTaking(float beta, const float* __restrict u,
@@ -78,7 +80,27 @@ PushEncoder::PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space,
 
 absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
                                       uint64_t offset, uint64_t seed,
-                                      v1::PushRequest* req, double bound) {
+                                      v1::PushRequest* req, double bound,
+                                      absl::Span<const float> held) {
+  absl::Status s = Encode(g, offset, seed, req, bound);
+  if (!s.ok() || held.empty() || raw_.empty()) return s;
+  if (held.size() != g.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "held holds ", held.size(), " elements; expected ", g.size(),
+        " (the chunk's)"));
+  }
+  // A buffer piece that is what the shard serves already: sent as nothing.
+  MarkUnchanged(req->mutable_gradient(), offset, raw_,
+                [&](uint64_t begin, absl::string_view fp32) {
+                  return std::memcmp(fp32.data(), held.data() + (begin - offset),
+                                     fp32.size()) == 0;
+                });
+  return absl::OkStatus();
+}
+
+absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t offset,
+                                 uint64_t seed, v1::PushRequest* req,
+                                 double bound) {
   const bool compressing = stage_ == v1::OPTIMIZER_STAGE_COMPRESSION;
   const absl::Span<const float> given = g;
   const double given_bound = bound;

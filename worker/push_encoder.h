@@ -76,9 +76,13 @@ class PushEncoder {
   // outside the slice. `bound`: an upper bound of every |g[i]| the caller
   // knows (its finite check's MaxAbs), or negative; it spares the encoder
   // its own pass over what it encodes (ErrorFeedback::EncodeAt).
+  // `held`: the shard's values of the chunk as this worker holds them (its
+  // replica), or empty: a raw piece (a buffer) equal to them bit for bit is
+  // sent as CODEC_UNCHANGED (common/unchanged.h), i.e. as nothing.
   absl::Status EncodeChunk(absl::Span<const float> g, uint64_t offset,
                            uint64_t seed, v1::PushRequest* req,
-                           double bound = -1.0);
+                           double bound = -1.0,
+                           absl::Span<const float> held = {});
 
   v1::OptimizerStage stage() const { return stage_; }
   // A compression schedule's push codec for every stage from now on
@@ -94,7 +98,8 @@ class PushEncoder {
   // Slice-local ranges [begin, end) pushed as they are in every stage
   // (buffers, v1::TENSOR_KIND_BUFFER): neither preconditioned nor turned
   // into the worker's momentum. Their codec is the plan's (fp32 for
-  // buffers: common/tensor_codecs.h WithExactBuffers). Sorted, disjoint.
+  // buffers: common/tensor_codecs.h WithExactBuffers). Sorted, disjoint
+  // (common/unchanged.h BufferRanges).
   void SetRawRanges(std::vector<std::pair<uint64_t, uint64_t>> ranges) {
     raw_ = std::move(ranges);
   }
@@ -124,6 +129,9 @@ class PushEncoder {
   PushEncoder(uint64_t n, bool freezes, v1::GradientSpace space, float beta,
               bool masking, std::unique_ptr<ErrorFeedback> warmup_ef,
               std::unique_ptr<ErrorFeedback> push_ef);
+  // EncodeChunk without `held`.
+  absl::Status Encode(absl::Span<const float> g, uint64_t offset,
+                      uint64_t seed, v1::PushRequest* req, double bound);
   // Momentum-factor masking: next_u_[i] = 0 for every element the sparse
   // pieces of `sent` (this chunk's push) carry.
   absl::Status MaskSent(const v1::EncodedTensor& sent);

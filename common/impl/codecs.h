@@ -27,6 +27,8 @@ namespace impl {
 inline constexpr int kMaxSegments = 4096;
 // CODEC_SEGMENTS' decoder (segments.cc).
 std::unique_ptr<Codec> NewSegmentsDecoder();
+// CODEC_UNCHANGED's decoder (unchanged.cc).
+std::unique_ptr<Codec> NewUnchangedDecoder();
 
 // Shared plumbing: header checks and DecodeAccumulate = Validate + kernel.
 class CodecBase : public Codec {

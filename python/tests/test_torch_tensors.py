@@ -295,3 +295,70 @@ def test_local_steps_with_bf16_push_no_rounding_as_a_move(shards):
     opt.client.copy_weights_into(after)
     assert opt.client.global_step == 3
     assert torch.equal(after, moved)
+
+
+class MaskNet(torch.nn.Module):
+    """A causal mask registered as nanoGPT does without flash attention:
+    persistent, constant, larger than the model."""
+
+    def __init__(self, persistent):
+        super().__init__()
+        torch.manual_seed(6)
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("mask", torch.tril(torch.ones(64, 64)),
+                             persistent=persistent)
+
+    def forward(self, x):
+        return (self.fc(x) @ self.mask[:8, :8]).sum()
+
+
+def test_a_buffer_that_did_not_change_is_not_sent_again(shards):
+    """1-bit pushes and pulls: a constant persistent mask of 4096 elements
+    costs no payload per step once registered (pushed and pulled as
+    CODEC_UNCHANGED), against the same model without it in the layout;
+    changed by the script on every worker, it travels once and every worker
+    holds the new mask, and the parameters train exactly as without it."""
+    runs = {}
+    for persistent in (True, False):
+        addrs = shards(2, 2, *ONEBIT)
+        nets = [MaskNet(persistent), MaskNet(persistent)]
+        opts = [None, None]
+
+        def construct(r):
+            opts[r] = make(nets[r].parameters(), addrs, rank=r, world=2,
+                           module=nets[r], push_codec="onebit")
+
+        in_threads(lambda: construct(1), lambda: construct(0))
+        start = [o.stats() for o in opts]
+        bytes_at = []
+
+        def work(r, step):
+            if step == 4:  # the script changes its mask (every worker)
+                nets[r].mask[0, 1] = 0.5
+            g = torch.Generator().manual_seed(10 * step + r)
+            nets[r](torch.randn(4, 8, generator=g)).backward()
+            opts[r].step()
+            opts[r].zero_grad()
+
+        for step in range(8):
+            in_threads(lambda: work(0, step), lambda: work(1, step))
+            bytes_at.append(sum(
+                o.stats()["push_payload_bytes"] + o.stats()[
+                    "pull_payload_bytes"] - s["push_payload_bytes"] -
+                s["pull_payload_bytes"] for o, s in zip(opts, start)))
+        runs[persistent] = bytes_at, nets
+    with_mask, nets = runs[True]
+    without, plain = runs[False]
+    mask_bytes = 4096 * 4
+    # Steps 0-3 and 5-7: the same bytes as without the mask in the layout.
+    assert with_mask[3] == without[3], (with_mask, without)
+    # Step 4: the changed mask once each way per worker (two workers, the
+    # pull delta as fp32 of the change), nothing after.
+    extra = (with_mask[4] - with_mask[3]) - (without[4] - without[3])
+    assert 0 < extra <= 2 * 2 * mask_bytes, extra
+    assert (with_mask[7] - with_mask[4]) == (without[7] - without[4])
+    for n in nets:
+        assert n.mask[0, 1] == 0.5 and n.mask[0, 2] == 0
+        torch.testing.assert_close(n.mask, nets[0].mask, rtol=0, atol=0)
+    for a, b in zip(nets[0].parameters(), plain[0].parameters()):
+        assert torch.equal(a, b)

@@ -96,8 +96,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)ValidateTensor(t, ~uint64_t{0});
   absl::StatusOr<ValidatedTensor> token = ValidateTensor(t, n);
   // MakeCodec accepts exactly the params ValidateTensor accepts (segments
-  // are no codec to make: their validation alone counts).
+  // and unchanged are no codecs to make: their validation alone counts).
   const bool makeable = t.codec() == v1::CODEC_SEGMENTS ||
+                        t.codec() == v1::CODEC_UNCHANGED ||
                         MakeCodec(t.codec(), t.params()).ok();
   Check(token.ok() == (makeable && valid.ok()));
   if (n > kMaxDecodeElements) return 0;
