@@ -147,3 +147,23 @@ class Node:
         while (time.monotonic() < deadline and
                not all(self._has(f"left/{r}") for r in range(self.nnodes))):
             time.sleep(_POLL)
+
+
+def torchrun_env(node, node_opts):
+    """torchrun's GROUP_RANK, MASTER_ADDR and MASTER_PORT, for a script's
+    own torch.distributed.init_process_group() (env://), which a DDP
+    script keeps. One machine (node None): a free local port, where the
+    script's rank 0 hosts the store. Several: node 0's store, which every
+    rank joins as torchrun's workers join its agent's
+    (TORCHELASTIC_USE_AGENT_STORE; the script's keys go under
+    /worker/attempt_0, apart from the launchers' pserver/)."""
+    if node is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return dict(GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port))
+    return dict(GROUP_RANK=str(node.rank), MASTER_ADDR=node_opts["host"],
+                MASTER_PORT=str(node_opts["port"]),
+                TORCHELASTIC_USE_AGENT_STORE="True",
+                TORCHELASTIC_RESTART_COUNT="0")

@@ -6,7 +6,9 @@
 Starts the shards (pserver_server on 127.0.0.1, a free port each, reported
 through --port_file), waits until every one listens, then starts the workers:
 `python3 script.py args` once per rank with RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE and PSERVER_SERVERS set (what pserver.init() reads), and
+LOCAL_WORLD_SIZE and PSERVER_SERVERS set (what pserver.init() reads),
+GROUP_RANK, MASTER_ADDR and MASTER_PORT as torchrun sets them (a script's
+own torch.distributed.init_process_group() works unchanged), and
 PYTHONPATH extended so the script imports this package (checked first: the
 script's interpreter must import pserver._native), and OMP_NUM_THREADS=1
 with more than one worker if unset (as torchrun). Rank 0's output goes
@@ -236,16 +238,13 @@ class Cluster:
 
     def start_workers(self, addrs):
         n = self.opts["workers"]
+        rdzv = _nodes.torchrun_env(self.node, self.opts["node"])
         for local in range(n):
             rank = self.first_rank + local
             env = dict(self.opts["worker_env"], RANK=str(rank),
                        WORLD_SIZE=str(self.num_workers),
                        LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(n),
-                       PSERVER_SERVERS=",".join(addrs))
-            if self.node is not None:  # torchrun's, for the script
-                env.update(GROUP_RANK=str(self.node.rank),
-                           MASTER_ADDR=self.opts["node"]["host"],
-                           MASTER_PORT=str(self.opts["node"]["port"]))
+                       PSERVER_SERVERS=",".join(addrs), **rdzv)
             if self.opts.get("client_options") is not None:
                 env["PSERVER_CLIENT_OPTIONS"] = json.dumps(
                     self.opts["client_options"])

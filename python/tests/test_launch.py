@@ -91,6 +91,23 @@ def test_trains_through_the_launcher_and_exits_0(tmp_path):
                             "worker2"]
 
 
+def test_a_scripts_own_process_group_works(tmp_path):
+    """A DDP script keeps torch.distributed.init_process_group() (env://):
+    the launcher sets MASTER_ADDR and MASTER_PORT as torchrun does, so
+    gloo's all_reduce over the 3 ranks works unchanged."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    p = launcher(run_dir, "--shards", "1", "--workers", "3",
+                 str(HERE / "pg_worker.py"), str(out))
+    text = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 0, text + "".join(
+        f.read_text() for f in run_dir.glob("worker*.log"))
+    for rank in range(3):
+        assert (out / f"rank{rank}.txt").read_text().split() == [
+            str(rank), "3", "6"]
+    no_process_left(run_dir)
+
+
 def test_a_reused_run_folder_gets_the_new_shards_ports(tmp_path):
     """A second run in the same --run-dir waited on the first run's port
     files and sent its workers to dead ports (found by torch_fidelity.py)."""

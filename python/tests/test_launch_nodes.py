@@ -122,6 +122,22 @@ def test_two_machines_train_one_model(tmp_path):
             str(r), "4", str(r % 2), "2", "5")
 
 
+def test_a_scripts_own_process_group_joins_node_0s_store(tmp_path):
+    """2 machines x 2 ranks keep init_process_group("gloo") (env://): they
+    join the launchers' store as torchrun's workers join its agent's, and
+    gloo's all_reduce over the 4 ranks works unchanged."""
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    procs = [node(tmp_path, r, port, "--nproc-per-node", "2",
+                  str(HERE / "pg_worker.py"), str(out)) for r in (0, 1)]
+    t0, t1 = texts(*procs)
+    assert procs[0].returncode == 0 and procs[1].returncode == 0, t0 + t1
+    for r in range(4):
+        assert (out / f"rank{r}.txt").read_text().split() == [
+            str(r), "4", "10"]
+
+
 @pytest.mark.parametrize("how", ["rank", "sigint"])
 def test_a_failure_on_one_machine_stops_both(tmp_path, how):
     """Machine 1's rank 3 exits 3 (or its launcher gets Ctrl-C): machine 1
