@@ -30,10 +30,16 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
   uint64_t seed = MixPair(MixPair(options_.seed, options_.worker_id),
                           MixPair(step, s));
   if (c > 0) seed = MixPair(seed, c);
-  // The replica is what the shard serves: buffers equal to it go as nothing.
+  // Under bsp the replica is what the shard serves for this step: buffers
+  // equal to it go as nothing. Under ssp and async the shard may be steps
+  // ahead of the replica, so they go as they are.
+  absl::Span<const float> held;
+  if (!relaxed()) {
+    held = replica_.slice(s).subspan(plan.begin(c), plan.size(c));
+  }
   absl::Status st = encoders_[s]->EncodeChunk(
       gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
-      seed, req, bound, replica_.slice(s).subspan(plan.begin(c), plan.size(c)));
+      seed, req, bound, held);
   if (!st.ok()) return st;
   std::vector<v1::EncodedTensor>& kept = sent_[s];
   if (kept.size() != plan.num_chunks()) kept.resize(plan.num_chunks());

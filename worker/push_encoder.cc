@@ -82,13 +82,13 @@ absl::Status PushEncoder::EncodeChunk(absl::Span<const float> g,
                                       uint64_t offset, uint64_t seed,
                                       v1::PushRequest* req, double bound,
                                       absl::Span<const float> held) {
-  absl::Status s = Encode(g, offset, seed, req, bound);
-  if (!s.ok() || held.empty() || raw_.empty()) return s;
-  if (held.size() != g.size()) {
+  if (!held.empty() && held.size() != g.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "held holds ", held.size(), " elements; expected ", g.size(),
         " (the chunk's)"));
   }
+  absl::Status s = Encode(g, offset, seed, req, bound);
+  if (!s.ok() || held.empty() || raw_.empty()) return s;
   // A buffer piece that is what the shard serves already: sent as nothing.
   MarkUnchanged(req->mutable_gradient(), offset, raw_,
                 [&](uint64_t begin, absl::string_view fp32) {
