@@ -93,9 +93,19 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
     absl::MutexLock lock(&mu_);
     const uint32_t w = req.worker_id();
     leases_.Touch(w);
-    // Unchanged pieces stand for the replica's values of this step: filled
-    // in now, while they are (bsp sums a push of this step only).
-    if (unchanged && (policy_.relaxed() || req.step() == step_)) {
+    // Unchanged pieces stand for the replica's values of the push's step,
+    // which the shard holds only while it is at that step: filled in now
+    // (bsp sums a push of this step only; ssp and async would sum an older
+    // one, whose values are gone).
+    if (unchanged && policy_.relaxed() && req.step() != step_) {
+      return Reject(v1::REJECT_REASON_INVALID_PAYLOAD,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "gradient (chunk ", c, "): unchanged pieces in a "
+                        "push of step ", req.step(), "; the shard is at step ",
+                        step_, " (under ssp and async only a push of the "
+                        "shard's step may leave its buffers out)")));
+    }
+    if (unchanged && req.step() == step_) {
       if (absl::Status s = FillUnchanged(request.get(), &*valid); !s.ok()) {
         return s;
       }

@@ -30,6 +30,7 @@ using testing_util::Gradient;
 using testing_util::InitialWeights;
 using testing_util::PullRequestFor;
 using testing_util::PushRequestFor;
+using testing_util::Registered;
 
 // ---- The shards' schedule ------------------------------------------------
 
@@ -350,22 +351,6 @@ TEST(RoundHyper, WithoutPushedValuesTheScheduleScaledPerGroup) {
 // ---- Through a shard -------------------------------------------------------
 
 constexpr uint64_t kN = testing_util::kSmallElements;  // w: 768, b: 256
-
-std::unique_ptr<Shard> Registered(const ShardConfig& c,
-                                  const v1::ModelLayout& layout,
-                                  const std::vector<float>& x0) {
-  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(c, nullptr);
-  EXPECT_TRUE(shard.ok()) << shard.status();
-  if (!shard.ok()) return nullptr;
-  for (uint32_t w = 0; w < c.num_workers; ++w) {
-    v1::RegisterRequest r =
-        testing_util::RegisterRequestFor(w, c.num_workers, x0);
-    *r.mutable_layout() = layout;
-    absl::StatusOr<v1::RegisterResponse> resp = (*shard)->Register(r);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-  }
-  return std::move(shard).value();
-}
 
 std::vector<float> Snapshot(Shard& shard, uint64_t step) {
   absl::StatusOr<v1::PullResponse> r = shard.PullBlocking(

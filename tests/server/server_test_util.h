@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/types/span.h"
 #include "common/codec.h"
+#include "gtest/gtest.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "server/shard.h"
 
@@ -109,6 +111,24 @@ inline v1::RegisterRequest RegisterRequestFor(uint32_t worker,
   *r.mutable_layout() = SmallLayout();
   *r.mutable_initial_weights() = Fp32Tensor(x0);
   return r;
+}
+
+// A shard with `layout` and every worker of `c` registered (worker 0
+// installs x0).
+inline std::unique_ptr<Shard> Registered(const ShardConfig& c,
+                                  const v1::ModelLayout& layout,
+                                  const std::vector<float>& x0) {
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(c, nullptr);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  if (!shard.ok()) return nullptr;
+  for (uint32_t w = 0; w < c.num_workers; ++w) {
+    v1::RegisterRequest r =
+        RegisterRequestFor(w, c.num_workers, x0);
+    *r.mutable_layout() = layout;
+    absl::StatusOr<v1::RegisterResponse> resp = (*shard)->Register(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+  }
+  return std::move(shard).value();
 }
 
 inline v1::PushRequest PushRequestFor(uint32_t worker, uint64_t step,

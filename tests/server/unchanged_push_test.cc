@@ -34,16 +34,7 @@ v1::ModelLayout BufferLayout() {
 
 std::unique_ptr<Shard> Registered(const ShardConfig& c,
                                   const std::vector<float>& x0) {
-  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(c, nullptr);
-  EXPECT_TRUE(shard.ok()) << shard.status();
-  if (!shard.ok()) return nullptr;
-  for (uint32_t w = 0; w < c.num_workers; ++w) {
-    v1::RegisterRequest r = testing_util::RegisterRequestFor(w, c.num_workers, x0);
-    *r.mutable_layout() = BufferLayout();
-    absl::StatusOr<v1::RegisterResponse> resp = (*shard)->Register(r);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-  }
-  return std::move(shard).value();
+  return testing_util::Registered(c, BufferLayout(), x0);
 }
 
 // The parameter's gradient in fp32, then the buffer: its values, or
@@ -155,6 +146,32 @@ TEST(ShardUnchanged, RefusedOverAParameterChangingNothing) {
   r = shard->Push(PushRequestFor(0, 0, Push(Gradient(kN, 0, 0), nullptr)));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->duplicate());
+}
+
+// Async: a push one step behind the shard cannot leave its buffer out (the
+// replica it compared against is gone); refused, nothing summed.
+TEST(ShardUnchanged, RefusedInAPushBehindTheShardUnderAsync) {
+  ShardConfig c = testing_util::ExactSgdConfig(2);
+  c.consistency.mode = Consistency::kAsync;
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> shard = Registered(c, x0);
+  ASSERT_NE(shard, nullptr);
+  const std::vector<float> held(x0.begin() + kW, x0.end());
+  ASSERT_TRUE(
+      shard->Push(PushRequestFor(0, 0, Push(Gradient(kN, 0, 0), &held))).ok());
+  ASSERT_EQ(shard->Status().current_step(), 1u);
+  const uint64_t before = shard->Status().state_checksum();
+  absl::StatusOr<v1::PushResponse> r =
+      shard->Push(PushRequestFor(1, 0, Push(Gradient(kN, 1, 0), nullptr)));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "gradient (chunk 0): unchanged pieces in a push of step 0; the "
+            "shard is at step 1 (under ssp and async only a push of the "
+            "shard's step may leave its buffers out)");
+  EXPECT_EQ(shard->Status().state_checksum(), before);
+  // The same push with its values is taken.
+  r = shard->Push(PushRequestFor(1, 0, Push(Gradient(kN, 1, 0), &held)));
+  EXPECT_TRUE(r.ok()) << r.status();
 }
 
 }  // namespace
