@@ -90,6 +90,7 @@ class DecoderRegistry {
     }
     decoders_[v1::CODEC_SEGMENTS] = impl::NewSegmentsDecoder();
     decoders_[v1::CODEC_UNCHANGED] = impl::NewUnchangedDecoder();
+    decoders_[v1::CODEC_NO_GRADIENT] = impl::NewNoGradientDecoder();
   }
 
   const Codec* Get(v1::Codec codec) const {
@@ -261,6 +262,7 @@ std::string CodecName(v1::Codec codec) {
   }
   if (codec == v1::CODEC_SEGMENTS) return "segments";
   if (codec == v1::CODEC_UNCHANGED) return "unchanged";
+  if (codec == v1::CODEC_NO_GRADIENT) return "no_gradient";
   return absl::StrCat("codec(", static_cast<int>(codec), ")");
 }
 

@@ -58,6 +58,43 @@ void CodecPlan::Cut(uint64_t offset, uint64_t n,
   if (out->empty()) out->push_back(CodecPiece{offset, end, nullptr});
 }
 
+CodecPlan CodecPlan::WithoutGradient(
+    absl::Span<const std::pair<uint64_t, uint64_t>> absent) const {
+  if (absent.empty()) return *this;
+  CodecPlan plan;
+  plan.tensors_ = tensors_;
+  // A uniform plan is one piece of the stream's codec over everything.
+  const std::vector<CodecPiece> whole{
+      CodecPiece{0, UINT64_MAX, nullptr}};
+  const std::vector<CodecPiece>& base = pieces_.empty() ? whole : pieces_;
+  const Codec* const none = NoGradientMarker();
+  auto add = [&](uint64_t b, uint64_t e, const Codec* c) {
+    if (b >= e) return;
+    if (!plan.pieces_.empty() && plan.pieces_.back().codec == c &&
+        plan.pieces_.back().end == b) {
+      plan.pieces_.back().end = e;
+    } else {
+      plan.pieces_.push_back(CodecPiece{b, e, c});
+    }
+  };
+  size_t r = 0;
+  for (const CodecPiece& p : base) {
+    uint64_t at = p.begin;
+    while (r < absent.size() && absent[r].second <= at) ++r;
+    for (size_t k = r; k < absent.size() && absent[k].first < p.end; ++k) {
+      const uint64_t b = std::max(absent[k].first, at);
+      const uint64_t e = std::min(absent[k].second, p.end);
+      add(at, b, p.codec);
+      add(b, e, none);
+      at = e;
+    }
+    add(at, p.end, p.codec);
+  }
+  return plan;
+}
+
+const Codec* NoGradientMarker() { return DecoderFor(v1::CODEC_NO_GRADIENT); }
+
 const Codec* BlockTopKWithRows(const Codec& base, uint64_t rows) {
   static absl::Mutex mu(absl::kConstInit);
   static auto* const cache =
@@ -128,6 +165,12 @@ namespace {
 absl::Status EncodePiece(const Codec& codec, ErrorFeedback* ef,
                          uint64_t offset, absl::Span<const float> u,
                          uint64_t seed, v1::EncodedTensor* out, double bound) {
+  if (codec.id() == v1::CODEC_NO_GRADIENT) {
+    out->Clear();
+    out->set_codec(v1::CODEC_NO_GRADIENT);
+    out->set_num_elements(u.size());
+    return absl::OkStatus();
+  }
   return ef != nullptr ? ef->EncodeAtWith(codec, offset, u, seed, out, bound)
                        : codec.Encode(u, seed, out);
 }
@@ -153,6 +196,9 @@ absl::Status EncodeWithPlan(const CodecPlan& plan, const Codec& stream,
     }
   }
   if (pieces.size() == 1) {
+    // `out` may be a reused request's, CODEC_SEGMENTS last time (a step
+    // with tensors without a gradient); a codec writes only its own fields.
+    out->clear_segments();
     return EncodePiece(*pieces[0].codec, ef, offset, u, seed, out, bound);
   }
   uint64_t covered = 0;

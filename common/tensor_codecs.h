@@ -22,6 +22,7 @@
 #define PSERVER_COMMON_TENSOR_CODECS_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,6 +60,11 @@ class CodecPlan {
 
   // No tensor of the slice has a codec of its own.
   bool uniform() const { return pieces_.empty(); }
+  // This plan with the slice ranges `absent` (sorted, disjoint [begin, end)
+  // pairs: the parameter tensors without a gradient this step) taking
+  // NoGradientMarker(): EncodeWithPlan sends them as CODEC_NO_GRADIENT.
+  CodecPlan WithoutGradient(
+      absl::Span<const std::pair<uint64_t, uint64_t>> absent) const;
   // The pieces of slice elements [offset, offset + n), clipped to it, in
   // order; one piece when uniform() (codec nullptr) or the span lies in one.
   void Cut(uint64_t offset, uint64_t n, std::vector<CodecPiece>* out) const;
@@ -92,6 +98,13 @@ class CodecPlan {
 // process exits. `base` itself when that codec cannot be built.
 const Codec* BlockTopKWithRows(const Codec& base, uint64_t rows);
 
+// The codec a plan's piece takes for a span without a gradient
+// (CodecPlan::WithoutGradient): EncodeWithPlan sends the piece as
+// CODEC_NO_GRADIENT, with no values, and leaves its residual as it was (a
+// tensor's error feedback waits for its next gradient, as torch.optim
+// leaves a parameter without one untouched).
+const Codec* NoGradientMarker();
+
 // `codecs` (one per slot, as CodecPlan::ForSlice takes them) with fp32 for
 // every buffer tensor (TensorSlot::buffer): buffers travel exactly whatever
 // the stream's or a schedule's codec.
@@ -101,6 +114,7 @@ std::vector<const Codec*> WithExactBuffers(
 // Encodes slice elements [offset, offset + u.size()) by `plan` into *out:
 // nullptr pieces take `stream`. One piece: a plain tensor of its codec, with
 // `seed`. Several: CODEC_SEGMENTS, piece i encoded with MixPair(seed, i).
+// NoGradientMarker() pieces become CODEC_NO_GRADIENT, their values unread.
 // With `ef`, each piece goes through ef->EncodeAtWith (error feedback on
 // that piece of the residual); without, through the codec's Encode.
 // INVALID_ARGUMENT for a non-finite input (checked before any piece is

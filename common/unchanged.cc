@@ -199,6 +199,32 @@ std::optional<OutsidePiece> UnchangedOutside(
   return out;
 }
 
+bool HasNoGradient(const v1::EncodedTensor& t) {
+  bool any = false;
+  ForEachPiece(&t, 0, [&](const v1::EncodedTensor* p, uint64_t, int) {
+    any = any || p->codec() == v1::CODEC_NO_GRADIENT;
+  });
+  return any;
+}
+
+std::optional<OutsidePiece> NoGradientOver(
+    const v1::EncodedTensor& t, uint64_t offset,
+    absl::Span<const ElementRanges::value_type> ranges) {
+  std::optional<OutsidePiece> out;
+  ForEachPiece(&t, offset, [&](const v1::EncodedTensor* p, uint64_t begin,
+                               int i) {
+    if (out.has_value() || p->codec() != v1::CODEC_NO_GRADIENT) return;
+    const uint64_t end = begin + p->num_elements();
+    for (const auto& [b, e] : ranges) {
+      if (b < end && begin < e) {
+        out = OutsidePiece{i, std::max(b, begin)};
+        return;
+      }
+    }
+  });
+  return out;
+}
+
 void FillUnchanged(v1::EncodedTensor* t, absl::Span<const float> values) {
   ForEachPiece(t, 0, [&](v1::EncodedTensor* p, uint64_t begin, int) {
     if (p->codec() != v1::CODEC_UNCHANGED) return;

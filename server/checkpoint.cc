@@ -18,9 +18,10 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
 absl::string_view Magic() { return absl::string_view(kMagic, sizeof(kMagic)); }
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 // Version 2 had no local_steps; it loads as local_steps 1. Version 3 had no
-// schedule; it loads as none.
+// schedule; it loads as none. Version 6 added the tensors' idle rounds;
+// older ones load as none.
 constexpr uint32_t kOldestVersion = 2;
 constexpr char kPrefix[] = "ckpt-";
 constexpr char kSuffix[] = ".pserver";
@@ -153,6 +154,7 @@ std::string SerializeShardState(const ShardState& s) {
   w.Floats(s.v);
   w.Floats(s.x_hat);
   w.Int64s(s.last_pushed);
+  w.Int64s(s.idle_rounds);
   return std::move(w).Finish();
 }
 
@@ -184,7 +186,8 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
                              r.Num(&s.beta2) && r.Num(&s.eps))) &&
             r.Blob(&layout) && r.Blob(&delta) && r.Floats(&s.x) &&
             r.Floats(&s.m) && r.Floats(&s.v) && r.Floats(&s.x_hat) &&
-            r.Int64s(&s.last_pushed);
+            r.Int64s(&s.last_pushed) &&
+            (version < 6 || r.Int64s(&s.idle_rounds));
   if (!ok) return absl::DataLossError("checkpoint is truncated");
   if (r.remaining() != 0) {
     return absl::InvalidArgumentError(
@@ -231,9 +234,33 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
         "checkpoint shard ", s.shard_index, "/", s.num_shards, " with ",
         s.num_workers, " workers is not a valid configuration"));
   }
-  uint64_t n = ShardRangeFor(TotalElements(s.layout), s.num_shards,
-                             s.shard_index)
-                   .size();
+  const ShardRange range = ShardRangeFor(TotalElements(s.layout),
+                                        s.num_shards, s.shard_index);
+  const uint64_t n = range.size();
+  if (!s.idle_rounds.empty()) {
+    // One entry per tensor with elements in the shard (the optimizer's
+    // segments), each at most the step.
+    size_t tensors = 0;
+    for (const TensorSlot& t : *ValidateLayout(s.layout)) {
+      tensors += std::max(t.offset, range.begin) <
+                         std::min(t.offset + t.size, range.end)
+                     ? 1
+                     : 0;
+    }
+    if (s.idle_rounds.size() != tensors) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint idle_rounds has ", s.idle_rounds.size(),
+          " entries; expected 0 or ", tensors, " (the shard's tensors)"));
+    }
+    for (size_t i = 0; i < tensors; ++i) {
+      if (s.idle_rounds[i] < 0 ||
+          static_cast<uint64_t>(s.idle_rounds[i]) > s.step) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint idle_rounds[", i, "] is ", s.idle_rounds[i],
+            "; expected 0..", s.step, " (the step)"));
+      }
+    }
+  }
   if (s.x.size() != n || s.x_hat.size() != n || s.m.size() != n ||
       (s.v.size() != n && !s.v.empty())) {
     return absl::InvalidArgumentError(absl::StrCat(

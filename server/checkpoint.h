@@ -57,6 +57,9 @@ struct ShardState {
   std::vector<v1::EncodedTensor> delta;  // per chunk; empty: none
   std::vector<float> x, m, v, x_hat;
   std::vector<int64_t> last_pushed;
+  // Per tensor of the shard, the rounds it had no gradient in and was not
+  // stepped (Optimizer::idle_rounds; empty: none, and before version 6).
+  std::vector<int64_t> idle_rounds;
   uint32_t local_steps = 1;  // the job's local steps between pushes
   // The compression schedule (common/schedule.h; 0: none) and the run
   // length its fractions were resolved against (0: none needed).

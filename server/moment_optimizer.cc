@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "common/internal/cpu.h"
 
 namespace pserver {
@@ -144,6 +145,13 @@ double MomentOptimizer::Step(absl::Span<const float> g, absl::Span<float> x) {
   });
   double total = 0;
   for (double s : sq) total += s;
+  if (!skip_.empty()) {
+    if (idle_.empty()) idle_.assign(segments_.size(), 0);
+    for (size_t i = 0; i < skip_.size() && i < idle_.size(); ++i) {
+      idle_[i] += skip_[i] ? 1 : 0;
+    }
+    skip_.clear();
+  }
   ++step_;
   ++rounds_run_;
   if (config_.kind == OptimizerKind::kOneBitAdam && !frozen_ &&
@@ -167,6 +175,11 @@ double MomentOptimizer::StepSegments(uint64_t begin, uint64_t end,
     const uint64_t b = std::max(at, it->begin);
     const uint64_t e = std::min(end, it->end);
     if (b >= e) continue;
+    const size_t i = it - segments_.begin();
+    if (i < skip_.size() && skip_[i]) {
+      at = e;  // no gradient this round: left as it is
+      continue;
+    }
     if (it->buffer) {
       // Not an update: left out of the norm (the update-norm gauge and the
       // blow-up diagnostics are about the parameters).
@@ -174,7 +187,7 @@ double MomentOptimizer::StepSegments(uint64_t begin, uint64_t end,
     } else {
       const GroupHyper& h =
           it->group < hyper_.size() ? hyper_[it->group] : fallback;
-      sq += StepRange(b, e, g, x, grow, h);
+      sq += StepRange(b, e, g, x, grow, h, i < idle_.size() ? idle_[i] : 0);
     }
     at = e;
   }
@@ -183,7 +196,7 @@ double MomentOptimizer::StepSegments(uint64_t begin, uint64_t end,
 
 double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
                             absl::Span<const float> g, absl::Span<float> x,
-                            float grow, const GroupHyper& h) {
+                            float grow, const GroupHyper& h, uint64_t idle) {
   using moment_kernels::Tiled;
   const float lr = h.lr, b1 = config_.beta1, b2 = config_.beta2;
   const float eps = config_.eps, wd = h.weight_decay;
@@ -206,11 +219,7 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
   float* const v = v_.data() + begin;
   if (!frozen_) {
     float mc = 1.0f, vc = 1.0f;
-    if (config_.bias_correction) {
-      double t = static_cast<double>(step_ + 1);
-      mc = static_cast<float>(1.0 / (1.0 - std::pow(double{b1}, t)));
-      vc = static_cast<float>(1.0 / (1.0 - std::pow(double{b2}, t)));
-    }
+    Corrections(step_ + 1, idle, &mc, &vc);
     return Tiled(n, [&](uint64_t o, uint64_t len, float* d) {
       moment_kernels::Adam(xb + o, m + o, v + o, gb + o, d, len, lr, wd, b1,
                            b2, mc, vc, eps);
@@ -226,6 +235,32 @@ double MomentOptimizer::StepRange(uint64_t begin, uint64_t end,
                                      gb + o, d, len, lr, wd, c1, grow, eps,
                                      worker, pre);
   });
+}
+
+void MomentOptimizer::Corrections(uint64_t t, uint64_t idle, float* mc,
+                                  float* vc) const {
+  *mc = *vc = 1.0f;
+  if (!config_.bias_correction || t <= idle) return;
+  const double own = static_cast<double>(t - idle);
+  *mc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta1}, own)));
+  *vc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta2}, own)));
+}
+
+absl::Status MomentOptimizer::RestoreIdleRounds(std::vector<uint64_t> idle) {
+  if (!idle.empty() && idle.size() != segments_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "idle rounds hold ", idle.size(), " entries; expected 0 or ",
+        segments_.size(), " (one per tensor of the shard)"));
+  }
+  for (size_t i = 0; i < idle.size(); ++i) {
+    if (idle[i] > step_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "idle rounds[", i, "] is ", idle[i], "; expected at most the step, ",
+          step_));
+    }
+  }
+  idle_ = std::move(idle);
+  return absl::OkStatus();
 }
 
 float MomentOptimizer::GrowthScale() const {
@@ -245,13 +280,15 @@ void MomentOptimizer::Freeze() {
   frozen_ = true;
   if (config_.bias_correction && step_ > 0) {
     // Freeze the bias-corrected moments: the compression stage then takes
-    // the steps plain Adam (with correction) would take at this point.
-    double t = static_cast<double>(step_);
-    float mc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta1}, t)));
-    float vc = static_cast<float>(1.0 / (1.0 - std::pow(double{config_.beta2}, t)));
-    for (uint64_t i = 0; i < n_; ++i) {
-      m_[i] *= mc;
-      v_[i] *= vc;
+    // the steps plain Adam (with correction) would take at this point (each
+    // tensor at its own step count).
+    for (size_t k = 0; k < segments_.size(); ++k) {
+      float mc = 1.0f, vc = 1.0f;
+      Corrections(step_, k < idle_.size() ? idle_[k] : 0, &mc, &vc);
+      for (uint64_t i = segments_[k].begin; i < segments_[k].end; ++i) {
+        m_[i] *= mc;
+        v_[i] *= vc;
+      }
     }
   }
   if (!config_.preconditioned) return;  // DeepSpeed-exact: no floor, raw m
@@ -278,6 +315,7 @@ void MomentOptimizer::RestoreState(uint64_t step, bool frozen, std::vector<float
   step_ = step;
   if (freeze_at > 0) freeze_at_ = freeze_at;
   rounds_run_ = step;
+  idle_.clear();
   frozen_ = frozen;
   m_ = std::move(m);
   v_ = std::move(v);

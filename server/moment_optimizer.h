@@ -31,6 +31,9 @@ class MomentOptimizer final : public Optimizer {
   void SetHyper(std::vector<GroupHyper> groups) override {
     hyper_ = std::move(groups);
   }
+  void SkipNext(std::vector<bool> skip) override { skip_ = std::move(skip); }
+  absl::Span<const uint64_t> idle_rounds() const override { return idle_; }
+  absl::Status RestoreIdleRounds(std::vector<uint64_t> idle) override;
 
   uint64_t step() const override { return step_; }
   // The stage the *next* Step() runs in.
@@ -72,7 +75,11 @@ class MomentOptimizer final : public Optimizer {
   // segment's piece or less, stepped with `h`. `grow` is GrowthScale(),
   // taken once per step.
   double StepRange(uint64_t begin, uint64_t end, absl::Span<const float> g,
-                   absl::Span<float> x, float grow, const GroupHyper& h);
+                   absl::Span<float> x, float grow, const GroupHyper& h,
+                   uint64_t idle);
+  // Adam's bias corrections for a segment skipped in `idle` rounds, at
+  // round t of the optimizer (its own round t - idle).
+  void Corrections(uint64_t t, uint64_t idle, float* mc, float* vc) const;
   // StepRange over [begin, end), any segments, each with its group's values;
   // buffers take the mean pushed value.
   double StepSegments(uint64_t begin, uint64_t end, absl::Span<const float> g,
@@ -83,6 +90,8 @@ class MomentOptimizer final : public Optimizer {
   uint64_t n_;
   std::vector<LocalSegment> segments_;  // tile [0, n_), in order
   std::vector<GroupHyper> hyper_;        // SetHyper's values
+  std::vector<bool> skip_;               // SkipNext's, for one Step()
+  std::vector<uint64_t> idle_;           // per segment; empty: all 0
   std::vector<float> m_;
   std::vector<float> v_;  // empty for sgd
   uint64_t step_ = 0;

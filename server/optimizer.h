@@ -149,6 +149,18 @@ class Optimizer {
   // segment whose group is past the end takes the config's lr and
   // weight_decay, as every segment does before the first call).
   virtual void SetHyper(std::vector<GroupHyper> groups) = 0;
+  // The next Step() leaves the segments with skip[i] set as they are (x,
+  // moments, their step count): no push of the round had a gradient for
+  // them (server/gradient_presence.h), as torch.optim leaves a parameter
+  // whose `.grad` is None. REQUIRES: skip.size() is the segments' count.
+  virtual void SkipNext(std::vector<bool> skip) = 0;
+  // Per segment, the rounds it was skipped in (empty: none ever), so its
+  // own step count, for Adam's bias correction, is step() minus that, as
+  // torch.optim counts a parameter's steps.
+  virtual absl::Span<const uint64_t> idle_rounds() const = 0;
+  // Restores idle_rounds() (checkpoints): INVALID_ARGUMENT, nothing
+  // changed, unless empty or one per segment, each <= step().
+  virtual absl::Status RestoreIdleRounds(std::vector<uint64_t> idle) = 0;
 
   virtual uint64_t step() const = 0;
   // The stage the *next* Step() runs in.

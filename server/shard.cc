@@ -53,6 +53,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
   }
   const uint32_t c = req.chunk();
   const bool unchanged = HasUnchanged(req.gradient());
+  const bool no_gradient = HasNoGradient(req.gradient());
   uint64_t n;
   {
     absl::MutexLock lock(&mu_);
@@ -68,6 +69,11 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
     n = round_.plan().size(c);
     if (unchanged) {
       if (absl::Status s = CheckUnchanged(req.gradient(), c); !s.ok()) {
+        return s;
+      }
+    }
+    if (no_gradient) {
+      if (absl::Status s = CheckNoGradient(req.gradient(), c); !s.ok()) {
         return s;
       }
     }
@@ -161,12 +167,10 @@ absl::Status Shard::CheckForm(const v1::PushRequest& req) const {
   return hyper_.Check(req, /*strict=*/!policy_.relaxed());
 }
 
-absl::Status Shard::CheckUnchanged(const v1::EncodedTensor& t,
-                                   uint32_t c) const {
-  const std::optional<OutsidePiece> out =
-      UnchangedOutside(t, round_.plan().begin(c), buffers_);
-  if (!out.has_value()) return absl::OkStatus();
-  const uint64_t at = range_.begin + out->element;
+absl::Status Shard::RefusePiece(uint32_t c, const OutsidePiece& piece,
+                                const char* what, const char* kind,
+                                const char* over) const {
+  const uint64_t at = range_.begin + piece.element;
   std::string tensor = "?";
   for (const TensorSlot& slot : slots_) {
     if (slot.offset <= at && at < slot.offset + slot.size) tensor = slot.name;
@@ -175,10 +179,26 @@ absl::Status Shard::CheckUnchanged(const v1::EncodedTensor& t,
       v1::REJECT_REASON_INVALID_PAYLOAD,
       absl::InvalidArgumentError(absl::StrCat(
           "gradient (chunk ", c, "): ",
-          out->segment >= 0 ? absl::StrCat("segments[", out->segment, "]")
-                            : std::string("the tensor"),
-          " is unchanged over element ", at, " of tensor '", tensor,
-          "', a parameter; expected unchanged only over buffer tensors")));
+          piece.segment >= 0 ? absl::StrCat("segments[", piece.segment, "]")
+                             : std::string("the tensor"),
+          " is ", what, " over element ", at, " of tensor '", tensor, "', ",
+          kind, "; expected ", what, " only over ", over, " tensors")));
+}
+
+absl::Status Shard::CheckUnchanged(const v1::EncodedTensor& t,
+                                   uint32_t c) const {
+  const std::optional<OutsidePiece> out =
+      UnchangedOutside(t, round_.plan().begin(c), buffers_);
+  if (!out.has_value()) return absl::OkStatus();
+  return RefusePiece(c, *out, "unchanged", "a parameter", "buffer");
+}
+
+absl::Status Shard::CheckNoGradient(const v1::EncodedTensor& t,
+                                    uint32_t c) const {
+  const std::optional<OutsidePiece> over =
+      NoGradientOver(t, round_.plan().begin(c), buffers_);
+  if (!over.has_value()) return absl::OkStatus();
+  return RefusePiece(c, *over, "no_gradient", "a buffer", "parameter");
 }
 
 absl::Status Shard::FillUnchanged(v1::PushRequest* req,
@@ -279,6 +299,8 @@ std::vector<Shard::Ready> Shard::Drain() {
           absl::ToDoubleSeconds(clock_->Now() - start));
       metrics_->AddDecodedElements(elements);
       mu_.Lock();
+      presence_.Mark(round_.plan().begin(batch->chunk),
+                     batch->a->valid->tensor());
       if (std::function<void()> done = round_.EndSum(*batch)) {
         ready.push_back(std::move(done));
       }
@@ -332,6 +354,10 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
         hyper_.For(step_, config_.optimizer, layout_);
     PublishLearningRates(hyper);
     optimizer_->SetHyper(hyper);
+    if (std::vector<bool> skip = presence_.Skipped(); !skip.empty()) {
+      optimizer_->SkipNext(std::move(skip));
+    }
+    presence_.Clear();
     const absl::Time start = clock_->Now();
     update_norm = optimizer_->Step(mean, absl::MakeSpan(x_));
     optimizer_seconds = absl::ToDoubleSeconds(clock_->Now() - start);

@@ -48,6 +48,7 @@
 #include "server/lease_table.h"
 #include "server/metrics.h"
 #include "server/model_install.h"
+#include "server/gradient_presence.h"
 #include "server/optimizer.h"
 #include "server/round_hyper.h"
 #include "server/pull_waiters.h"
@@ -251,6 +252,16 @@ class Shard {
   // lies in buffer tensors (common/unchanged.h).
   absl::Status CheckUnchanged(const v1::EncodedTensor& t, uint32_t c) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT unless every CODEC_NO_GRADIENT piece lies in parameter
+  // tensors.
+  absl::Status CheckNoGradient(const v1::EncodedTensor& t, uint32_t c) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The refusal of chunk c's `piece`: "<what> over element E of tensor 'n',
+  // <kind>; expected <what> only over <over> tensors".
+  absl::Status RefusePiece(uint32_t c, const OutsidePiece& piece,
+                           const char* what, const char* kind,
+                           const char* over) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The push's unchanged pieces become fp32 of the replica's values (what
   // the worker holds and would have sent), and *valid the token of the
   // result.
@@ -372,6 +383,8 @@ class Shard {
   std::vector<std::pair<uint64_t, uint64_t>> broadcast_ ABSL_GUARDED_BY(mu_);
   // The slice's buffer tensors (common/unchanged.h BufferRanges).
   ElementRanges buffers_ ABSL_GUARDED_BY(mu_);
+  // The round's tensors with a gradient (no push had one: not stepped).
+  GradientPresence presence_ ABSL_GUARDED_BY(mu_);
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
   // Stragglers and update blow-ups (server/round_diagnostics.h).
   RoundDiagnostics diagnostics_ ABSL_GUARDED_BY(mu_);

@@ -132,6 +132,7 @@ void Shard::Land(uint32_t w, uint32_t c, Round::Push push, uint64_t tag) {
 
 std::vector<Shard::Ready> Shard::ClearRound() {
   std::vector<Ready> dropped = round_.Clear();
+  presence_.Clear();
   hyper_.Clear();  // the dropped round's values bind no later round
   for (std::map<uint32_t, Round::Push>& d : deferred_) {
     for (auto& [c, push] : d) {

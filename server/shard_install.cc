@@ -98,6 +98,7 @@ void Shard::InstallModel(const v1::ModelLayout& layout,
                        std::vector<const Codec*>(slots_.size(), nullptr))));
   // No push can be queued before a model is installed: nothing to answer.
   round_.Resize(range.size(), config_.chunk_elements);
+  presence_.Reset(segments);
   optimizer_ = MakeOptimizer(opt_, range.size(),
                              std::move(segments), pool_);
   registered_ = true;

@@ -2,6 +2,7 @@
 // restore, shutdown.
 #include <utility>
 
+#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "server/internal/shard_common.h"
@@ -136,6 +137,8 @@ ShardState Shard::CaptureState() {
   st.v.assign(optimizer_->v().begin(), optimizer_->v().end());
   st.x_hat.assign(replica_->x_hat().begin(), replica_->x_hat().end());
   st.last_pushed = last_pushed_;
+  st.idle_rounds.assign(optimizer_->idle_rounds().begin(),
+                        optimizer_->idle_rounds().end());
   st.local_steps = local_steps_;
   st.has_adam_hyper = true;
   st.beta1 = opt_.beta1;
@@ -182,6 +185,10 @@ void Shard::CommitState(ShardState st, const std::vector<TensorSlot>& slots,
                     st.replica_checksum, st.prev_replica_checksum);
   optimizer_->RestoreState(st.step, st.frozen, std::move(st.m),
                            std::move(st.v), st.freeze_step);
+  // The loader checked the count and the values (server/checkpoint.cc).
+  absl::Status idle = optimizer_->RestoreIdleRounds(
+      std::vector<uint64_t>(st.idle_rounds.begin(), st.idle_rounds.end()));
+  ABSL_RAW_CHECK(idle.ok(), "CommitState: idle rounds not checked");
   step_ = st.step;
   last_pushed_ = std::move(st.last_pushed);
   std::fill(version_.begin(), version_.end(), step_);

@@ -47,12 +47,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunking.h"
 #include "common/layout.h"
 #include "common/schedule.h"
 #include "common/tls.h"
+#include "common/unchanged.h"
 #include "prometheus/registry.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "worker/client_metrics.h"
@@ -172,7 +174,13 @@ class Client {
   // refusal that re-registering cannot fix (worker/recovery.h) is returned
   // at once with the shard's message and reason.
   // REQUIRES: Register() succeeded; gradient.size() == num_params().
-  absl::Status Step(absl::Span<const float> gradient);
+  // `no_gradient`: the layout indices, increasing, of parameter tensors
+  // without a gradient this step (torch's `.grad` None), sent as
+  // CODEC_NO_GRADIENT with their residuals and momentum kept; a tensor no
+  // worker had one for is not updated (codec.proto). INVALID_ARGUMENT,
+  // nothing sent, for an index out of range, out of order or a buffer's.
+  absl::Status Step(absl::Span<const float> gradient,
+                    absl::Span<const uint32_t> no_gradient = {});
 
   // Step, overlapped with the caller's backward pass (DDP's buckets on a
   // parameter server): the caller hands the gradient over in pieces as they
@@ -189,11 +197,12 @@ class Client {
   // progress). GradientReady: INVALID_ARGUMENT (nothing handed over) for an
   // empty range, one outside the gradient or overlapping an earlier one,
   // or non-finite values. FinishStep: INVALID_ARGUMENT, the step still in
-  // progress, when a range not handed over holds a non-finite value; then
-  // as Step.
+  // progress, when a range not handed over holds a non-finite value or
+  // `no_gradient` (as Step's) is refused; then as Step. Tensors in it must
+  // not have been handed over.
   absl::Status StartStep(absl::Span<const float> gradient);
   absl::Status GradientReady(uint64_t begin, uint64_t end);
-  absl::Status FinishStep();
+  absl::Status FinishStep(absl::Span<const uint32_t> no_gradient = {});
   bool in_step() const { return pusher_.joinable(); }
 
   // The hyper-parameters every push carries from now on
@@ -295,6 +304,12 @@ class Client {
   // far: a chunk is encoded only once its range is checked, so this bounds
   // it, and the encoder need not take a pass of its own to find that.
   double GradientBound() const;
+  // FinishStep once no_gradient_ is set.
+  absl::Status FinishStepNow();
+  // Step's `no_gradient` as slice-local ranges per shard, or
+  // INVALID_ARGUMENT naming the entry.
+  absl::StatusOr<std::vector<ElementRanges>> NoGradientRanges(
+      absl::Span<const uint32_t> tensors) const;
   // Fills req with chunk c of shard s's slice of `gradient`, encoded (the
   // residual of that piece moves on), and keeps a lossy encoding in sent_.
   // `bound`: an upper bound of |gradient[i]|, or negative when unknown.
@@ -396,6 +411,10 @@ class Client {
   // mutex orders the two.
   std::atomic<uint32_t> gradient_bound_bits_{0};
   ReadyChunks ready_;
+  // The step's tensors without a gradient, per shard (slice-local): cleared
+  // at StartStep, set by FinishStep before it marks the rest ready.
+  absl::Mutex no_gradient_mu_;
+  std::vector<ElementRanges> no_gradient_ ABSL_GUARDED_BY(no_gradient_mu_);
   std::thread pusher_;
   std::vector<absl::Status> pushed_;  // per shard, set by the pusher
   // Per shard: its push stopped because another shard's failed first

@@ -37,6 +37,11 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
   if (!relaxed()) {
     held = replica_.slice(s).subspan(plan.begin(c), plan.size(c));
   }
+  {
+    absl::MutexLock lock(&no_gradient_mu_);
+    encoders_[s]->SetWithoutGradient(
+        s < no_gradient_.size() ? no_gradient_[s] : ElementRanges());
+  }
   absl::Status st = encoders_[s]->EncodeChunk(
       gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
       seed, req, bound, held);
@@ -52,8 +57,12 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
   return absl::OkStatus();
 }
 
-absl::Status Client::Step(absl::Span<const float> gradient) {
+absl::Status Client::Step(absl::Span<const float> gradient,
+                          absl::Span<const uint32_t> no_gradient) {
   if (absl::Status st = CheckStepStart("Step()", gradient); !st.ok()) return st;
+  if (absl::Status st = NoGradientRanges(no_gradient).status(); !st.ok()) {
+    return st;
+  }
   double max_abs = 0;
   if (absl::Status st = CheckGradientFinite(gradient, 0, &max_abs); !st.ok()) {
     return st;
@@ -61,8 +70,40 @@ absl::Status Client::Step(absl::Span<const float> gradient) {
   if (absl::Status st = StartStep(gradient); !st.ok()) return st;
   // Checked above: handed over whole, without a second pass.
   NoteGradientBound(max_abs);
+  absl::StatusOr<std::vector<ElementRanges>> absent =
+      NoGradientRanges(no_gradient);
+  {
+    absl::MutexLock lock(&no_gradient_mu_);
+    no_gradient_ = *std::move(absent);
+  }
   ABSL_RAW_CHECK(ready_.Mark(0, gradient.size()).ok(), "Step: bad range");
-  return FinishStep();
+  return FinishStepNow();
+}
+
+absl::StatusOr<std::vector<ElementRanges>> Client::NoGradientRanges(
+    absl::Span<const uint32_t> tensors) const {
+  std::vector<ElementRanges> out(calls_->size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint32_t t = tensors[i];
+    if (t >= slots_.size() || (i > 0 && t <= tensors[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no_gradient[", i, "] is ", t, "; expected increasing tensor "
+          "indices below ", slots_.size(), " (the layout's tensors)"));
+    }
+    const TensorSlot& slot = slots_[t];
+    if (slot.buffer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no_gradient[", i, "] is tensor ", t, " ('", slot.name,
+          "'), a buffer; expected parameter tensors only"));
+    }
+    for (size_t s = 0; s < out.size(); ++s) {
+      const ShardRange& r = replica_.range(s);
+      const uint64_t b = std::max(slot.offset, r.begin);
+      const uint64_t e = std::min(slot.offset + slot.size, r.end);
+      if (b < e) out[s].emplace_back(b - r.begin, e - r.begin);
+    }
+  }
+  return out;
 }
 
 absl::Status Client::CheckReadyRange(uint64_t begin, uint64_t end) {
@@ -113,6 +154,10 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
   const size_t n = calls_->size();
   std::vector<ShardRange> ranges(n);
   for (size_t s = 0; s < n; ++s) ranges[s] = replica_.range(s);
+  {
+    absl::MutexLock lock(&no_gradient_mu_);
+    no_gradient_.clear();
+  }
   ready_.Reset(num_params(), ranges, plans_);
   // Nothing of this step is sent yet: a resend must not take a chunk of the
   // last step's (the strings keep their capacity).
@@ -182,11 +227,36 @@ absl::Status Client::GradientReady(uint64_t begin, uint64_t end) {
   return ready_.Mark(begin, end);
 }
 
-absl::Status Client::FinishStep() {
+absl::Status Client::FinishStep(absl::Span<const uint32_t> no_gradient) {
   if (!pusher_.joinable()) {
     return absl::FailedPreconditionError(
         "FinishStep() outside a step; call StartStep() first");
   }
+  absl::StatusOr<std::vector<ElementRanges>> absent =
+      NoGradientRanges(no_gradient);
+  if (!absent.ok()) return absent.status();
+  const std::vector<std::pair<uint64_t, uint64_t>> missing = ready_.Missing();
+  for (const uint32_t t : no_gradient) {
+    const TensorSlot& slot = slots_[t];
+    const bool held_back = slot.size == 0 || std::any_of(
+        missing.begin(), missing.end(), [&](const auto& m) {
+          return m.first <= slot.offset && slot.offset + slot.size <= m.second;
+        });
+    if (!held_back) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no_gradient names tensor ", t, " ('", slot.name,
+          "'), whose gradient was handed over; expected tensors not handed "
+          "over"));
+    }
+  }
+  {
+    absl::MutexLock lock(&no_gradient_mu_);
+    no_gradient_ = *std::move(absent);
+  }
+  return FinishStepNow();
+}
+
+absl::Status Client::FinishStepNow() {
   // What was not handed over is handed over now, all checked first: a
   // non-finite value leaves the step in progress (fix it, call again).
   const std::vector<std::pair<uint64_t, uint64_t>> missing = ready_.Missing();

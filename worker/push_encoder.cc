@@ -131,8 +131,9 @@ absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t offset,
     req->set_space(v1::GRADIENT_SPACE_RAW);
   }
   ErrorFeedback& ef = !freezes_ || compressing ? *push_ef_ : *warmup_ef_;
+  const CodecPlan& plan = absent_.empty() ? plan_ : absent_plan_;
   if (!(compressing && freezes_ && beta_ > 0.0f)) {
-    return EncodeWithPlan(plan_, ef.codec(), &ef, offset, g, seed,
+    return EncodeWithPlan(plan, ef.codec(), &ef, offset, g, seed,
                           req->mutable_gradient(), bound);
   }
   // The momentum of this chunk, kept only once its push is encoded (a
@@ -148,7 +149,7 @@ absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t offset,
       MixTaking(beta_, u_.data() + offset, g.data(), next_u_.data(), g.size()));
   keep_raw(next_u_.data());
   req->set_momentum(true);
-  if (absl::Status s = EncodeWithPlan(plan_, ef.codec(), &ef, offset, next_u_,
+  if (absl::Status s = EncodeWithPlan(plan, ef.codec(), &ef, offset, next_u_,
                                       seed, req->mutable_gradient(), bound);
       !s.ok()) {
     return s;
@@ -158,7 +159,19 @@ absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t offset,
     // lose it, and cannot happen for the encoder's own output.
     if (absl::Status s = MaskSent(req->gradient()); !s.ok()) return s;
   }
-  std::copy(next_u_.begin(), next_u_.end(), u_.begin() + offset);
+  // The momentum of a tensor without a gradient stays as it was.
+  uint64_t at = 0;
+  const uint64_t len = next_u_.size();
+  for (const auto& [b, e] : absent_) {
+    if (e <= offset || at >= len) continue;
+    const uint64_t lo = std::max(std::max(b, offset) - offset, at);
+    if (lo >= len) break;
+    const uint64_t hi = std::min(e - offset, len);
+    std::copy(next_u_.begin() + at, next_u_.begin() + lo,
+              u_.begin() + offset + at);
+    at = hi;
+  }
+  std::copy(next_u_.begin() + at, next_u_.end(), u_.begin() + offset + at);
   return absl::OkStatus();
 }
 

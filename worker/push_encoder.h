@@ -94,7 +94,19 @@ class PushEncoder {
   }
   // A schedule phase's per-tensor codecs over this slice, in every stage
   // (tensors without one keep the stage's codec); CodecPlan() for none.
-  void UseTensorCodecs(CodecPlan plan) { plan_ = std::move(plan); }
+  void UseTensorCodecs(CodecPlan plan) {
+    plan_ = std::move(plan);
+    absent_plan_ = plan_.WithoutGradient(absent_);
+  }
+  // Slice-local ranges [begin, end) of the parameter tensors without a
+  // gradient in the coming pushes, until set again (sorted, disjoint):
+  // sent as CODEC_NO_GRADIENT, their residuals and momentum left as they
+  // are, whatever the gradient holds there.
+  void SetWithoutGradient(std::vector<std::pair<uint64_t, uint64_t>> absent) {
+    if (absent == absent_) return;
+    absent_ = std::move(absent);
+    absent_plan_ = plan_.WithoutGradient(absent_);
+  }
   // Slice-local ranges [begin, end) pushed as they are in every stage
   // (buffers, v1::TENSOR_KIND_BUFFER): neither preconditioned nor turned
   // into the worker's momentum. Their codec is the plan's (fp32 for
@@ -147,6 +159,8 @@ class PushEncoder {
   std::unique_ptr<ErrorFeedback> warmup_ef_;
   std::unique_ptr<ErrorFeedback> push_ef_;
   CodecPlan plan_;                // per-tensor codecs (uniform: none)
+  std::vector<std::pair<uint64_t, uint64_t>> absent_;  // SetWithoutGradient
+  CodecPlan absent_plan_;         // plan_ with absent_ as no gradient
   std::vector<std::pair<uint64_t, uint64_t>> raw_;  // SetRawRanges
   std::vector<float> patched_;    // a preconditioned chunk with raw pieces
   std::optional<Preconditioner> d_;  // once frozen (1-bit Adam)

@@ -29,6 +29,8 @@ inline constexpr int kMaxSegments = 4096;
 std::unique_ptr<Codec> NewSegmentsDecoder();
 // CODEC_UNCHANGED's decoder (unchanged.cc).
 std::unique_ptr<Codec> NewUnchangedDecoder();
+// CODEC_NO_GRADIENT's decoder (unchanged.cc).
+std::unique_ptr<Codec> NewNoGradientDecoder();
 
 // Shared plumbing: header checks and DecodeAccumulate = Validate + kernel.
 class CodecBase : public Codec {

@@ -91,12 +91,14 @@ PYBIND11_MODULE(_native, m) {
       .def("set_hyper", &PyClient::SetHyper, py::arg("values"))
       .def_property_readonly("shard_config", &PyClient::ShardConfig)
       .def("step", &PyClient::Step, py::arg("gradient"), py::arg("out"),
-           py::arg("loss") = std::optional<double>())
+           py::arg("loss") = std::optional<double>(),
+           py::arg("no_gradient") = std::vector<uint32_t>())
       .def("start_step", &PyClient::StartStep, py::arg("gradient"))
       .def("gradient_ready", &PyClient::GradientReady, py::arg("begin"),
            py::arg("end"))
       .def("finish_step", &PyClient::FinishStep, py::arg("out"),
-           py::arg("loss") = std::optional<double>())
+           py::arg("loss") = std::optional<double>(),
+           py::arg("no_gradient") = std::vector<uint32_t>())
       .def_property_readonly("in_step", &PyClient::in_step)
       .def("copy_weights_into", &PyClient::CopyWeightsInto, py::arg("out"))
       .def("serialize_state", &PyClient::SerializeState)

@@ -255,7 +255,8 @@ py::dict PyClient::ShardConfig() const {
 }
 
 uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
-                        std::optional<double> loss) {
+                        std::optional<double> loss,
+                        const std::vector<uint32_t>& no_gradient) {
   Registered();
   const long long n = static_cast<long long>(client_->num_params());
   FloatBuffer g(gradient, "gradient", false, n);
@@ -265,7 +266,7 @@ uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
         "step() while an overlapped step is in progress; call finish_step()");
   }
   Call([&] {
-    absl::Status s = client_->Step(g.span());
+    absl::Status s = client_->Step(g.span(), no_gradient);
     if (s.ok()) CopyWeights(dst.mutable_span());
     return s;
   });
@@ -297,7 +298,8 @@ void PyClient::GradientReady(uint64_t begin, uint64_t end) {
 }
 
 uint64_t PyClient::FinishStep(const py::handle& out,
-                              std::optional<double> loss) {
+                              std::optional<double> loss,
+                              const std::vector<uint32_t>& no_gradient) {
   if (!in_step()) {
     throw std::runtime_error("finish_step() outside a step; call "
                              "start_step() first");
@@ -306,7 +308,7 @@ uint64_t PyClient::FinishStep(const py::handle& out,
                   static_cast<long long>(client_->num_params()));
   try {
     Call([&] {
-      absl::Status s = client_->FinishStep();
+      absl::Status s = client_->FinishStep(no_gradient);
       if (s.ok()) CopyWeights(dst.mutable_span());
       return s;
     });

@@ -110,9 +110,12 @@ class PyClient {
   // Pushes `gradient` for the current step and writes the next weights into
   // `out`. Both are checked (size num_params) before anything is sent; on
   // any error `out` and the client's step are unchanged. `loss` (optional)
-  // sets pserver_worker_train_loss. Returns the new step.
+  // sets pserver_worker_train_loss. Returns the new step. `no_gradient`:
+  // the layout's parameter tensors (indices, increasing) without a gradient
+  // this step (worker/client.h Step).
   uint64_t Step(const pybind11::handle& gradient, const pybind11::handle& out,
-                std::optional<double> loss);
+                std::optional<double> loss,
+                const std::vector<uint32_t>& no_gradient);
 
   // The overlapped step (worker/client.h, StartStep): `gradient` (held
   // until FinishStep) is filled by backward; GradientReady(begin, end) hands
@@ -123,7 +126,8 @@ class PyClient {
   // non-finite) and RuntimeError for a call out of order.
   void StartStep(const pybind11::handle& gradient);
   void GradientReady(uint64_t begin, uint64_t end);
-  uint64_t FinishStep(const pybind11::handle& out, std::optional<double> loss);
+  uint64_t FinishStep(const pybind11::handle& out, std::optional<double> loss,
+                      const std::vector<uint32_t>& no_gradient);
   bool in_step() const { return client_->in_step(); }
 
   void CopyWeightsInto(const pybind11::handle& out);

@@ -336,15 +336,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if p.grad is not None:
                     present.append(i)
             flat.put_buffers(flat.grad)
+            # A parameter whose .grad is None is not updated this step (no
+            # momentum, no weight decay) unless another worker has one.
+            absent = [i for i in range(len(flat.params))
+                      if flat.params[i].grad is None]
             if overlapped:
-                self.client.finish_step(flat.weights, loss=_as_float(loss))
+                self.client.finish_step(flat.weights, loss=_as_float(loss),
+                                        no_gradient=absent)
             else:
                 if self._max_grad_norm is not None:
                     self.last_grad_norm = flat.clip(self._max_grad_norm,
                                                     present)
                 self._set_hyper(hyper)
                 self.client.step(flat.grad, flat.weights,
-                                 loss=_as_float(loss))
+                                 loss=_as_float(loss), no_gradient=absent)
             if ov is not None:
                 ov.probed = True
         finally:

@@ -234,9 +234,10 @@ TEST(DecoderFor, EveryCodecInTheEnumHasADecoder) {
     if (id == v1::CODEC_UNSPECIFIED) continue;
     SCOPED_TRACE(e->value(i)->name());
     const Codec* dec = DecoderFor(id);
-    // Segments and unchanged only decode (tensor_codecs_test and
-    // unchanged_test cover them).
-    if (id == v1::CODEC_SEGMENTS || id == v1::CODEC_UNCHANGED) {
+    // Segments, unchanged and no_gradient only decode (tensor_codecs_test,
+    // unchanged_test and no_gradient_push_test cover them).
+    if (id == v1::CODEC_SEGMENTS || id == v1::CODEC_UNCHANGED ||
+        id == v1::CODEC_NO_GRADIENT) {
       ASSERT_NE(dec, nullptr);
       EXPECT_FALSE(MakeCodec(id, {}).ok());
       continue;
@@ -256,7 +257,7 @@ TEST(DecoderFor, EveryCodecInTheEnumHasADecoder) {
 }
 
 TEST(DecoderFor, RefusesUnknownIds) {
-  for (int id : {0, 12, 42, -1, 1 << 30}) {
+  for (int id : {0, 13, 42, -1, 1 << 30}) {
     SCOPED_TRACE(id);
     EXPECT_EQ(DecoderFor(static_cast<v1::Codec>(id)), nullptr);
     auto found = FindDecoder(static_cast<v1::Codec>(id));

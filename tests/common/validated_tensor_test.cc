@@ -144,7 +144,7 @@ void ExpectRefused(const v1::EncodedTensor& t, uint64_t n,
 
 TEST(ValidateTensor, RefusesUnknownCodecNamingTheNumber) {
   v1::EncodedTensor t = Encoded(v1::CODEC_FP32);
-  for (int id : {0, 12, 42, -1}) {
+  for (int id : {0, 13, 42, -1}) {
     t.set_codec(static_cast<v1::Codec>(id));
     ExpectRefused(t, 100,
                   absl::StrCat("codec is ", id,

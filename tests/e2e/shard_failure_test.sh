@@ -173,7 +173,7 @@ for pid in "$SHARD_PID_0" "$SHARD_PID_1"; do
   wait "$pid" || fail "a shard did not exit 0 on SIGTERM"
 done
 /usr/bin/python3 - "$DIR/failed" "$STEPS" <<'PY' || fail "the workers' final weights are not the shards' model"
-# The newest checkpoint of each shard (server/checkpoint.h, version 5):
+# The newest checkpoint of each shard (server/checkpoint.h, version 6):
 # its step must be STEPS and its x_hat, shard 0's then shard 1's, the
 # workers' final weights byte for byte.
 import glob, struct, sys
@@ -184,8 +184,8 @@ for s in (0, 1):
     b = open(path, "rb").read()
     version, = struct.unpack_from("<I", b, 8)
     step, = struct.unpack_from("<Q", b, 32)
-    if b[:8] != b"PSCKPT\0\1" or version != 5 or step != steps:
-        sys.exit(f"{path}: version {version}, step {step}; expected 5, {steps}")
+    if b[:8] != b"PSCKPT\0\1" or version != 6 or step != steps:
+        sys.exit(f"{path}: version {version}, step {step}; expected 6, {steps}")
     off = 97                                 # the fixed header
     for _ in range(2):                       # blobs: layout, delta
         n, = struct.unpack_from("<Q", b, off)

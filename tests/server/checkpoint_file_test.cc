@@ -75,8 +75,8 @@ TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
   s.last_pushed = {41, -1};
   s.delta = {Fp32Tensor(std::vector<float>(n, 0.25f))};
   s.local_steps = 1;
-  const std::string v5 = SerializeShardState(s);
-  EXPECT_EQ(v5.size(), 5318u);
+  const std::string v6 = SerializeShardState(s);
+  EXPECT_EQ(v6.size(), 5326u);
   // An older version: `drop` bytes cut at `at`, the version number set, the
   // trailing Checksum64 redone.
   auto older = [](const std::string& newer, size_t at, size_t drop,
@@ -91,7 +91,10 @@ TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
     return b;
   };
   // Offsets: magic 8, five u32, four u8, four u64 = 64; local_steps 4;
-  // the schedule's two u64 16; the Adam hyper-parameters 13.
+  // the schedule's two u64 16; the Adam hyper-parameters 13; the idle
+  // rounds (an empty list: its u64 count) last, before the 8-byte trailer.
+  const std::string v5 = older(v6, v6.size() - 16, 8, 5);
+  EXPECT_EQ(v5.size(), 5318u);
   const std::string v4 = older(v5, 84, 13, 4);
   const std::string v3 = older(v4, 68, 16, 3);
   const std::string v2 = older(v3, 64, 4, 2);
@@ -99,7 +102,7 @@ TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
   h.Update(v2.data(), v2.size());
   EXPECT_EQ(v2.size(), 5285u);
   EXPECT_EQ(h.Finish(), 0xec80687abfd4e7f8ull);
-  for (const std::string* file : {&v2, &v3, &v4}) {
+  for (const std::string* file : {&v2, &v3, &v4, &v5}) {
     auto old = ParseShardState(*file);
     ASSERT_TRUE(old.ok()) << old.status();
     EXPECT_EQ(old->local_steps, 1u);
@@ -108,9 +111,10 @@ TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
     EXPECT_FALSE(old->has_adam_hyper);
     EXPECT_EQ(old->x, s.x);
     EXPECT_EQ(old->step, 42u);
-    EXPECT_EQ(SerializeShardState(*old), v5);
+    EXPECT_TRUE(old->idle_rounds.empty());
+    EXPECT_EQ(SerializeShardState(*old), v6);
   }
-  // Version 5 carries the values; local_steps 0 is refused, and so are
+  // Versions 5 and 6 carry the values; local_steps 0 is refused, and so are
   // betas outside [0, 1).
   s.local_steps = 16;
   s.schedule_fingerprint = 0xfeedfacecafebeefull;
@@ -135,10 +139,10 @@ TEST(Checkpoint, OlderFormatVersionsAreTheNewestWithoutItsFields) {
   EXPECT_EQ(ParseShardState(SerializeShardState(s)).status().code(),
             absl::StatusCode::kInvalidArgument);
   // A version beyond the newest is refused naming the range.
-  const std::string v6 = older(v5, 68, 0, 6);
-  auto future = ParseShardState(v6);
+  const std::string v7 = older(v6, 68, 0, 7);
+  auto future = ParseShardState(v7);
   ASSERT_FALSE(future.ok());
-  EXPECT_NE(future.status().message().find("expected 2..5"), std::string::npos)
+  EXPECT_NE(future.status().message().find("expected 2..6"), std::string::npos)
       << future.status();
 }
 

@@ -306,3 +306,88 @@ TEST(Preconditioner, ApplyTakesTheMaxAbsOfItsOutput) {
 
 }  // namespace
 }  // namespace pserver
+
+namespace pserver {
+namespace {
+
+// A tensor without a gradient (torch's `.grad` None; SetWithoutGradient):
+// its range goes as CODEC_NO_GRADIENT, whatever the gradient holds there,
+// and its residual and momentum stay as they were; the next step with a
+// gradient for it pushes as before.
+TEST(PushEncoderNoGradient, AnAbsentRangeGoesAsNothingKeepingItsState) {
+  PushCodecs codecs;
+  codecs.push = v1::CODEC_ONEBIT;
+  codecs.warmup = v1::CODEC_FP32;
+  auto e = Compressing(codecs);
+  ASSERT_NE(e, nullptr);
+  v1::PushRequest req;
+  ASSERT_TRUE(e->EncodeChunk(RandomGradient(1), 0, 1, &req).ok());
+  const std::vector<float> u(e->momentum().begin(), e->momentum().end());
+  const absl::Span<const float> r0 = e->push_ef().residual();
+  const std::vector<float> residual(r0.begin(), r0.end());
+  ASSERT_EQ(residual.size(), kN);
+
+  e->SetWithoutGradient({{200, 500}});
+  std::vector<float> g = RandomGradient(2);
+  for (uint64_t i = 200; i < 500; ++i) g[i] = 1e3f;  // never read
+  ASSERT_TRUE(e->EncodeChunk(g, 0, 2, &req).ok());
+  ASSERT_EQ(req.gradient().codec(), v1::CODEC_SEGMENTS);
+  ASSERT_EQ(req.gradient().segments_size(), 3);
+  EXPECT_EQ(req.gradient().segments(0).codec(), v1::CODEC_ONEBIT);
+  EXPECT_EQ(req.gradient().segments(1).codec(), v1::CODEC_NO_GRADIENT);
+  EXPECT_EQ(req.gradient().segments(1).num_elements(), 300u);
+  EXPECT_TRUE(req.gradient().segments(1).payload().empty());
+  EXPECT_EQ(req.gradient().segments(2).codec(), v1::CODEC_ONEBIT);
+  const std::vector<float> sent = Decoded(req.gradient());
+  for (uint64_t i = 0; i < kN; ++i) {
+    const bool absent = i >= 200 && i < 500;
+    if (absent) {
+      ASSERT_EQ(sent[i], 0.0f) << i;
+      ASSERT_EQ(e->momentum()[i], u[i]) << i;
+      ASSERT_EQ(e->push_ef().residual()[i], residual[i]) << i;
+    } else {
+      ASSERT_EQ(e->momentum()[i], kBeta * u[i] + (1.0f - kBeta) * g[i]) << i;
+    }
+  }
+
+  e->SetWithoutGradient({});
+  ASSERT_TRUE(e->EncodeChunk(RandomGradient(3), 0, 3, &req).ok());
+  EXPECT_EQ(req.gradient().codec(), v1::CODEC_ONEBIT);
+}
+
+// CodecPlan::WithoutGradient over a plan with per-tensor codecs: the
+// absent ranges cut the pieces, neighbours keep their codecs.
+TEST(PushEncoderNoGradient, ThePlanCutsAbsentRangesOutOfItsPieces) {
+  std::vector<TensorSlot> slots(3);
+  slots[0] = {"a", 0, 100};
+  slots[1] = {"b", 100, 100};
+  slots[2] = {"c", 200, 100};
+  const std::vector<const Codec*> codecs = {
+      nullptr, DecoderFor(v1::CODEC_FP32), nullptr};
+  const CodecPlan plan =
+      CodecPlan::ForSlice(slots, ShardRange{0, 300}, codecs)
+          .WithoutGradient({{150, 250}});
+  std::vector<CodecPiece> cut;
+  plan.Cut(0, 300, &cut);
+  ASSERT_EQ(cut.size(), 4u);
+  EXPECT_EQ(cut[0].end, 100u);
+  EXPECT_EQ(cut[0].codec, nullptr);
+  EXPECT_EQ(cut[1].end, 150u);
+  EXPECT_EQ(cut[1].codec, DecoderFor(v1::CODEC_FP32));
+  EXPECT_EQ(cut[2].end, 250u);
+  EXPECT_EQ(cut[2].codec, NoGradientMarker());
+  EXPECT_EQ(cut[3].end, 300u);
+  EXPECT_EQ(cut[3].codec, nullptr);
+  // A uniform plan takes the stream's codec around the absent range.
+  CodecPlan::ForSlice(slots, ShardRange{0, 300}, {nullptr, nullptr, nullptr})
+      .WithoutGradient({{100, 200}})
+      .Cut(50, 200, &cut);
+  ASSERT_EQ(cut.size(), 3u);
+  EXPECT_EQ(cut[0].begin, 50u);
+  EXPECT_EQ(cut[1].codec, NoGradientMarker());
+  EXPECT_EQ(cut[2].end, 250u);
+  EXPECT_EQ(cut[2].codec, nullptr);
+}
+
+}  // namespace
+}  // namespace pserver
