@@ -171,7 +171,11 @@ def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
 def test_local_steps_push_the_weight_change_every_h_steps(tmp_path):
     """--local-steps 16 over 40 steps: rounds at steps 16 and 32 and the
     last partial one (8 steps) that the script's synchronize() pushes; each
-    an 8-bit quantized weight change (lm_fidelity.sh's diloco rows)."""
+    an 8-bit quantized weight change (lm_fidelity.sh's diloco rows). The
+    model it ends with is within 15% of the loss of fp32 pushes every step
+    on the same 40 steps and seed (an untrained model is 95% above: ln 256
+    = 5.55 against about 2.85); on seeds 2, 3 and 4 the local-steps run was
+    6.4%, 10.1% and 5.4% above."""
     need_corpus()
     run = run_launched(
         tmp_path, ["--optimizer", "sgd", "--nesterov=true", "--lr", "0.7",
@@ -183,7 +187,10 @@ def test_local_steps_push_the_weight_change_every_h_steps(tmp_path):
     assert s["push_fp32_bytes"] == 3 * 4 * trainable, s
     # 8 bits a value plus the blocks' scales: about a quarter of fp32.
     assert s["push_payload_bytes"] < s["push_fp32_bytes"] / 3.5, s
-    assert run["final_val_loss"] < 5.0, run
+    fp32 = run_launched(tmp_path / "fp32", ["--optimizer", "adam",
+                                            "--pull-codec", "fp32"], [])
+    assert run["final_val_loss"] < 1.15 * fp32["final_val_loss"], (
+        run["final_val_loss"], fp32["final_val_loss"])
 
 
 def test_schedule_names_the_models_tensors(tmp_path):

@@ -6,7 +6,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 command -v promtool >/dev/null ||
-  { echo "SKIP: promtool is not installed (apt-get install prometheus)"; exit 77; }
+  { echo "FAIL: promtool is not installed (apt-get install prometheus); tests/run.sh installs it"; exit 1; }
 promtool check rules "$ROOT/deploy/prometheus/alerts.yml"
 cd "$ROOT/tests/e2e/prometheus"
 promtool test rules alerts_test.yml

@@ -3,7 +3,7 @@
 each is the real deploy/grafana/dashboards/pserver.json with one thing
 broken, and the check must name that thing; the real one passes.
 
-  python3 -m unittest tests/e2e/dashboard_schema_test.py   (ctest grafana.dashboard_schema_selftest)
+  python3 -m unittest tests/e2e/dashboard_schema_test.py   (ctest grafana.dashboard_schema_rules_selftest)
 """
 import copy
 import json

@@ -34,9 +34,9 @@ PY=""
 for p in python3 /usr/bin/python3; do
   if command -v "$p" >/dev/null && "$p" -c 'import yaml' 2>/dev/null; then PY="$p"; break; fi
 done
-[[ -n "$PY" ]] || { echo "SKIP: no python3 with the yaml module (apt-get install python3-yaml)"; exit 77; }
-command -v promtool >/dev/null || { echo "SKIP: promtool is not installed (apt-get install prometheus)"; exit 77; }
-command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
+[[ -n "$PY" ]] || { echo "FAIL: no python3 with the yaml module (apt-get install python3-yaml); tests/run.sh installs it"; exit 1; }
+command -v promtool >/dev/null || { echo "FAIL: promtool is not installed (apt-get install prometheus); tests/run.sh installs it"; exit 1; }
+command -v curl >/dev/null || { echo "FAIL: curl is not installed; tests/run.sh installs it"; exit 1; }
 
 # --- Prometheus configs.
 promtool check config "$ROOT/deploy/prometheus/prometheus.yml" >/dev/null ||

@@ -23,7 +23,7 @@ set -euo pipefail
 SERVER="$1"; WORKER="$2"
 DATA=/usr/share/datasets/fashion-mnist
 [[ -f "$DATA/train-images-idx3-ubyte.gz" || -f "$DATA/train-images-idx3-ubyte" ]] ||
-  { echo "SKIP: no Fashion-MNIST in $DATA (apt-get install dataset-fashion-mnist)"; exit 77; }
+  { echo "FAIL: no Fashion-MNIST in $DATA (apt-get install dataset-fashion-mnist); tests/run.sh installs it"; exit 1; }
 
 DIR="$(mktemp -d /tmp/pserver-diag.XXXXXX)"
 TAG="pd$$"

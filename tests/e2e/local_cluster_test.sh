@@ -21,7 +21,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; for f in "$DIR"/*.log; do echo "== $f"; tail -5 "$f"; done >&2; exit 1; }
 
-command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
+command -v curl >/dev/null || { echo "FAIL: curl is not installed; tests/run.sh installs it"; exit 1; }
 
 servers=()
 for s in 0 1; do

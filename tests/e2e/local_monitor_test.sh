@@ -25,7 +25,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; tail -20 "$DIR/out.log" >&2; exit 1; }
 for tool in prometheus curl python3; do
-  command -v "$tool" >/dev/null || { echo "SKIP: $tool is not installed"; exit 77; }
+  command -v "$tool" >/dev/null || { echo "FAIL: $tool is not installed; tests/run.sh installs it"; exit 1; }
 done
 
 # Free ports: 2 consecutive for each of shards, shard metrics, worker metrics.

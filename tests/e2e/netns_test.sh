@@ -20,10 +20,12 @@ DASHBOARD="$ROOT/deploy/grafana/dashboards/pserver.json"
 
 skip() { echo "SKIP: $*"; exit 77; }
 [[ $(id -u) -eq 0 ]] || skip "needs root for ip netns"
-command -v ip >/dev/null || skip "ip (iproute2) is not installed"
-command -v prometheus >/dev/null || skip "prometheus is not installed (apt-get install prometheus)"
-command -v curl >/dev/null || skip "curl is not installed"
-command -v python3 >/dev/null || skip "python3 is not installed"
+# Packages tests/run.sh installs: missing, they are a failure, not a skip.
+missing() { echo "FAIL: $* is not installed; tests/run.sh installs it"; exit 1; }
+command -v ip >/dev/null || missing "ip (iproute2)"
+command -v prometheus >/dev/null || missing "prometheus (apt-get install prometheus)"
+command -v curl >/dev/null || missing curl
+command -v python3 >/dev/null || missing python3
 
 TAG="ps$$"                     # names: namespaces, veths (<= 15 characters)
 HUB="$TAG-hub"

@@ -60,7 +60,7 @@ fail() {
   for f in "$DIR"/*/*.log; do echo "== $f"; tail -5 "$f"; done >&2
   exit 1
 }
-command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
+command -v curl >/dev/null || { echo "FAIL: curl is not installed; tests/run.sh installs it"; exit 1; }
 
 start_shard() {  # run shard
   local run=$1 s=$2 port_arg=$3

@@ -27,9 +27,9 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; for f in "$DIR"/*.log; do echo "== $f"; tail -5 "$f"; done >&2; exit 1; }
 
-"$PYTHON" -c 'import torch' 2>/dev/null || { echo "SKIP: no torch for $PYTHON"; exit 77; }
+"$PYTHON" -c 'import torch' 2>/dev/null || { echo "FAIL: no torch for $PYTHON (apt-get install python3-torch); tests/run.sh installs it"; exit 1; }
 [[ -e "$DATA/train-images-idx3-ubyte.gz" || -e "$DATA/train-images-idx3-ubyte" ]] ||
-  { echo "SKIP: no Fashion-MNIST in $DATA"; exit 77; }
+  { echo "FAIL: no Fashion-MNIST in $DATA (apt-get install dataset-fashion-mnist); tests/run.sh installs it"; exit 1; }
 
 for init in pytorch he_normal; do
   rm -f "$DIR/port"

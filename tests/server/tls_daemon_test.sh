@@ -29,7 +29,7 @@ fail() {
   FAILED=1
 }
 
-command -v openssl >/dev/null || { echo "SKIP: no openssl" >&2; exit 77; }
+command -v openssl >/dev/null || { echo "FAIL: no openssl; tests/run.sh installs it" >&2; exit 1; }
 cd "$WORK" || exit 1
 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
 {
