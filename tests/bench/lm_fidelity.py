@@ -66,7 +66,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "python" / "examples"
 SCRIPT = EXAMPLES / "train_gpt.py"
 sys.path.insert(0, str(EXAMPLES))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import gpt  # noqa: E402
+import provenance  # noqa: E402
 import train_gpt  # noqa: E402
 
 # The common recipe; each key is a flag of this driver and of train_gpt.py.
@@ -240,7 +242,8 @@ def script_flags(common):
 
 
 def environment():
-    """Where a run ran: recorded with each result."""
+    """Where a run ran: recorded with each result (the calibration is the
+    one timed at the start of this process: tests/bench/provenance.py)."""
     cpu = "unknown"
     try:
         for line in open("/proc/cpuinfo"):
@@ -257,7 +260,34 @@ def environment():
         commit = "unknown"
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
             "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
-            "commit": commit}
+            "commit": commit, "dirty": commit.endswith("-dirty"),
+            "calibration_seconds": provenance.calibration()}
+
+
+def machine_line(envs):
+    """The table's provenance line: machines, commits (a dirty tree said),
+    the calibration range, and whether the runs mix machines."""
+    pick = lambda k: ", ".join(sorted({str(e.get(k)) for e in envs}))  # noqa: E731
+    commits = sorted({e["commit"] for e in envs})
+    dirty = sum(1 for e in envs
+                if e.get("dirty") or e["commit"].endswith("-dirty"))
+    cal = [e["calibration_seconds"] for e in envs
+           if e.get("calibration_seconds")]
+    line = (f"Machine: {pick('cpu')}, {pick('cores')} cores; "
+            f"OPENBLAS_CORETYPE={pick('openblas_coretype')}; torch "
+            f"{pick('torch')}; commit {', '.join(commits)}")
+    if dirty:
+        line += (f" ({dirty} of {len(envs)} runs from a tree with "
+                 "uncommitted changes)")
+    if not cal:
+        return line + "; no calibration recorded (runs before it existed)."
+    line += f"; calibration {min(cal):.3f} to {max(cal):.3f} s"
+    if len(cal) < len(envs):
+        line += f" ({len(envs) - len(cal)} of {len(envs)} runs without one)"
+    if max(cal) > 1.1 * min(cal):
+        line += (f"; the runs mix machines of different speed "
+                 f"({max(cal) / min(cal):.2f}x)")
+    return line + "."
 
 
 # ---------------------------------------------------------------------------
@@ -602,12 +632,8 @@ def settings_lines(rows, results):
                  "of its comm hook x 2(N-1)/N, each way. Wall s: the training "
                  "loop of one run (its validation passes included), on a "
                  "machine whose cores every process of a run shares.")
-    envs = [r["environment"] for r in results]
-    pick = lambda k: ", ".join(sorted({str(e[k]) for e in envs}))  # noqa: E731
     lines.append("")
-    lines.append(f"Machine: {pick('cpu')}, {pick('cores')} cores; "
-                 f"OPENBLAS_CORETYPE={pick('openblas_coretype')}; torch "
-                 f"{pick('torch')}; commit {pick('commit')}.")
+    lines.append(machine_line([r["environment"] for r in results]))
     return lines
 
 
@@ -866,6 +892,9 @@ def parse():
                    "(only --runs/--seeds when given)")
     p.add_argument("--server-bin", default=str(ROOT / "build/server/pserver_server"))
     p.add_argument("--package-root", default=str(ROOT / "build/python"))
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="run from a tree with uncommitted changes (refused "
+                   "otherwise); the table then says so")
     a = p.parse_args()
     a.rows = dict(ROWS)
     for name, shard, script in a.extra_row:
@@ -923,6 +952,8 @@ def main():
     if args.report_only:
         results, failures = load_table(args, *explicit), []
     else:
+        provenance.require_clean(args.allow_dirty, "lm_fidelity")
+        provenance.calibration()  # timed now, before any run loads the CPU
         print(f"lm_fidelity: rows {' '.join(args.runs)}, seeds "
               f"{' '.join(map(str, args.seeds))}, {args.steps} steps of "
               f"GPTConfig.{args.size}(); runs in {args.work}",

@@ -289,7 +289,10 @@ def comparisons(runs, dedicated=None):
             if fast in by and base in by:
                 f, b = by[fast], by[base]
                 out.append(f"{fast} is {b['median_step_seconds'] / f['median_step_seconds']:.1f}x faster "
-                           f"than {base} per step (median), moving "
+                           f"than {base} in steady state (median step of the "
+                           f"kept steps), {b['average_step_seconds'] / f['average_step_seconds']:.1f}x "
+                           "over the whole run (average step, warmup "
+                           "included), moving "
                            f"{(b['bytes_up_per_worker_per_step'] + b['bytes_down_per_worker_per_step']) / (f['bytes_up_per_worker_per_step'] + f['bytes_down_per_worker_per_step']):.0f}x "
                            "fewer bytes per worker")
     if "fp32" in by and "ddp_fp32" in by:

@@ -559,14 +559,10 @@ def settings_lines(summary, meta):
         shard = " ".join(s.get("server_flags", [])).replace(here, "") or "-"
         script = " ".join(s["worker_args"][1:]).replace(here, "")
         out.append(f"| {name} | `{shard}` | `{script}` |")
-    envs = {json.dumps(r["environment"], sort_keys=True)
-            for rows in summary.values() for x in rows for r in x["runs"]}
-    envs = [json.loads(e) for e in sorted(envs)]
-    pick = lambda k: ", ".join(sorted({str(e[k]) for e in envs}))  # noqa: E731
-    out += ["", f"Machine: {pick('cpu')}, {pick('cores')} cores shared by "
-            f"every process of a run; OPENBLAS_CORETYPE="
-            f"{pick('openblas_coretype')}; torch {pick('torch')}; commit "
-            f"{pick('commit')}."]
+    envs = [r["environment"] for rows in summary.values() for x in rows
+            for r in x["runs"]]
+    out += ["", lmf.machine_line(envs) + " The cores are shared by every "
+            "process of a run."]
     return out
 
 
@@ -779,6 +775,10 @@ def parse(argv=None):
                        help="smoke tests only: not adamw + 2%%")
         if name == "report":
             q.add_argument("--out", required=True)
+        else:
+            q.add_argument("--allow-dirty", action="store_true",
+                           help="plan runs from a tree with uncommitted "
+                           "changes (refused otherwise; the table says so)")
     a = p.parse_args(argv)
     if a.command not in ("collect", "restore"):
         a.work = a.work.resolve()
@@ -795,6 +795,8 @@ def parse(argv=None):
 def main():
     args = parse()
     if args.command == "plan":
+        if args.steps == 0:  # smoke tests run whatever the tree holds
+            lmf.provenance.require_clean(args.allow_dirty, "time_to_loss")
         plan(args)
     elif args.command == "collect":
         collect(args)
