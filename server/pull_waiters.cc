@@ -35,6 +35,19 @@ std::vector<PullWaiters::Waiter> PullWaiters::TakeReady(uint64_t step) {
   return ready;
 }
 
+std::vector<PullWaiters::Waiter> PullWaiters::TakeNormParts(uint64_t step) {
+  std::vector<Waiter> ready;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->request.norm_part() && it->request.step() == step) {
+      ready.push_back(std::move(*it));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ready;
+}
+
 std::vector<PullWaiters::Waiter> PullWaiters::TakeAll() {
   std::vector<Waiter> all;
   for (Waiter& w : waiters_) all.push_back(std::move(w));

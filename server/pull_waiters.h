@@ -36,6 +36,9 @@ class PullWaiters {
   PullDone Remove(uint64_t id);
   // Removes and returns the waiters whose step is <= `step`, oldest first.
   std::vector<Waiter> TakeReady(uint64_t step);
+  // Removes and returns the norm-part pulls (PullRequest.norm_part) of
+  // `step`, oldest first.
+  std::vector<Waiter> TakeNormParts(uint64_t step);
   std::vector<Waiter> TakeAll();
   // Whether worker w has a pull parked (its lease counts as alive).
   bool IsWaiting(uint32_t w) const;

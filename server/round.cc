@@ -125,6 +125,11 @@ void Round::WithMean(
   sum_->WithMean(count_, fn, keep_sum);
 }
 
+double Round::MeanSquaredNorm(
+    absl::Span<const std::pair<uint64_t, uint64_t>> ranges) const {
+  return sum_->SquaredNormOfMean(count_, ranges);
+}
+
 std::vector<std::function<void()>> Round::Clear() {
   std::vector<std::function<void()>> dropped;
   for (auto& chunk : queued_) {
@@ -208,6 +213,27 @@ void RoundSum::WithMean(
     at += end - b;
   }
   fn(absl::MakeSpan(sum_));
+}
+
+double RoundSum::SquaredNormOfMean(
+    const std::vector<uint32_t>& counts,
+    absl::Span<const std::pair<uint64_t, uint64_t>> ranges) {
+  absl::MutexLock l(&mu_);
+  double sq = 0;
+  for (uint32_t c = 0; c < counts.size(); ++c) {
+    if (counts[c] == 0) continue;  // its mean is zero
+    // As WithMean: one push is the mean; more are scaled by 1 / count.
+    const float inv = counts[c] > 1 ? 1.0f / static_cast<float>(counts[c])
+                                    : 1.0f;
+    const uint64_t cb = plan_.begin(c), ce = cb + plan_.size(c);
+    for (const auto& [b, e] : ranges) {
+      for (uint64_t i = std::max(b, cb); i < std::min(e, ce); ++i) {
+        const float m = counts[c] > 1 ? sum_[i] * inv : sum_[i];
+        sq += static_cast<double>(m) * m;
+      }
+    }
+  }
+  return sq;
 }
 
 }  // namespace pserver

@@ -132,6 +132,11 @@ class Round {
   void WithMean(
       absl::FunctionRef<void(absl::Span<float>)> fn,
       absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum = {});
+  // The squared L2 norm of the mean over `ranges` (sorted, disjoint), in
+  // double, without changing the sum (WithMean's values, read).
+  // REQUIRES: all_in().
+  double MeanSquaredNorm(
+      absl::Span<const std::pair<uint64_t, uint64_t>> ranges) const;
   // Starts the next round: pushes dropped, sum zeroed. Returns the on_done
   // of pushes dropped unsummed.
   std::vector<std::function<void()>> Clear();
@@ -186,6 +191,10 @@ class RoundSum {
   void WithMean(const std::vector<uint32_t>& counts,
                 absl::FunctionRef<void(absl::Span<float>)> fn,
                 absl::Span<const std::pair<uint64_t, uint64_t>> keep_sum = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
+  double SquaredNormOfMean(
+      const std::vector<uint32_t>& counts,
+      absl::Span<const std::pair<uint64_t, uint64_t>> ranges)
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -164,6 +164,7 @@ absl::Status Shard::CheckForm(const v1::PushRequest& req) const {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckClip(req); !s.ok()) return s;
   return hyper_.Check(req, /*strict=*/!policy_.relaxed());
 }
 
@@ -254,7 +255,10 @@ absl::Status Shard::PushSynchronous(
   } else if (absl::Status form = CheckForm(req); !form.ok()) {
     return form;
   } else {
-    if (round_.received() == 0) round_start_ = clock_->Now();
+    if (round_.received() == 0) {
+      round_start_ = clock_->Now();
+      round_clip_ = req.clip_norm();
+    }
     metrics_->AddReceived(req.gradient().codec(), wire_bytes,
                           Fp32Bytes(req.gradient().num_elements()));
     if (!round_.pushed_any(w)) metrics_->ObserveStaleness(0);
@@ -310,6 +314,7 @@ std::vector<Shard::Ready> Shard::Drain() {
       round_.Restart();  // every worker was passed over: wait for pushes
       return ready;
     }
+    if (HoldForClip(&ready)) return ready;  // until a pull brings the norm
     std::vector<Ready> more = CompleteRound();
     for (Ready& r : more) ready.push_back(std::move(r));
     // Pushes deferred to the new round (ssp, async) may complete it too.
@@ -317,7 +322,7 @@ std::vector<Shard::Ready> Shard::Drain() {
   }
 }
 
-std::vector<Shard::Ready> Shard::CompleteRound() {
+std::vector<Shard::Ready> Shard::CompleteRound(std::optional<double> total) {
   double update_norm = 0, residual_norm = 0;
   // The norms' gauges need passes over the slice: refreshed at most every
   // kNormsPeriod (they are scraped every few seconds), not every round.
@@ -350,6 +355,9 @@ std::vector<Shard::Ready> Shard::CompleteRound() {
         std::copy(x_.begin() + b, x_.begin() + e, mean.begin() + b);
       }
     }
+    if (total.has_value()) ClipMean(mean, *total);
+    round_clip_ = 0.0f;
+    clip_held_ = false;
     const std::vector<GroupHyper> hyper =
         hyper_.For(step_, config_.optimizer, layout_);
     PublishLearningRates(hyper);

@@ -290,7 +290,30 @@ class Shard {
   // The next time the round timer has something to do (InfiniteFuture:
   // none).
   absl::Time NextTimerEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<Ready> CompleteRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps the summed round; `total`: its squared mean norm, for a round of
+  // clipped pushes (server/shard_clip.cc).
+  std::vector<Ready> CompleteRound(std::optional<double> total = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Mean clipping (PushRequest.clip_norm; server/shard_clip.cc): a push's
+  // clip_norm against the round's; a summed clipped round held until a
+  // pull brings its total (true: held, don't complete it); a pull's
+  // norm_part or round_squared_norm, answered or parked (*answer / *ready
+  // set, or an error), else nothing done (false).
+  absl::Status CheckClip(const v1::PushRequest& req) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HoldForClip(std::vector<Ready>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PullForClip(const v1::PullRequest& req, PullDone* done,
+                   absl::Status* error, PullAnswer* answer, uint64_t* parked,
+                   std::vector<Ready>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PullAnswer NormPartAnswer(uint64_t step, double part) const;
+  // Scales the parameters of the round's mean by torch's clip coefficient
+  // for its squared norm `total`, and records the round as clipped.
+  void ClipMean(absl::Span<float> mean, double total)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard's parameter ranges (the complement of buffers_).
+  ElementRanges ParameterRanges() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Ready> WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PullAnswer AnswerPull(const v1::PullRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -385,6 +408,13 @@ class Shard {
   ElementRanges buffers_ ABSL_GUARDED_BY(mu_);
   // The round's tensors with a gradient (no push had one: not stepped).
   GradientPresence presence_ ABSL_GUARDED_BY(mu_);
+  // The round's clip_norm (0: none); once its pushes are summed, its part
+  // of the squared mean norm, held for the total; the last clipped round.
+  float round_clip_ ABSL_GUARDED_BY(mu_) = 0.0f;
+  bool clip_held_ ABSL_GUARDED_BY(mu_) = false;
+  double clip_part_ ABSL_GUARDED_BY(mu_) = 0.0;
+  int64_t clipped_step_ ABSL_GUARDED_BY(mu_) = -1;
+  double clipped_part_ ABSL_GUARDED_BY(mu_) = 0.0;
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
   // Stragglers and update blow-ups (server/round_diagnostics.h).
   RoundDiagnostics diagnostics_ ABSL_GUARDED_BY(mu_);

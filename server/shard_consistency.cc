@@ -133,6 +133,8 @@ void Shard::Land(uint32_t w, uint32_t c, Round::Push push, uint64_t tag) {
 std::vector<Shard::Ready> Shard::ClearRound() {
   std::vector<Ready> dropped = round_.Clear();
   presence_.Clear();
+  round_clip_ = 0.0f;
+  clip_held_ = false;
   hyper_.Clear();  // the dropped round's values bind no later round
   for (std::map<uint32_t, Round::Push>& d : deferred_) {
     for (auto& [c, push] : d) {

@@ -23,6 +23,25 @@ std::vector<Shard::Ready> Shard::WakeWaiters() {
     if (w.since != absl::InfinitePast()) {
       metrics_->AddPullWait(absl::ToDoubleSeconds(now - w.since));
     }
+    if (w.request.norm_part()) {
+      // Parked before its round was summed; that round was not clipped
+      // (its pushes had no clip_norm) unless it is the last clipped one.
+      const uint64_t t = w.request.step();
+      const bool clipped =
+          clipped_step_ >= 0 && t == static_cast<uint64_t>(clipped_step_) + 1;
+      absl::Status st = clipped ? absl::OkStatus()
+                                : Reject(v1::REJECT_REASON_HYPER_MISMATCH,
+                                         absl::FailedPreconditionError(
+                                             absl::StrCat(
+                                                 "norm_part of step ", t,
+                                                 "; round ", t - 1,
+                                                 " had no clip_norm")));
+      PullAnswer answer = clipped ? NormPartAnswer(t, clipped_part_) : nullptr;
+      ready.push_back([done = std::move(w.done), st, answer] {
+        done(st, answer);
+      });
+      continue;
+    }
     PullAnswer answer = AnswerPull(w.request);
     ready.push_back([done = std::move(w.done), answer = std::move(answer)] {
       done(absl::OkStatus(), answer);
@@ -46,6 +65,8 @@ PullAnswer Shard::AnswerPull(const v1::PullRequest& req) {
 uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
   absl::Status error;
   PullAnswer answer;
+  std::vector<Ready> ready;  // a clipped round this pull completed
+  uint64_t parked = 0;
   {
     absl::MutexLock lock(&mu_);
     const uint32_t w = req.worker_id();
@@ -74,6 +95,8 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
                          "worker_id ", w, " has not pushed step ", step_,
                          " to this shard; push it, then pull step ",
                          req.step())));
+    } else if (PullForClip(req, &done, &error, &answer, &parked, &ready)) {
+      if (parked != 0) return parked;
     } else if (policy_.relaxed()) {
       // Read your writes: the pull waits until this worker's latest push
       // is applied, then gets the newest weights (possibly later than
@@ -92,6 +115,7 @@ uint64_t Shard::Pull(const v1::PullRequest& req, PullDone done) {
       answer = AnswerPull(req);
     }
   }
+  for (Ready& r : ready) r();
   done(error, std::move(answer));
   return 0;
 }

@@ -58,6 +58,7 @@
 #include "prometheus/registry.h"
 #include "pserver/v1/parameter_server.pb.h"
 #include "worker/client_metrics.h"
+#include "worker/client_options.h"
 #include "worker/preconditioner.h"
 #include "worker/push_encoder.h"
 #include "worker/ready_chunks.h"
@@ -66,60 +67,6 @@
 #include "worker/shard_calls.h"
 
 namespace pserver {
-
-struct ClientOptions {
-  // Shard i's address is server_addresses[i]; the count is the shard count.
-  std::vector<std::string> server_addresses;
-  uint32_t worker_id = 0;
-  uint32_t num_workers = 1;
-  // Codec of pushes once 1-bit Adam has frozen its variance, and at every
-  // step for optimizers that never freeze (adam, sgd). CODEC_UNSPECIFIED:
-  // the job's, as the shards announce it at Register (onebit from shards
-  // that announce none).
-  v1::Codec push_codec = v1::CODEC_ONEBIT;
-  v1::CodecParams push_params;
-  // Codec of pushes during 1-bit Adam's warmup (fp32 or bf16 usually).
-  v1::Codec warmup_codec = v1::CODEC_FP32;
-  v1::CodecParams warmup_params;
-  // The training script's Adam betas and eps, where it gave them (PyTorch's
-  // betas / eps), sent at Register (RegisterRequest.adam_hyper): the job's
-  // first registration sets them on shards whose flags left them out.
-  std::optional<float> beta1, beta2, eps;
-  // Local steps between pushes (worker/trainer.h), sent at Register so that
-  // the shards refuse a worker whose schedule differs from the job's.
-  uint32_t local_steps = 1;
-  // Decay of the error-feedback residual (1 = exact error feedback).
-  float ef_decay = 1.0f;
-  // Momentum-factor masking of the workers' momentum under a sparse push
-  // codec (PushCodecs::momentum_masking); Register refuses it unless the
-  // shards run onebit_adam with --onebit_momentum=worker.
-  bool momentum_masking = false;
-  // A compression schedule (common/schedule.h; null: none), the same file
-  // the shards have: the push codec follows the phase each shard announces
-  // (RegisterResponse / PullResponse.schedule_phase), so every worker
-  // switches at the same round; a phase without a push codec uses
-  // push_codec / warmup_codec. The run's length for its fractions is given
-  // with SetRunLength.
-  std::shared_ptr<const CompressionSchedule> schedule;
-  // Base of the per-step encoder seeds (stochastic rounding, randomk).
-  uint64_t seed = 1;
-  // Deadline of one Register/Push/GetFrozenVariance attempt.
-  absl::Duration rpc_timeout = absl::Seconds(30);
-  // Deadline of one Pull attempt (it waits for the slowest worker).
-  absl::Duration pull_timeout = absl::Seconds(120);
-  // How long retriable failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried
-  // before Step() gives up; backoff doubles from 50 ms up to 2 s.
-  absl::Duration retry_budget = absl::Seconds(300);
-  int max_message_bytes = 1 << 30;
-  // TLS (on when security.ca_pem is set), the client certificate for mutual
-  // TLS, and the token sent on every call (common/tls.h).
-  TransportSecurity security;
-  // Where the client reports what an operator should see while training
-  // goes on: a shard that stops answering and is retried, the same shard
-  // answering again, a rejoin. One line each, at most 10 per 10 s (the rest
-  // counted, common/rate_limited_log.h). Empty: nowhere.
-  std::function<void(absl::string_view)> log;
-};
 
 // One shard's whole state (server/checkpoint.h's bytes) as GetShardState
 // gave it, with the step and replica checksum it is of.
@@ -213,6 +160,11 @@ class Client {
   // INVALID_ARGUMENT (nothing changed) for another count than the layout's
   // groups or a value that is not finite and >= 0.
   absl::Status SetHyper(std::vector<v1::HyperParams> hyper);
+  // Clip each round's mean gradient to this global L2 norm on the shards
+  // (PushRequest.clip_norm; DDP's clipping), 0: none. Every worker must set
+  // the same; each step then pulls every shard's part of the norm first.
+  // FAILED_PRECONDITION during a step; INVALID_ARGUMENT unless finite >= 0.
+  absl::Status SetClipNorm(float max_norm);
   // The push codec in use: push_codec, or the job's when that is
   // unspecified (after Register()).
   v1::Codec push_codec() const { return push_codec_; }
@@ -306,6 +258,9 @@ class Client {
   double GradientBound() const;
   // FinishStep once no_gradient_ is set.
   absl::Status FinishStepNow();
+  // Mean clipping: the round's squared mean norm, every shard's part of
+  // round `step - 1` pulled and added in shard order.
+  absl::StatusOr<double> RoundSquaredNorm(uint64_t step);
   // Step's `no_gradient` as slice-local ranges per shard, or
   // INVALID_ARGUMENT naming the entry.
   absl::StatusOr<std::vector<ElementRanges>> NoGradientRanges(
@@ -427,8 +382,11 @@ class Client {
   v1::Codec push_codec_ = v1::CODEC_UNSPECIFIED;
   bool moved_ = false;  // RegisterOnce: the shards' steps were far apart
   v1::ModelLayout layout_;
-  // SetHyper's values, sent with every push chunk.
+  // SetHyper's values and SetClipNorm's, sent with every push chunk; the
+  // step's squared mean norm, sent with its weights pulls.
   google::protobuf::RepeatedPtrField<v1::HyperParams> hyper_;
+  float clip_norm_ = 0.0f;
+  std::optional<double> round_norm_sq_;
   v1::OptimizerSettings settings_;
   std::vector<TensorSlot> slots_;  // layout_'s tensors in the flat space
   // Per shard, the schedule phase whose per-tensor codecs its encoder has

@@ -79,6 +79,9 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
           q->set_step(want[s]);
           q->set_chunk(c);
           q->set_want_snapshot(snapshot[s]);
+          if (round_norm_sq_.has_value()) {
+            q->set_round_squared_norm(*round_norm_sq_);
+          }
           if (!snapshot[s]) {
             q->set_replica_step(static_cast<int64_t>(replica_.step(s)));
             // Verified against the shard when the replica was last
@@ -233,6 +236,57 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
     if (absl::Status st = SetPhase(s, head[s].phase); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::Status Client::SetClipNorm(float max_norm) {
+  if (in_step()) {
+    return absl::FailedPreconditionError(
+        "SetClipNorm during a step; call it before Step or StartStep");
+  }
+  if (!(max_norm >= 0.0f) || !std::isfinite(max_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_norm is ", max_norm, "; expected a finite value >= 0 (0: no "
+        "clipping of the round's mean)"));
+  }
+  clip_norm_ = max_norm;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Client::RoundSquaredNorm(uint64_t step) {
+  const size_t n = calls_->size();
+  std::vector<size_t> all(n);
+  for (size_t s = 0; s < n; ++s) all[s] = s;
+  std::vector<double> part(n, 0.0);
+  std::vector<absl::Status> pulled = calls_->PullChunks(
+      all, std::vector<uint32_t>(n, 1),
+      [&](size_t, uint32_t, v1::PullRequest* q) {
+        q->Clear();
+        q->set_worker_id(options_.worker_id);
+        q->set_step(step);
+        q->set_norm_part(true);
+        q->set_replica_step(-1);
+        return absl::OkStatus();
+      },
+      [&](size_t s, uint32_t, const v1::PullResponse& resp) {
+        if (resp.step() != step) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "shard ", s, " answered norm_part of step ", resp.step(),
+              "; expected ", step));
+        }
+        part[s] = resp.norm_part();
+        return absl::OkStatus();
+      });
+  double total = 0;
+  for (size_t s = 0; s < n; ++s) {
+    if (!pulled[s].ok()) {
+      return absl::Status(pulled[s].code(),
+                          absl::StrCat("norm part of the round's mean from "
+                                       "shard ", s, " (", calls_->address(s),
+                                       "): ", pulled[s].message()));
+    }
+    total += part[s];  // in shard order: every worker adds the same
+  }
+  return total;
 }
 
 }  // namespace pserver

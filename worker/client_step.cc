@@ -27,6 +27,7 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
   req->set_step(step);
   req->set_chunk(c);
   *req->mutable_hyper() = hyper_;
+  req->set_clip_norm(clip_norm_);
   uint64_t seed = MixPair(MixPair(options_.seed, options_.worker_id),
                           MixPair(step, s));
   if (c > 0) seed = MixPair(seed, c);
@@ -307,8 +308,15 @@ absl::Status Client::FinishStepNow() {
   metrics_.AddPushSeconds(
       absl::ToDoubleSeconds(absl::Now() - push_start_ - encoding_));
   const absl::Time pull_start = absl::Now();
+  if (clip_norm_ > 0.0f && !behind) {
+    // The shards hold the summed round until a pull brings its norm.
+    absl::StatusOr<double> total = RoundSquaredNorm(pull_step);
+    if (!total.ok()) return total.status();
+    round_norm_sq_ = *total;
+  }
   absl::Status st =
       behind ? Resync() : PullAll(pull_step, std::move(snapshot), &push);
+  round_norm_sq_.reset();
   metrics_.AddPullSeconds(absl::ToDoubleSeconds(absl::Now() - pull_start));
   if (!st.ok()) return st;
   metrics_.CountStep();

@@ -89,6 +89,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("kinds") = std::optional<std::vector<std::string>>(),
            py::arg("group_specs") = py::none())
       .def("set_hyper", &PyClient::SetHyper, py::arg("values"))
+      .def("set_clip_norm", &PyClient::SetClipNorm, py::arg("max_norm"))
       .def_property_readonly("shard_config", &PyClient::ShardConfig)
       .def("step", &PyClient::Step, py::arg("gradient"), py::arg("out"),
            py::arg("loss") = std::optional<double>(),

@@ -103,6 +103,9 @@ class PyClient {
   // None, or one (lr, weight_decay) pair per group. ValueError naming the
   // entry for another count or a value that is not finite and >= 0.
   void SetHyper(const pybind11::handle& values);
+  // Client::SetClipNorm: the shards clip each round's mean gradient to this
+  // norm (0: none); ValueError for a value it refuses.
+  void SetClipNorm(float max_norm);
   // Shard 0's optimizer flags (RegisterResponse.optimizer_settings) as a
   // dict; ValueError before register().
   pybind11::dict ShardConfig() const;

@@ -100,4 +100,13 @@ py::dict PyClient::InstallShardStates(const py::list& states,
   return result;
 }
 
+void PyClient::SetClipNorm(float max_norm) {
+  NotInCall();
+  absl::Status s = client_->SetClipNorm(max_norm);
+  if (s.code() == absl::StatusCode::kInvalidArgument) {
+    throw py::value_error(std::string(s.message()));
+  }
+  ThrowIfError(s);
+}
+
 }  // namespace pserver::python

@@ -22,7 +22,7 @@ import json
 
 import torch
 
-from pserver import _flat, _groups, _outer, _overlap, _state
+from pserver import _clip, _flat, _groups, _outer, _overlap, _state
 from pserver._native import Client
 from pserver.env import client_options as _env_client_options
 from pserver.env import init
@@ -96,6 +96,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     torch.nn.utils.clip_grad_norm_, over the parameters with a gradient)
     before it is encoded: per-worker clipping; the mean of the workers'
     gradients is not clipped again. last_grad_norm is the norm before it.
+    With clip_scope="mean" the shards clip each round's mean gradient to X
+    instead, as DDP does (python/pserver/_clip.py).
 
     overlap=True pushes each parameter's gradient as soon as backward has
     accumulated it, while backward computes the rest (DDP's buckets, on a
@@ -153,7 +155,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  local_steps=1, inner_optimizer=None, *, lr=None,
                  weight_decay=None, betas=None, eps=None, module=None,
                  buffers=None, max_grad_norm=None, outer_momentum=None,
-                 outer_nesterov=True, **client_options):
+                 outer_nesterov=True, clip_scope="worker", **client_options):
         # Explicit arguments win over the launcher's recipe.
         from_env = _env_client_options()
         recipe_codec = from_env.pop("push_codec", None)
@@ -177,6 +179,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if max_grad_norm is not None:
             max_grad_norm = _groups.hyper_value(max_grad_norm,
                                                 "max_grad_norm")
+        _clip.configure(clip_scope, max_grad_norm, local_steps)
         if buffers is None:
             buffers = "none" if module is None else "average"
         if buffers not in _flat.BUFFER_MODES:
@@ -191,7 +194,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._local_steps = local_steps
         self._inner = inner_optimizer
         self._local_done = 0  # local steps since the last synchronisation
-        self._max_grad_norm = max_grad_norm
+        # Clipped here per worker; with clip_scope "mean", on the shards.
+        self._max_grad_norm = (max_grad_norm if clip_scope == "worker"
+                               else None)
         self.last_grad_norm = None
         where = init(servers, worker_id, num_workers)
 
@@ -247,6 +252,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # parameters as they were.
         hyper.fill(self.param_groups, self.defaults,
                    self.client.shard_config)
+        _clip.start(self, clip_scope, max_grad_norm)
         flat.load()
         self._sent_hyper = None  # what client.set_hyper last got
         self._overlap = _overlap.Overlap(self) if overlap else None
