@@ -259,10 +259,12 @@ def main(argv=None):
             buffers="none", **client_options(args), **where)
         scheduled = inner
     elif args.pserver:
+        mean_clip = ({"max_grad_norm": args.clip, "clip_scope": "mean"}
+                     if args.clip > 0 and args.clip_scope == "mean" else {})
         opt = pserver.torch.DistributedOptimizer(
             groups, lr=args.lr, betas=betas, eps=args.eps,
             weight_decay=args.weight_decay, module=model, buffers="none",
-            **client_options(args), **where)
+            **mean_clip, **client_options(args), **where)
         scheduled = opt
     else:
         opt = torch.optim.AdamW(groups, lr=args.lr, betas=betas, eps=args.eps,
@@ -318,7 +320,12 @@ def main(argv=None):
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
-        if args.clip > 0:
+        if args.clip > 0 and args.pserver and args.clip_scope == "mean":
+            # The shards clip the round's mean; this is this worker's norm.
+            grad_norm = torch.norm(torch.stack(
+                [p.grad.norm() for p in model.parameters()
+                 if p.grad is not None])).item()
+        elif args.clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                        args.clip).item()
         lr = scheduled.param_groups[0]["lr"]

@@ -38,6 +38,11 @@ def parse_args(argv=None, description=None):
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--clip", type=float, default=1.0,
                    help="max gradient norm (0: no clipping)")
+    p.add_argument("--clip-scope", choices=("worker", "mean"),
+                   default="worker",
+                   help="with --pserver: clip each worker's gradient "
+                   "(clip_grad_norm_ in the script) or the round's mean on "
+                   "the shards, as DDP (clip_scope='mean')")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--corpus-dir", default="/usr/lib/python3.11")
     p.add_argument("--max-bytes", type=int, default=2_000_000)

@@ -168,6 +168,19 @@ def test_pserver_run_is_adamw_with_per_worker_clipping(tmp_path):
     assert abs(rel) < 0.02, (ps["final_val_loss"], ref["final_val_loss"])
 
 
+def test_mean_clipping_run_is_the_standalone_adamw_run(tmp_path):
+    """--clip-scope mean: the shards clip the round's mean gradient, as the
+    standalone run clips its global batch's, so the two runs do the same
+    arithmetic up to float rounding (per-worker clipping, above, is a
+    different method and only near)."""
+    need_corpus()
+    ps = run_launched(tmp_path, ["--optimizer", "adam", "--pull-codec",
+                                 "fp32"], ["--clip-scope", "mean"])
+    ref = run_standalone(tmp_path)
+    rel = ps["final_val_loss"] / ref["final_val_loss"] - 1
+    assert abs(rel) < 1e-5, (ps["final_val_loss"], ref["final_val_loss"])
+
+
 def test_local_steps_push_the_weight_change_every_h_steps(tmp_path):
     """--local-steps 16 over 40 steps: rounds at steps 16 and 32 and the
     last partial one (8 steps) that the script's synchronize() pushes; each

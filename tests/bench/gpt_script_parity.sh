@@ -15,8 +15,15 @@
 #   tests/bench/gpt_script_parity.sh                  # seeds 1 2 3
 #   SEEDS=1 STEPS=50 tests/bench/gpt_script_parity.sh
 #   RUNS=ref tests/bench/gpt_script_parity.sh         # the reference only
+#   STEPS=2000 RUNS="ref ps ps_mean" NAME=gpt_clip_scope \
+#     tests/bench/gpt_script_parity.sh   # both clipping options (issue 47)
+#
+# Runs: ref (torch.optim.AdamW, one process, clips the mean), ps (pserver,
+# clip_grad_norm_ in the script: per-worker), ps_mean (pserver,
+# --clip-scope mean: the shards clip the round's mean, as DDP).
 #
 # Variables: SEEDS ("1 2 3"), STEPS (300), BATCH (global, 16), RUNS ("ref ps"),
+# NAME (gpt_script_parity: the results file's name),
 # TRAIN_ARGS (more train_gpt.py options for both runs, e.g. "--size small"),
 # BUILD (./build), OUT (tests/bench/results: gpt_script_parity.json there),
 # WORK (each run's logs and JSON; default a new /tmp folder). Threads: one
@@ -30,16 +37,17 @@ SEEDS="${SEEDS:-1 2 3}"
 STEPS="${STEPS:-300}"
 BATCH="${BATCH:-16}"
 RUNS="${RUNS:-ref ps}"
+NAME="${NAME:-gpt_script_parity}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 WORK="${WORK:-$(mktemp -d /tmp/pserver-gpt-parity.XXXXXX)}"
 SCRIPT="$ROOT/python/examples/train_gpt.py"
 die() { echo "gpt_script_parity.sh: $*" >&2; exit 2; }
 case "${1:-}" in
-  -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) die "unknown argument '$1'; the settings are variables (see --help)" ;;
 esac
-if [[ " $RUNS " == *" ps "* ]]; then
+if [[ " $RUNS " == *" ps"* ]]; then
   [[ -x "$BUILD/server/pserver_server" ]] ||
     die "no $BUILD/server/pserver_server: build first (tests/run.sh)"
   ls "$BUILD"/python/pserver/_native*.so >/dev/null 2>&1 ||
@@ -65,21 +73,24 @@ for seed in $SEEDS; do
     echo "seed $seed ref: $(grep final_val_loss "$WORK/ref_$seed.log")" \
          "($((SECONDS - start)) s)"
   fi
-  if [[ " $RUNS " == *" ps "* ]]; then
+  for run in ps ps_mean; do
+    [[ " $RUNS " == *" $run "* ]] || continue
+    scope=worker
+    [[ $run == ps_mean ]] && scope=mean
     start=$SECONDS
     PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
       -m pserver.launch --shards 2 --workers 2 \
-      --server-bin "$BUILD/server/pserver_server" --run-dir "$WORK/ps_$seed" \
+      --server-bin "$BUILD/server/pserver_server" --run-dir "$WORK/${run}_$seed" \
       --optimizer adam --pull-codec fp32 \
-      "$SCRIPT" --pserver "${common[@]}" --json "$WORK/ps_$seed.json" \
-      > "$WORK/ps_$seed.log" 2>&1 ||
-      { tail -20 "$WORK/ps_$seed.log" >&2; die "pserver seed $seed failed"; }
-    echo "seed $seed ps:  $(grep final_val_loss "$WORK/ps_$seed.log")" \
+      "$SCRIPT" --pserver "${common[@]}" --clip-scope "$scope" \
+      --json "$WORK/${run}_$seed.json" > "$WORK/${run}_$seed.log" 2>&1 ||
+      { tail -20 "$WORK/${run}_$seed.log" >&2; die "$run seed $seed failed"; }
+    echo "seed $seed $run: $(grep final_val_loss "$WORK/${run}_$seed.log")" \
          "($((SECONDS - start)) s)"
-  fi
+  done
 done
 
-/usr/bin/python3 - "$WORK" "$OUT/gpt_script_parity.json" "$SEEDS" "$RUNS" \
+/usr/bin/python3 - "$WORK" "$OUT/$NAME.json" "$SEEDS" "$RUNS" \
     "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     <<'EOF'
 import json, os, statistics, sys
@@ -93,14 +104,15 @@ loss = {r: [res[r][s]["final_val_loss"] for s in seeds] for r in runs}
 mean = {r: statistics.mean(loss[r]) for r in runs}
 sps = {r: statistics.mean(res[r][s]["seconds_per_step"] for s in seeds)
        for r in runs}
+compared = [r for r in runs if r != "ref"] if "ref" in runs else []
 print(f"{'seed':>6} " + " ".join(f"{r:>10}" for r in runs)
-      + ("   ps/ref-1" if len(runs) == 2 else ""))
-rel = []
+      + "".join(f"  {r + '/ref-1':>12}" for r in compared))
+rel = {r: [] for r in compared}
 for i, s in enumerate(seeds):
     row = f"{s:>6} " + " ".join(f"{loss[r][i]:10.4f}" for r in runs)
-    if len(runs) == 2:
-        rel.append(loss["ps"][i] / loss["ref"][i] - 1)
-        row += f"   {100 * rel[-1]:+.3f}%"
+    for r in compared:
+        rel[r].append(loss[r][i] / loss["ref"][i] - 1)
+        row += f"  {100 * rel[r][-1]:+11.3f}%"
     print(row)
 print(f"{'mean':>6} " + " ".join(f"{mean[r]:10.4f}" for r in runs))
 print("s/step " + " ".join(f"{sps[r]:10.3f}" for r in runs))
@@ -117,15 +129,16 @@ report = {"benchmark": "tests/bench/gpt_script_parity.sh", "commit": commit,
 report["settings"].pop("pserver", None)
 report["settings"].pop("json", None)
 report["settings"].pop("seed", None)
-if len(runs) == 2:
-    d = mean["ps"] / mean["ref"] - 1
+for r in compared:
+    d = mean[r] / mean["ref"] - 1
     met = abs(d) <= TARGET
-    print(f"pserver fp32 vs torch.optim.AdamW, {len(seeds)}-seed means: "
+    print(f"{r} vs torch.optim.AdamW, {len(seeds)}-seed means: "
           f"{100 * d:+.3f}% (target within {100 * TARGET:.1f}%): "
           f"{'met' if met else 'MISSED'}")
-    report.update({"relative_difference_per_seed": rel,
-                   "relative_difference_of_means": d,
-                   "target": TARGET, "met": met})
+    key = "" if r == "ps" else f"_{r}"
+    report.update({f"relative_difference_per_seed{key}": rel[r],
+                   f"relative_difference_of_means{key}": d,
+                   "target": TARGET, f"met{key}": met})
 with open(out, "w") as f:
     json.dump(report, f, indent=1)
 print(f"wrote {out}")
