@@ -244,14 +244,7 @@ def script_flags(common):
 def environment():
     """Where a run ran: recorded with each result (the calibration is the
     one timed at the start of this process: tests/bench/provenance.py)."""
-    cpu = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = provenance.machine()["cpu"]
     try:
         commit = subprocess.run(
             ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
