@@ -199,14 +199,6 @@ std::optional<OutsidePiece> UnchangedOutside(
   return out;
 }
 
-bool HasNoGradient(const v1::EncodedTensor& t) {
-  bool any = false;
-  ForEachPiece(&t, 0, [&](const v1::EncodedTensor* p, uint64_t, int) {
-    any = any || p->codec() == v1::CODEC_NO_GRADIENT;
-  });
-  return any;
-}
-
 std::optional<OutsidePiece> NoGradientOver(
     const v1::EncodedTensor& t, uint64_t offset,
     absl::Span<const ElementRanges::value_type> ranges) {

@@ -61,9 +61,6 @@ std::optional<OutsidePiece> UnchangedOutside(
     const v1::EncodedTensor& t, uint64_t offset,
     absl::Span<const ElementRanges::value_type> ranges);
 
-// Whether t or one of its segments is CODEC_NO_GRADIENT.
-bool HasNoGradient(const v1::EncodedTensor& t);
-
 // The first CODEC_NO_GRADIENT piece of t that overlaps one of `ranges` (the
 // buffers, which have no gradient to leave out): its segment index (-1: t
 // itself) and the first slice element of the overlap; nothing when none.

@@ -222,13 +222,12 @@ double RoundSum::SquaredNormOfMean(
   double sq = 0;
   for (uint32_t c = 0; c < counts.size(); ++c) {
     if (counts[c] == 0) continue;  // its mean is zero
-    // As WithMean: one push is the mean; more are scaled by 1 / count.
-    const float inv = counts[c] > 1 ? 1.0f / static_cast<float>(counts[c])
-                                    : 1.0f;
+    // WithMean's values: sum * (1 / count), and x * 1.0f is x.
+    const float inv = 1.0f / static_cast<float>(counts[c]);
     const uint64_t cb = plan_.begin(c), ce = cb + plan_.size(c);
     for (const auto& [b, e] : ranges) {
       for (uint64_t i = std::max(b, cb); i < std::min(e, ce); ++i) {
-        const float m = counts[c] > 1 ? sum_[i] * inv : sum_[i];
+        const float m = sum_[i] * inv;
         sq += static_cast<double>(m) * m;
       }
     }

@@ -53,7 +53,6 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
   }
   const uint32_t c = req.chunk();
   const bool unchanged = HasUnchanged(req.gradient());
-  const bool no_gradient = HasNoGradient(req.gradient());
   uint64_t n;
   {
     absl::MutexLock lock(&mu_);
@@ -72,7 +71,7 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
         return s;
       }
     }
-    if (no_gradient) {
+    if (!buffers_.empty()) {  // a no-gradient piece over one is refused
       if (absl::Status s = CheckNoGradient(req.gradient(), c); !s.ok()) {
         return s;
       }

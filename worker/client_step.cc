@@ -39,9 +39,10 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
     held = replica_.slice(s).subspan(plan.begin(c), plan.size(c));
   }
   {
+    static const ElementRanges kNone;
     absl::MutexLock lock(&no_gradient_mu_);
-    encoders_[s]->SetWithoutGradient(
-        s < no_gradient_.size() ? no_gradient_[s] : ElementRanges());
+    encoders_[s]->SetWithoutGradient(s < no_gradient_.size() ? no_gradient_[s]
+                                                             : kNone);
   }
   absl::Status st = encoders_[s]->EncodeChunk(
       gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
@@ -61,9 +62,9 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
 absl::Status Client::Step(absl::Span<const float> gradient,
                           absl::Span<const uint32_t> no_gradient) {
   if (absl::Status st = CheckStepStart("Step()", gradient); !st.ok()) return st;
-  if (absl::Status st = NoGradientRanges(no_gradient).status(); !st.ok()) {
-    return st;
-  }
+  absl::StatusOr<std::vector<ElementRanges>> absent =
+      NoGradientRanges(no_gradient);
+  if (!absent.ok()) return absent.status();
   double max_abs = 0;
   if (absl::Status st = CheckGradientFinite(gradient, 0, &max_abs); !st.ok()) {
     return st;
@@ -71,8 +72,6 @@ absl::Status Client::Step(absl::Span<const float> gradient,
   if (absl::Status st = StartStep(gradient); !st.ok()) return st;
   // Checked above: handed over whole, without a second pass.
   NoteGradientBound(max_abs);
-  absl::StatusOr<std::vector<ElementRanges>> absent =
-      NoGradientRanges(no_gradient);
   {
     absl::MutexLock lock(&no_gradient_mu_);
     no_gradient_ = *std::move(absent);
@@ -236,7 +235,9 @@ absl::Status Client::FinishStep(absl::Span<const uint32_t> no_gradient) {
   absl::StatusOr<std::vector<ElementRanges>> absent =
       NoGradientRanges(no_gradient);
   if (!absent.ok()) return absent.status();
-  const std::vector<std::pair<uint64_t, uint64_t>> missing = ready_.Missing();
+  const std::vector<std::pair<uint64_t, uint64_t>> missing =
+      no_gradient.empty() ? std::vector<std::pair<uint64_t, uint64_t>>()
+                          : ready_.Missing();
   for (const uint32_t t : no_gradient) {
     const TensorSlot& slot = slots_[t];
     const bool held_back = slot.size == 0 || std::any_of(

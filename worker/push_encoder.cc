@@ -148,6 +148,14 @@ absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t offset,
   bound = MaxAbsOfBits(
       MixTaking(beta_, u_.data() + offset, g.data(), next_u_.data(), g.size()));
   keep_raw(next_u_.data());
+  // A tensor without a gradient keeps its momentum (its piece is not sent).
+  for (const auto& [b, e] : absent_) {
+    const uint64_t lo = std::max(b, offset);
+    const uint64_t hi = std::min<uint64_t>(e, offset + g.size());
+    if (lo >= hi) continue;
+    std::copy(u_.begin() + lo, u_.begin() + hi, next_u_.begin() + (lo - offset));
+    bound = std::max(bound, MaxAbs(absl::MakeConstSpan(u_).subspan(lo, hi - lo)));
+  }
   req->set_momentum(true);
   if (absl::Status s = EncodeWithPlan(plan, ef.codec(), &ef, offset, next_u_,
                                       seed, req->mutable_gradient(), bound);
@@ -159,19 +167,7 @@ absl::Status PushEncoder::Encode(absl::Span<const float> g, uint64_t offset,
     // lose it, and cannot happen for the encoder's own output.
     if (absl::Status s = MaskSent(req->gradient()); !s.ok()) return s;
   }
-  // The momentum of a tensor without a gradient stays as it was.
-  uint64_t at = 0;
-  const uint64_t len = next_u_.size();
-  for (const auto& [b, e] : absent_) {
-    if (e <= offset || at >= len) continue;
-    const uint64_t lo = std::max(std::max(b, offset) - offset, at);
-    if (lo >= len) break;
-    const uint64_t hi = std::min(e - offset, len);
-    std::copy(next_u_.begin() + at, next_u_.begin() + lo,
-              u_.begin() + offset + at);
-    at = hi;
-  }
-  std::copy(next_u_.begin() + at, next_u_.end(), u_.begin() + offset + at);
+  std::copy(next_u_.begin(), next_u_.end(), u_.begin() + offset);
   return absl::OkStatus();
 }
 

@@ -102,9 +102,10 @@ class PushEncoder {
   // gradient in the coming pushes, until set again (sorted, disjoint):
   // sent as CODEC_NO_GRADIENT, their residuals and momentum left as they
   // are, whatever the gradient holds there.
-  void SetWithoutGradient(std::vector<std::pair<uint64_t, uint64_t>> absent) {
+  void SetWithoutGradient(
+      const std::vector<std::pair<uint64_t, uint64_t>>& absent) {
     if (absent == absent_) return;
-    absent_ = std::move(absent);
+    absent_ = absent;
     absent_plan_ = plan_.WithoutGradient(absent_);
   }
   // Slice-local ranges [begin, end) pushed as they are in every stage

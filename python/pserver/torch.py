@@ -320,7 +320,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         "started the step (with overlap=True they go with "
                         "the first gradient); set them before backward")
             flat.check_sparse()
-            present = []
+            # A parameter whose .grad is None is not updated this step (no
+            # momentum, no weight decay) unless another worker has one.
+            present, absent = [], []
             for i, p in enumerate(flat.params):
                 if ov is not None and ov.handed[i]:
                     # Copied (or pushed) by its hook during backward: it
@@ -339,13 +341,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         late = late or what
                 else:
                     flat.copy_grad(i)
-                if p.grad is not None:
-                    present.append(i)
+                (present if p.grad is not None else absent).append(i)
             flat.put_buffers(flat.grad)
-            # A parameter whose .grad is None is not updated this step (no
-            # momentum, no weight decay) unless another worker has one.
-            absent = [i for i in range(len(flat.params))
-                      if flat.params[i].grad is None]
             if overlapped:
                 self.client.finish_step(flat.weights, loss=_as_float(loss),
                                         no_gradient=absent)
