@@ -241,7 +241,9 @@ absl::StatusOr<ShardState> ParseShardState(absl::string_view bytes) {
     // One entry per tensor with elements in the shard (the optimizer's
     // segments), each at most the step.
     size_t tensors = 0;
-    for (const TensorSlot& t : *ValidateLayout(s.layout)) {
+    const absl::StatusOr<std::vector<TensorSlot>> slots =
+        ValidateLayout(s.layout);
+    for (const TensorSlot& t : *slots) {
       tensors += std::max(t.offset, range.begin) <
                          std::min(t.offset + t.size, range.end)
                      ? 1
