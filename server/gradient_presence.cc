@@ -18,6 +18,12 @@ void GradientPresence::Clear() {
   marked_.assign(ends_.size(), false);
   unmarked_ = 0;
   for (bool b : buffer_) unmarked_ += b ? 0 : 1;
+  overflow_ = false;
+}
+
+void GradientPresence::MarkOverflow(uint32_t w) {
+  if (!overflow_) overflow_worker_ = w;
+  overflow_ = true;
 }
 
 void GradientPresence::MarkRange(uint64_t begin, uint64_t end) {
@@ -50,10 +56,10 @@ void GradientPresence::Mark(uint64_t offset, const v1::EncodedTensor& t) {
 }
 
 std::vector<bool> GradientPresence::Skipped() const {
-  if (unmarked_ == 0) return {};
+  if (unmarked_ == 0 && !overflow_) return {};
   std::vector<bool> skip(ends_.size(), false);
   for (size_t i = 0; i < ends_.size(); ++i) {
-    skip[i] = !marked_[i] && !buffer_[i];
+    skip[i] = (overflow_ || !marked_[i]) && !buffer_[i];
   }
   return skip;
 }

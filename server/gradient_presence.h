@@ -7,6 +7,7 @@
 // Usage (the shard, under its mutex):
 //   presence.Reset(segments);                      // a model was installed
 //   presence.Mark(chunk_begin, push.gradient());   // each summed push
+//   if (push.overflow()) presence.MarkOverflow(w);  // a scaler's overflow
 //   std::vector<bool> skip = presence.Skipped();   // the round completes
 //   presence.Clear();                              // the next round
 #ifndef PSERVER_SERVER_GRADIENT_PRESENCE_H_
@@ -34,6 +35,13 @@ class GradientPresence {
   // never skipped). Empty when every segment has a gradient, the common
   // case, so a caller can test it cheaply.
   std::vector<bool> Skipped() const;
+  // A summed push of worker `w` reported an overflow (PushRequest.overflow):
+  // Skipped() names every parameter segment.
+  void MarkOverflow(uint32_t w);
+  // Whether a push of this round reported an overflow, and the first
+  // worker that did.
+  bool overflow() const { return overflow_; }
+  uint32_t overflow_worker() const { return overflow_worker_; }
   // A new round: nothing marked.
   void Clear();
 
@@ -44,6 +52,8 @@ class GradientPresence {
   std::vector<bool> buffer_;
   std::vector<bool> marked_;
   uint64_t unmarked_ = 0;  // parameter segments not marked yet
+  bool overflow_ = false;
+  uint32_t overflow_worker_ = 0;
 };
 
 }  // namespace pserver

@@ -221,7 +221,7 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                        .Name("pserver_server_diagnostics_total")
                        .Help("Conditions the shard reported (logged once per "
                              "occurrence), by kind: straggler, "
-                             "update_blowup.")
+                             "update_blowup, overflow_skip.")
                        .Register(registry)),
       workers_dropped_(BuildCounter()
                            .Name("pserver_server_workers_dropped_total")

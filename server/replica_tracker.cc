@@ -59,6 +59,7 @@ void ReplicaTracker::TrimHistory() {
 
 void ReplicaTracker::Reset(absl::Span<const float> x, uint64_t chunk_elements) {
   history_.clear();
+  skipped_step_ = 0;
   history_bytes_ = 0;
   plan_.n = x.size();
   plan_.chunk_elements = chunk_elements;
@@ -290,6 +291,7 @@ v1::PullResponse ReplicaTracker::AnswerHeader(uint64_t step,
   header.set_schedule_phase(phase);
   header.set_replica_checksum(checksum_);
   header.set_chunk(chunk);
+  if (step == skipped_step_) header.set_round_skipped(true);
   return header;
 }
 

@@ -57,6 +57,9 @@ class ReplicaTracker {
                       absl::Span<float> scratch) {
     Advance(x, step, scratch, /*norm=*/false);
   }
+  // Pulls of `step` say that round step - 1 updated nothing
+  // (PullResponse.round_skipped): a worker reported an overflow.
+  void MarkRoundSkipped(uint64_t step) { skipped_step_ = step; }
   // The workers' replicas are not x_hat any more (the shard skipped rounds):
   // pulls get snapshots until the next Advance.
   void Invalidate();
@@ -138,6 +141,7 @@ class ReplicaTracker {
   std::vector<v1::EncodedTensor> delta_;
   uint64_t prev_checksum_ = 0;
   uint64_t checksum_ = 0;
+  uint64_t skipped_step_ = 0;  // MarkRoundSkipped's (0: none)
   // Answers of the current step, shared by every pull that gets them.
   std::vector<PullAnswer> delta_answers_;  // per chunk, built on demand
   // Snapshots are fp32 (as large as the slice): kept only while some pull

@@ -54,6 +54,8 @@ class Round {
     // Its weight in the round's mean (server/round_policy.h: 1 unless
     // stale pushes are scaled down).
     float weight = 1.0f;
+    // PushRequest.overflow: the round it is summed into updates nothing.
+    bool overflow = false;
 
     // A copy of the validated tensor (tests, and callers that do not own
     // their request).

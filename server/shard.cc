@@ -262,9 +262,10 @@ absl::Status Shard::PushSynchronous(
                           Fp32Bytes(req.gradient().num_elements()));
     if (!round_.pushed_any(w)) metrics_->ObserveStaleness(0);
     hyper_.Record(req);
-    round_.Queue(w, Round::Push::Own(std::move(request), valid,
-                                     std::move(on_summed)),
-                 c);
+    Round::Push push =
+        Round::Push::Own(std::move(request), valid, std::move(on_summed));
+    push.overflow = req.overflow();
+    round_.Queue(w, std::move(push), c);
     diagnostics_.Arrived(w, clock_->Now());
     *queued = true;
     last_pushed_[w] = static_cast<int64_t>(req.step());
@@ -304,6 +305,7 @@ std::vector<Shard::Ready> Shard::Drain() {
       mu_.Lock();
       presence_.Mark(round_.plan().begin(batch->chunk),
                      batch->a->valid->tensor());
+      if (batch->a->overflow) presence_.MarkOverflow(batch->first);
       if (std::function<void()> done = round_.EndSum(*batch)) {
         ready.push_back(std::move(done));
       }
@@ -363,6 +365,14 @@ std::vector<Shard::Ready> Shard::CompleteRound(std::optional<double> total) {
     optimizer_->SetHyper(hyper);
     if (std::vector<bool> skip = presence_.Skipped(); !skip.empty()) {
       optimizer_->SkipNext(std::move(skip));
+    }
+    if (presence_.overflow()) {  // said with the next step's pulls
+      replica_->MarkRoundSkipped(step_ + 1);
+      metrics_->CountDiagnostic("overflow_skip");
+      std::fprintf(stderr, "pserver: shard %u skipped round %llu: worker %u "
+                   "reported an overflow (its loss scaler found inf/NaN)\n",
+                   config_.shard_index, static_cast<unsigned long long>(step_),
+                   presence_.overflow_worker());
     }
     presence_.Clear();
     const absl::Time start = clock_->Now();

@@ -126,8 +126,19 @@ class Client {
   // CODEC_NO_GRADIENT with their residuals and momentum kept; a tensor no
   // worker had one for is not updated (codec.proto). INVALID_ARGUMENT,
   // nothing sent, for an index out of range, out of order or a buffer's.
+  // `overflow`: the caller's loss scaler found an inf or NaN in this
+  // gradient (GradScaler under fp16). Every parameter tensor goes as no
+  // gradient, its values unread (buffers as usual, checked finite), and the
+  // push says so: the round updates no parameter, for any worker, and
+  // round_skipped() says so afterwards on every worker of the round.
   absl::Status Step(absl::Span<const float> gradient,
-                    absl::Span<const uint32_t> no_gradient = {});
+                    absl::Span<const uint32_t> no_gradient = {},
+                    bool overflow = false);
+  // Whether the round of the last step updated nothing because a worker
+  // reported an overflow (PullResponse.round_skipped).
+  bool round_skipped() const {
+    return round_skipped_.load(std::memory_order_relaxed);
+  }
 
   // Step, overlapped with the caller's backward pass (DDP's buckets on a
   // parameter server): the caller hands the gradient over in pieces as they
@@ -370,6 +381,8 @@ class Client {
   // at StartStep, set by FinishStep before it marks the rest ready.
   absl::Mutex no_gradient_mu_;
   std::vector<ElementRanges> no_gradient_ ABSL_GUARDED_BY(no_gradient_mu_);
+  bool overflow_ ABSL_GUARDED_BY(no_gradient_mu_) = false;  // Step's
+  std::atomic<bool> round_skipped_{false};  // set by the pulls' callbacks
   std::thread pusher_;
   std::vector<absl::Status> pushed_;  // per shard, set by the pusher
   // Per shard: its push stopped because another shard's failed first

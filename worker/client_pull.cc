@@ -114,6 +114,9 @@ absl::Status Client::PullAll(uint64_t step, std::vector<bool> snapshot,
             fatal[s] = p;
             return p;
           }
+          if (resp.round_skipped()) {
+            round_skipped_.store(true, std::memory_order_relaxed);
+          }
           Head& h = head[s];
           if (!h.seen) {
             h = Head{true,         resp.kind(),  resp.step(),

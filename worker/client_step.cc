@@ -43,6 +43,7 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
     absl::MutexLock lock(&no_gradient_mu_);
     encoders_[s]->SetWithoutGradient(s < no_gradient_.size() ? no_gradient_[s]
                                                              : kNone);
+    req->set_overflow(overflow_);
   }
   absl::Status st = encoders_[s]->EncodeChunk(
       gradient.subspan(r.begin + plan.begin(c), plan.size(c)), plan.begin(c),
@@ -60,13 +61,31 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
 }
 
 absl::Status Client::Step(absl::Span<const float> gradient,
-                          absl::Span<const uint32_t> no_gradient) {
+                          absl::Span<const uint32_t> no_gradient,
+                          bool overflow) {
   if (absl::Status st = CheckStepStart("Step()", gradient); !st.ok()) return st;
+  std::vector<uint32_t> parameters;  // with an overflow: all of them
+  for (uint32_t t = 0; overflow && t < slots_.size(); ++t) {
+    if (!slots_[t].buffer) parameters.push_back(t);
+  }
   absl::StatusOr<std::vector<ElementRanges>> absent =
-      NoGradientRanges(no_gradient);
+      NoGradientRanges(overflow ? absl::MakeConstSpan(parameters) : no_gradient);
   if (!absent.ok()) return absent.status();
   double max_abs = 0;
-  if (absl::Status st = CheckGradientFinite(gradient, 0, &max_abs); !st.ok()) {
+  for (const TensorSlot& slot : slots_) {
+    if (!overflow) break;  // else only the buffers are read
+    if (!slot.buffer) continue;
+    double m = 0;
+    if (absl::Status st = CheckGradientFinite(
+            gradient.subspan(slot.offset, slot.size), slot.offset, &m);
+        !st.ok()) {
+      return st;
+    }
+    max_abs = std::max(max_abs, m);
+  }
+  if (absl::Status st = overflow ? absl::OkStatus()
+                                 : CheckGradientFinite(gradient, 0, &max_abs);
+      !st.ok()) {
     return st;
   }
   if (absl::Status st = StartStep(gradient); !st.ok()) return st;
@@ -75,6 +94,7 @@ absl::Status Client::Step(absl::Span<const float> gradient,
   {
     absl::MutexLock lock(&no_gradient_mu_);
     no_gradient_ = *std::move(absent);
+    overflow_ = overflow;
   }
   ABSL_RAW_CHECK(ready_.Mark(0, gradient.size()).ok(), "Step: bad range");
   return FinishStepNow();
@@ -157,6 +177,7 @@ absl::Status Client::StartStep(absl::Span<const float> gradient) {
   {
     absl::MutexLock lock(&no_gradient_mu_);
     no_gradient_.clear();
+    overflow_ = false;
   }
   ready_.Reset(num_params(), ranges, plans_);
   // Nothing of this step is sent yet: a resend must not take a chunk of the
@@ -309,6 +330,7 @@ absl::Status Client::FinishStepNow() {
   metrics_.AddPushSeconds(
       absl::ToDoubleSeconds(absl::Now() - push_start_ - encoding_));
   const absl::Time pull_start = absl::Now();
+  round_skipped_.store(false, std::memory_order_relaxed);
   if (clip_norm_ > 0.0f && !behind) {
     // The shards hold the summed round until a pull brings its norm.
     absl::StatusOr<double> total = RoundSquaredNorm(pull_step);

@@ -93,7 +93,9 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("shard_config", &PyClient::ShardConfig)
       .def("step", &PyClient::Step, py::arg("gradient"), py::arg("out"),
            py::arg("loss") = std::optional<double>(),
-           py::arg("no_gradient") = std::vector<uint32_t>())
+           py::arg("no_gradient") = std::vector<uint32_t>(),
+           py::arg("overflow") = false)
+      .def_property_readonly("round_skipped", &PyClient::round_skipped)
       .def("start_step", &PyClient::StartStep, py::arg("gradient"))
       .def("gradient_ready", &PyClient::GradientReady, py::arg("begin"),
            py::arg("end"))

@@ -256,7 +256,8 @@ py::dict PyClient::ShardConfig() const {
 
 uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
                         std::optional<double> loss,
-                        const std::vector<uint32_t>& no_gradient) {
+                        const std::vector<uint32_t>& no_gradient,
+                        bool overflow) {
   Registered();
   const long long n = static_cast<long long>(client_->num_params());
   FloatBuffer g(gradient, "gradient", false, n);
@@ -266,7 +267,7 @@ uint64_t PyClient::Step(const py::handle& gradient, const py::handle& out,
         "step() while an overlapped step is in progress; call finish_step()");
   }
   Call([&] {
-    absl::Status s = client_->Step(g.span(), no_gradient);
+    absl::Status s = client_->Step(g.span(), no_gradient, overflow);
     if (s.ok()) CopyWeights(dst.mutable_span());
     return s;
   });

@@ -115,10 +115,13 @@ class PyClient {
   // any error `out` and the client's step are unchanged. `loss` (optional)
   // sets pserver_worker_train_loss. Returns the new step. `no_gradient`:
   // the layout's parameter tensors (indices, increasing) without a gradient
-  // this step (worker/client.h Step).
+  // this step (worker/client.h Step). `overflow`: a loss scaler found
+  // inf/NaN in it; the round updates nothing (round_skipped, on every
+  // worker).
   uint64_t Step(const pybind11::handle& gradient, const pybind11::handle& out,
                 std::optional<double> loss,
-                const std::vector<uint32_t>& no_gradient);
+                const std::vector<uint32_t>& no_gradient, bool overflow);
+  bool round_skipped() const { return client_->round_skipped(); }
 
   // The overlapped step (worker/client.h, StartStep): `gradient` (held
   // until FinishStep) is filled by backward; GradientReady(begin, end) hands

@@ -30,6 +30,25 @@ def check_parameter(name, p):
                          "dense (torch.strided) tensor")
 
 
+def as_float(loss):
+    """The closure's loss as a float for pserver_worker_train_loss, or None."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach())
+    if isinstance(loss, (int, float)):
+        return float(loss)
+    return None
+
+
+def sparse_modules(module, layout_ids):
+    """Names of the layout's parameters that a sparse embedding owns."""
+    out = []
+    for prefix, m in module.named_modules():
+        if (isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                and m.sparse and id(m.weight) in layout_ids):
+            out.append(f"{prefix}.weight" if prefix else "weight")
+    return out
+
+
 def module_buffers(module, taken):
     """[(name, tensor)]: the module's persistent floating and integer
     buffers (BatchNorm's running_mean, running_var, num_batches_tracked),

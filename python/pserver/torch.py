@@ -22,29 +22,10 @@ import json
 
 import torch
 
-from pserver import _clip, _flat, _groups, _outer, _overlap, _state
+from pserver import _clip, _flat, _groups, _outer, _overlap, _scaler, _state
 from pserver._native import Client
 from pserver.env import client_options as _env_client_options
 from pserver.env import init
-
-
-def _as_float(loss):
-    """The closure's loss as a float for pserver_worker_train_loss, or None."""
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        return float(loss.detach())
-    if isinstance(loss, (int, float)):
-        return float(loss)
-    return None
-
-
-def _sparse_modules(module, layout_ids):
-    """Names of the layout's parameters that a sparse embedding owns."""
-    out = []
-    for prefix, m in module.named_modules():
-        if (isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
-                and m.sparse and id(m.weight) in layout_ids):
-            out.append(f"{prefix}.weight" if prefix else "weight")
-    return out
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -147,7 +128,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     and buffers, the others wait for it (up to retry_budget seconds), so on
     return every worker holds rank 0's values (or the model the shards
     already held); frozen parameters (requires_grad=False) are not in the
-    layout and stay each worker's own. state_dict() is torch's layout plus the client's record.
+    layout and stay each worker's own. state_dict() is torch's layout plus
+    the client's record.
     """
 
     def __init__(self, params, servers=None, worker_id=None,
@@ -217,7 +199,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("params has no parameter that requires grad; "
                              "expected at least one")
         if module is not None:
-            sparse = _sparse_modules(module, {id(p) for _, p in layout})
+            sparse = _flat.sparse_modules(module, {id(p) for _, p in layout})
             if sparse:
                 raise ValueError(
                     f"parameter {sparse[0]!r} belongs to an embedding with "
@@ -297,20 +279,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
         when metrics_listen was not given."""
         return self.client.metrics_port
 
+    # GradScaler.step(opt) calls step(grad_scaler=scaler) on every worker,
+    # also on one whose gradient overflowed (python/pserver/_scaler.py).
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, grad_scaler=None):
         """Pushes this worker's gradient (and buffers) with the groups' lr
         and weight decay, waits for the round, and loads the new weights.
         Raises before anything is sent, changing nothing: ValueError for a
         group's value (naming it) or a sparse gradient; pserver.Error for a
-        refused push (e.g. a non-finite gradient)."""
+        refused push (e.g. a non-finite gradient). grad_scaler: given by
+        GradScaler.step; an inf or NaN in any worker's unscaled gradient
+        skips the round for every worker, and every scaler sees it."""
+        flat, ov = self._flat, self._overlap
+        if grad_scaler is not None and ov is not None:
+            raise RuntimeError(
+                "DistributedOptimizer: overlap=True pushes gradients as "
+                "backward produces them, still scaled by the GradScaler; "
+                "construct it with overlap=False (nothing was sent)")
+        scaled, overflow = (None, False) if grad_scaler is None else \
+            _scaler.unscaled(self, grad_scaler)
         if self._local_steps > 1:
-            return self._local_step(closure)
+            # A replica of its own: an overflow skips this local step only.
+            return None if overflow else self._local_step(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        flat, ov = self._flat, self._overlap
         overlapped = self.client.in_step
         late = None  # changed after the push went out: said once it is done
         try:
@@ -344,15 +340,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 (present if p.grad is not None else absent).append(i)
             flat.put_buffers(flat.grad)
             if overlapped:
-                self.client.finish_step(flat.weights, loss=_as_float(loss),
+                self.client.finish_step(flat.weights,
+                                        loss=_flat.as_float(loss),
                                         no_gradient=absent)
             else:
-                if self._max_grad_norm is not None:
+                if self._max_grad_norm is not None and not overflow:
                     self.last_grad_norm = flat.clip(self._max_grad_norm,
                                                     present)
                 self._set_hyper(hyper)
                 self.client.step(flat.grad, flat.weights,
-                                 loss=_as_float(loss), no_gradient=absent)
+                                 loss=_flat.as_float(loss), no_gradient=absent,
+                                 overflow=overflow)
+                if scaled is not None:
+                    _scaler.tell(scaled, self.client.round_skipped)
             if ov is not None:
                 ov.probed = True
         finally:
@@ -389,7 +389,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         flat.put_buffers(flat.grad)
         self._set_hyper(hyper)
         try:
-            self.client.step(flat.grad, flat.weights, loss=_as_float(loss))
+            self.client.step(flat.grad, flat.weights,
+                             loss=_flat.as_float(loss))
         except BaseException:
             if self._outer is not None:
                 self._outer.discard()  # refused: u as it was

@@ -5,7 +5,9 @@ python3 -m pserver.launch by test_common_script.py.
 What it keeps of that shape: one file; a causal mask registered as a
 persistent buffer; two AdamW groups (decay on matrices); a hand-written
 warmup-cosine `for g in optimizer.param_groups: g["lr"] = lr`; a GradScaler
-(enabled only with --scaler, a no-op on the CPU as in fp32 runs);
+(enabled only with --scaler, a no-op on the CPU as in fp32 runs; the test
+enables it on the CPU with --cpu-scaler and injects an overflow on one rank
+with --overflow-at);
 clip_grad_norm_ between backward and step; rank 0 saving {"model",
 "optimizer", "iter_num", ...} to out_dir/ckpt.pt at evaluations and every
 rank loading that one file with --init-from resume. Batches follow the
@@ -84,6 +86,8 @@ def main():
     ap.add_argument("--eval-interval", type=int, default=4)
     ap.add_argument("--init-from", default="scratch")
     ap.add_argument("--scaler", action="store_true")
+    ap.add_argument("--cpu-scaler", action="store_true")
+    ap.add_argument("--overflow-at", type=int, default=-1)  # on rank 1
     # Every rank saves (and loads) its own file, ckpt_<rank>.pt: the
     # variant that keeps each worker's error-feedback residuals too.
     ap.add_argument("--per-rank", action="store_true")
@@ -101,6 +105,11 @@ def main():
         model.load_state_dict(checkpoint["model"])
         iter_num = resumed_at = checkpoint["iter_num"]
     scaler = torch.cuda.amp.GradScaler(enabled=args.scaler)
+    if args.cpu_scaler:  # not a user's line: torch 1.13 has no CPU scaler
+        import cpu_grad_scaler
+        cpu_grad_scaler.enable(setattr)
+        scaler = cpu_grad_scaler.CpuGradScaler(init_scale=2.0 ** 12,
+                                               growth_interval=3)
     optimizer = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95))
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -125,6 +134,8 @@ def main():
         x, y = get_batch(iter_num, rank)
         loss = model(x, y)
         scaler.scale(loss).backward()
+        if iter_num == args.overflow_at and rank == 1:
+            next(model.parameters()).grad.view(-1)[0] = math.inf
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
@@ -133,7 +144,8 @@ def main():
         iter_num += 1
     if rank == 0:
         print(f"iter {iter_num} loss {loss.item():.6f} step "
-              f"{optimizer.global_step}", flush=True)
+              f"{optimizer.global_step} scale {scaler.get_scale()}",
+              flush=True)
         torch.save({k: v.clone() for k, v in model.state_dict().items()},
                    os.path.join(args.out_dir, f"final_{iter_num}.pt"))
 

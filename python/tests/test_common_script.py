@@ -87,7 +87,7 @@ def stop_and_resume(tmp_path, stop, *variant, drop_shards=False,
                   launcher_args=launcher_args)
     # Without the shards' state they count only the resumed run's rounds.
     step = LAST - stop if drop_shards else LAST
-    assert f"iter {LAST} loss" in text and f"step {step}\n" in text, text
+    assert f"iter {LAST} loss" in text and f"step {step} " in text, text
     return final(out), final_loss(text), text
 
 
@@ -130,3 +130,26 @@ def test_resume_after_the_freeze(tmp_path, uninterrupted):
         launcher_args=("--checkpoint-dir", str(ckpt), "--checkpoint_every=1"))
     assert "shard 0 step 8, shard 1 step 8" in text, text
     assert max_diff(restored, weights) == 0.0
+
+
+def test_grad_scaler_enabled(tmp_path, uninterrupted):
+    """The script's GradScaler enabled (on the CPU: cpu_grad_scaler.py).
+    Its scales are powers of two, so without an overflow the run is the
+    unscaled one bit for bit. An inf injected into rank 1's gradient at
+    iteration 6 skips that round on both shards for both ranks, and rank
+    0's scaler backs off too (4096, grown every 3 clean steps: 16384 at the
+    end instead of 65536); the run goes on, no rank waiting out a lease."""
+    out = tmp_path / "clean"
+    text = launch(tmp_path, "clean", out, "--max-iters", str(LAST),
+                  "--cpu-scaler")
+    assert f"step {LAST} scale 65536.0" in text, text
+    assert max_diff(final(out), uninterrupted[0]) == 0.0
+    out = tmp_path / "overflow"
+    text = launch(tmp_path, "overflow", out, "--max-iters", str(LAST),
+                  "--cpu-scaler", "--overflow-at", "6")
+    assert f"step {LAST} scale 16384.0" in text, text
+    for shard in range(2):
+        assert (f"shard {shard} skipped round 6: worker 1 reported an "
+                "overflow") in text, text
+    assert "skipped round 7" not in text and "lease" not in text, text
+    assert max_diff(final(out), uninterrupted[0]) > 0

@@ -225,5 +225,62 @@ TEST(ShardNoGradient, IdleRoundsSurviveACheckpoint) {
             "checkpoint idle_rounds[1] is 4; expected 0..3 (the step)");
 }
 
+// A push with PushRequest.overflow (a worker's loss scaler found inf/NaN)
+// skips the round for every worker: x as it was, Adam's step count not
+// advanced (the next round equals AdamW's with that round left out), and
+// the next step's pulls say so (PullResponse.round_skipped), once.
+TEST(ShardNoGradient, AnOverflowSkipsTheRoundForEveryWorker) {
+  const ShardConfig c = AdamWConfig(2);
+  const std::vector<float> x0 = InitialWeights(kN);
+  std::unique_ptr<Shard> shard =
+      testing_util::Registered(c, testing_util::SmallLayout(), x0);
+  ASSERT_NE(shard, nullptr);
+  RefAdam w = RefAdam::At(absl::MakeConstSpan(x0).subspan(0, kW));
+  RefAdam b = RefAdam::At(absl::MakeConstSpan(x0).subspan(kW));
+  for (RefAdam* r : {&w, &b}) {
+    r->lr = 1e-2;
+    r->wd = 0.1;
+    r->bias = true;
+  }
+  std::vector<float> before = x0;
+  for (uint64_t t = 0; t < 4; ++t) {
+    const bool overflow = t == 1;
+    std::vector<float> mean(kN, 0.0f);
+    for (uint32_t k = 0; k < 2; ++k) {
+      const std::vector<float> g = Gradient(kN, k, t, 0.1f);
+      for (uint64_t i = 0; i < kN; ++i) mean[i] += g[i] / 2;
+      // Worker 1 overflowed: both of its pieces go as no gradient.
+      v1::PushRequest req = PushRequestFor(k, t, Push(g, false));
+      if (overflow && k == 1) {
+        req = PushRequestFor(k, t, Push(g, true));
+        v1::EncodedTensor* piece = req.mutable_gradient()->mutable_segments(0);
+        piece->Clear();
+        piece->set_codec(v1::CODEC_NO_GRADIENT);
+        piece->set_num_elements(kW);
+        req.set_overflow(true);
+      }
+      absl::StatusOr<v1::PushResponse> r = shard->Push(req);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    if (!overflow) {
+      w.Step(mean);
+      b.Step(absl::MakeConstSpan(mean).subspan(kW));
+    }
+    absl::StatusOr<v1::PullResponse> pulled = shard->PullBlocking(
+        PullRequestFor(0, t + 1, -1, 0, /*want_snapshot=*/true),
+        absl::Seconds(10));
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    EXPECT_EQ(pulled->round_skipped(), overflow) << "round " << t;
+    const std::vector<float> x = testing_util::DecodeAll(pulled->weights());
+    if (overflow) {
+      EXPECT_EQ(x, before) << "the skipped round moved x";
+    } else {
+      EXPECT_NE(x, before) << "round " << t << " did not move x";
+    }
+    ExpectAdamW(x, w, b, t);
+    before = x;
+  }
+}
+
 }  // namespace
 }  // namespace pserver
