@@ -271,7 +271,10 @@ class Client {
   absl::Status FinishStepNow();
   // Mean clipping: the round's squared mean norm, every shard's part of
   // round `step - 1` pulled and added in shard order.
-  absl::StatusOr<double> RoundSquaredNorm(uint64_t step);
+  // On failure also the first failing shard and its refusal as it came
+  // (with the shard's reason, for RecoveryFor).
+  absl::StatusOr<double> RoundSquaredNorm(uint64_t step, absl::Status* refused,
+                                          size_t* shard);
   // Step's `no_gradient` as slice-local ranges per shard, or
   // INVALID_ARGUMENT naming the entry.
   absl::StatusOr<std::vector<ElementRanges>> NoGradientRanges(

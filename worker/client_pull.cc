@@ -255,7 +255,9 @@ absl::Status Client::SetClipNorm(float max_norm) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> Client::RoundSquaredNorm(uint64_t step) {
+absl::StatusOr<double> Client::RoundSquaredNorm(uint64_t step,
+                                                absl::Status* refused,
+                                                size_t* shard) {
   const size_t n = calls_->size();
   std::vector<size_t> all(n);
   for (size_t s = 0; s < n; ++s) all[s] = s;
@@ -282,6 +284,8 @@ absl::StatusOr<double> Client::RoundSquaredNorm(uint64_t step) {
   double total = 0;
   for (size_t s = 0; s < n; ++s) {
     if (!pulled[s].ok()) {
+      *refused = pulled[s];  // with the shard's reason, for recovery
+      *shard = s;
       return absl::Status(pulled[s].code(),
                           absl::StrCat("norm part of the round's mean from "
                                        "shard ", s, " (", calls_->address(s),

@@ -331,11 +331,23 @@ absl::Status Client::FinishStepNow() {
       absl::ToDoubleSeconds(absl::Now() - push_start_ - encoding_));
   const absl::Time pull_start = absl::Now();
   round_skipped_.store(false, std::memory_order_relaxed);
-  if (clip_norm_ > 0.0f && !behind) {
-    // The shards hold the summed round until a pull brings its norm.
-    absl::StatusOr<double> total = RoundSquaredNorm(pull_step);
-    if (!total.ok()) return total.status();
-    round_norm_sq_ = *total;
+  // The shards hold the summed round until a pull brings its norm. A shard
+  // that lost this worker's push meanwhile (it restarted) is recovered as
+  // a refused push is, and asked again.
+  for (int attempt = 0; clip_norm_ > 0.0f && !behind; ++attempt) {
+    absl::Status refused;
+    size_t s = n;
+    absl::StatusOr<double> total = RoundSquaredNorm(pull_step, &refused, &s);
+    if (total.ok()) {
+      round_norm_sq_ = *total;
+      break;
+    }
+    const uint64_t asked = pull_step;
+    if (s == n || attempt == 3 || !recover(s, refused).ok()) {
+      return total.status();
+    }
+    // The round went on without this worker: its weights pull needs no norm.
+    if (pull_step != asked) break;
   }
   absl::Status st =
       behind ? Resync() : PullAll(pull_step, std::move(snapshot), &push);
