@@ -16,7 +16,8 @@ _NODE_OPTIONS = {
     "--nproc-per-node": "PET_NPROC_PER_NODE",
     "--rdzv-endpoint": "PET_RDZV_ENDPOINT",
     "--master-addr": "PET_MASTER_ADDR", "--master-port": "PET_MASTER_PORT",
-    "--node-addr": None, "--shards-per-node": None, "--join-timeout": None}
+    "--node-addr": None, "--shards-per-node": None, "--join-timeout": None,
+    "--heartbeat-timeout": None}
 
 
 def _nodes(opts, given):
@@ -67,19 +68,24 @@ def _nodes(opts, given):
                          "on several machines yet; expected one machine, or "
                          "shards started by hand with their own "
                          "--checkpoint_dir")
-    timeout = given.get("--join-timeout", "300")
-    try:
-        timeout = float(timeout)
-    except ValueError:
-        timeout = -1
-    if timeout <= 0:
-        raise UsageError(f"--join-timeout is {given['--join-timeout']!r}; "
-                         "expected seconds > 0")
+    timeout = _seconds(given, "--join-timeout", "300")
+    heartbeat = _seconds(given, "--heartbeat-timeout", "15")
     opts["shards"] = _positive("--shards-per-node",
                                given.get("--shards-per-node", "1"))
     opts["node"] = {"nnodes": nnodes, "rank": rank, "host": host,
                     "port": int(port), "addr": given.get("--node-addr"),
-                    "join_timeout": timeout}
+                    "join_timeout": timeout, "heartbeat_timeout": heartbeat}
+
+
+def _seconds(given, name, default):
+    """given[name] (else default) as seconds > 0, or UsageError."""
+    try:
+        value = float(given.get(name, default))
+    except ValueError:
+        value = -1
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"{name} is {given[name]!r}; expected seconds > 0")
+    return value
 
 
 def shard_metrics(listen, i):

@@ -9,6 +9,9 @@ their workers are done. Keys, all under "pserver/":
   done/<r>    node r's workers all exited 0
   left/<r>    node r saw every node done and stops (node 0, hosting the
               store, stops after them)
+  beat/<r>    a counter node r adds 1 to at every look (each 0.2 s): one
+              that stops moving for --heartbeat-timeout seconds is a machine
+              that died without a word, and stops the job on the others
 """
 
 import datetime
@@ -53,12 +56,15 @@ class Node:
     """This machine's part in a job of `nnodes` machines. Raises
     RuntimeError with one line naming what is missing or what failed."""
 
-    def __init__(self, nnodes, rank, host, port, join_timeout):
+    def __init__(self, nnodes, rank, host, port, join_timeout,
+                 heartbeat_timeout=15.0):
         # Imported here: a one-machine launch needs no torch.
         import torch.distributed as dist
         self.nnodes, self.rank = nnodes, rank
         self.endpoint = f"{host}:{port}"
         self.join_timeout = join_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self._heard = {}  # node -> (its beat, when it last moved, here)
         try:
             self.store = dist.TCPStore(
                 host, port, None, rank == 0,
@@ -117,11 +123,40 @@ class Node:
         return [self._get(f"shard/{i}") for i in range(total)]
 
     def check_others(self):
-        """Raises when another node stopped the job."""
-        for r in range(self.nnodes):
-            if r != self.rank and self._has(f"failed/{r}"):
-                raise Elsewhere(f"node {r} stopped the job: "
-                                   f"{self._get(f'failed/{r}')}")
+        """Beats, and raises Elsewhere when another node stopped the job,
+        went silent for heartbeat_timeout seconds (before it was done), or
+        node 0's store is gone."""
+        try:
+            self.store.add(f"pserver/beat/{self.rank}", 1)
+            for r in range(self.nnodes):
+                if r == self.rank:
+                    continue
+                if self._has(f"failed/{r}"):
+                    raise Elsewhere(f"node {r} stopped the job: "
+                                    f"{self._get(f'failed/{r}')}")
+                self._listen(r)
+        except Elsewhere:
+            raise
+        except RuntimeError as e:
+            if self.rank == 0:
+                raise
+            raise Elsewhere(
+                f"node 0's store at {self.endpoint} stopped answering (node "
+                f"0 died or is unreachable): {str(e).splitlines()[0]}"
+            ) from None
+
+    def _listen(self, r):
+        beat, now = self.store.add(f"pserver/beat/{r}", 0), time.monotonic()
+        last = self._heard.get(r)
+        if last is None or beat != last[0]:
+            self._heard[r] = (beat, now)
+        elif (now - last[1] > self.heartbeat_timeout and beat > 0
+              and not self._has(f"left/{r}")):
+            raise Elsewhere(
+                f"node {r} stopped answering: its launcher has not been "
+                f"heard from for {self.heartbeat_timeout:g} s "
+                "(--heartbeat-timeout; the machine died or lost the "
+                "network)")
 
     def fail(self, why):
         """Tells every node this one stops the job (best effort: the store

@@ -82,6 +82,9 @@ Launcher options:
                       naming the missing ones. A failure on any machine
                       (a rank exiting non-zero, a shard, Ctrl-C) stops the
                       job on all of them, each naming where it started.
+  --heartbeat-timeout S  a machine whose launcher has not been heard from
+                      for S seconds (default 15: it died, or lost the
+                      network) stops the job on the others, named
                       Not with --shards, --workers or --checkpoint-dir.
   --                  ends the options; the script comes next
 Every other option before the script is a pserver_server flag given to every
@@ -419,7 +422,7 @@ def _join(opts, argv):
     if n["addr"] is None:
         n["addr"] = _nodes.local_address(n["host"], n["port"])
     node = _nodes.Node(n["nnodes"], n["rank"], n["host"], n["port"],
-                       n["join_timeout"])
+                       n["join_timeout"], n["heartbeat_timeout"])
     if node.rank == 0:
         _say(f"node 0 of {n['nnodes']}: the store is at {node.endpoint}; on "
              f"each other machine I (1..{n['nnodes'] - 1}) run: "

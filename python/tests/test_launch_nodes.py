@@ -172,6 +172,47 @@ def test_a_failure_on_one_machine_stops_both(tmp_path, how):
         no_process_left(tmp_path / f"run{i}")
 
 
+@pytest.mark.parametrize("dead", [1, 0])
+def test_a_machine_that_dies_without_a_word_stops_the_other(tmp_path, dead):
+    """SIGKILL to one machine's launcher and everything it started (a
+    machine that dies): the other hears no heartbeat for 2 s (or, node 0
+    gone, loses the store) and exits 1 naming it, within seconds, with
+    nothing of its own left running."""
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--heartbeat-timeout", "2", "--nproc-per-node", "2", WORKER,
+            str(out), "1000000"]
+    procs = [node(tmp_path, r, port, *args) for r in (0, 1)]
+    run = tmp_path / f"run{dead}"
+    deadline = time.monotonic() + 60
+    while not (run / "pids").exists() or len(started_pids(run)) < 3:
+        assert procs[dead].poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1)
+    victims = list(started_pids(run).values())
+    procs[dead].kill()
+    for pid in victims:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed_at = time.monotonic()
+    survivor = procs[1 - dead]
+    (text,) = texts(survivor, timeout=60)
+    took = time.monotonic() - killed_at
+    procs[dead].wait()
+    assert survivor.returncode == 1, text
+    if dead == 1:
+        assert ("node 1 stopped answering: its launcher has not been heard "
+                "from for 2 s (--heartbeat-timeout" in text), text
+    else:
+        assert "node 0's store at 127.0.0.1:" in text, text
+        assert "stopped answering (node 0 died or is unreachable)" in text
+    assert took < 30, took  # seconds, not a retry budget of minutes
+    no_process_left(tmp_path / f"run{1 - dead}")
+
+
 def test_a_machine_that_never_joins_is_named(tmp_path):
     """Machine 0 alone: after --join-timeout it exits 1 naming machine 1,
     having started nothing."""
@@ -225,6 +266,9 @@ def test_torchruns_environment_fallbacks(tmp_path):
      "--nnodes N > 1 with it"),
     (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
       "--join-timeout", "0"], "--join-timeout is '0'; expected seconds > 0"),
+    (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
+      "--heartbeat-timeout", "x"], "--heartbeat-timeout is 'x'; expected "
+     "seconds > 0"),
 ])
 def test_bad_machine_options_exit_2_with_one_line(tmp_path, args, message):
     p = subprocess.run(
