@@ -125,3 +125,32 @@ def test_an_overflow_under_async_skips_that_push_only(shards, cpu_scaler):
         assert same == (step == 1), step
         assert scaler.get_scale() == (scale / 2 if step == 1 else scale)
     assert opt.global_step == 3  # the skipped round is still a round
+
+
+def test_an_overflow_with_local_steps_skips_that_local_step(shards,
+                                                            cpu_scaler):
+    """local_steps=2 with an inner SGD: the local step with an inf is not
+    taken (nor counted toward the synchronisation), as torch.optim's under
+    the scaler; the next two synchronise."""
+    addrs = shards(1, 1, "--optimizer=sgd", "--lr=1", "--momentum=0",
+                   "--pull_codec=fp32")
+    model = Net()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = pserver.torch.DistributedOptimizer(
+        model.parameters(), servers=addrs, worker_id=0, num_workers=1,
+        push_codec="fp32", local_steps=2, inner_optimizer=inner)
+    scaler = cpu_scaler()
+    moved = []
+    for step in range(3):
+        before = [p.detach().clone() for p in model.parameters()]
+        scaler.scale(loss_of(model, step, 0)).backward()
+        if step == 0:
+            model.fc1.bias.grad[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        moved.append(not all(torch.equal(a, b)
+                             for a, b in zip(before, model.parameters())))
+    assert moved == [False, True, True], moved
+    assert opt.global_step == 2  # one round of 2 local steps
+    assert scaler.get_scale() == 2.0 ** 10  # halved, then grown after 2
