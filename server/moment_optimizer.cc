@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/internal/cpu.h"
@@ -291,6 +292,7 @@ void MomentOptimizer::Freeze() {
       }
     }
   }
+  FillUnseenVariance();
   if (!config_.preconditioned) return;  // DeepSpeed-exact: no floor, raw m
   for (const LocalSegment& s : segments_) {
     double sum = 0;
@@ -308,6 +310,39 @@ void MomentOptimizer::Freeze() {
       m_[i] = m_[i] / (root + config_.eps);
     }
   }
+}
+
+void MomentOptimizer::FillUnseenVariance() {
+  // A parameter tensor that had no gradient in any round before the freeze
+  // (torch's .grad None throughout) has v = 0: once a gradient came, its
+  // steps would be m / eps. It takes the mean sqrt(v) of the tensors that
+  // had one instead, the closest scale the shard knows.
+  double sum = 0;
+  uint64_t seen = 0;
+  std::vector<size_t> unseen;
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    const LocalSegment& s = segments_[k];
+    if (s.buffer) continue;
+    if (k < idle_.size() && idle_[k] >= step_) {
+      unseen.push_back(k);
+      continue;
+    }
+    for (uint64_t i = s.begin; i < s.end; ++i) sum += std::sqrt(double{v_[i]});
+    seen += s.end - s.begin;
+  }
+  if (unseen.empty() || seen == 0) return;
+  const float root = static_cast<float>(sum / static_cast<double>(seen));
+  for (size_t k : unseen) {
+    for (uint64_t i = segments_[k].begin; i < segments_[k].end; ++i) {
+      v_[i] = root * root;
+    }
+  }
+  std::fprintf(stderr,
+               "pserver: 1-bit Adam froze its variance at step %llu with %zu "
+               "tensor(s) of this shard that never had a gradient; they take "
+               "the others' mean sqrt(v), %g\n",
+               static_cast<unsigned long long>(step_), unseen.size(),
+               static_cast<double>(root));
 }
 
 void MomentOptimizer::RestoreState(uint64_t step, bool frozen, std::vector<float> m,

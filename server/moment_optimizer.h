@@ -67,6 +67,8 @@ class MomentOptimizer final : public Optimizer {
 
  private:
   void Freeze();
+  // At the freeze: v of the tensors that never had a gradient.
+  void FillUnseenVariance();
   // The compression stage's step scale for the coming step
   // (OptimizerConfig::variance_growth; 1 when off or not frozen). v counts
   // as frozen after freeze_at_ rounds of Adam.

@@ -188,5 +188,43 @@ TEST(MomentOptimizer, CompressionBeta1AppliesFromTheFreezeOn) {
   EXPECT_NE(xa, xb);
 }
 
+// A tensor with no gradient in any round before the freeze (.grad None
+// throughout) would freeze with v = 0 and then step by m / eps once a
+// gradient came; it takes the other tensors' mean sqrt(v) instead, in both
+// modes, and its first steps after the freeze are of the others' size.
+TEST(MomentOptimizer, ATensorUnseenBeforeTheFreezeTakesTheOthersVariance) {
+  const uint64_t n = 64, half = 32;
+  for (bool preconditioned : {true, false}) {
+    OptimizerConfig c = OneBit(3, preconditioned);
+    c.lr = 1e-2f;
+    MomentOptimizer opt(c, n, {{0, half}, {half, n}});
+    std::vector<float> x(n, 1.0f);
+    for (int t = 0; t < 3; ++t) {
+      opt.SkipNext({false, true});  // the second tensor: no gradient
+      Steps(opt, 1, x);
+    }
+    ASSERT_TRUE(opt.frozen());
+    const absl::Span<const float> v = opt.frozen_variance();
+    ASSERT_EQ(v.size(), n);
+    double seen = 0;
+    for (uint64_t i = 0; i < half; ++i) seen += std::sqrt(double{v[i]});
+    seen /= half;
+    for (uint64_t i = half; i < n; ++i) {
+      ASSERT_NEAR(std::sqrt(v[i]), seen, 1e-6 * seen) << "element " << i;
+    }
+    // The first step with a gradient moves it by about lr, not lr / eps.
+    const std::vector<float> before = x;
+    std::vector<float> g = testing_util::Gradient(n, 0, opt.step());
+    if (preconditioned) {
+      for (uint64_t i = 0; i < n; ++i) g[i] /= std::sqrt(v[i]) + c.eps;
+    }
+    opt.Step(g, absl::MakeSpan(x));
+    for (uint64_t i = half; i < n; ++i) {
+      EXPECT_LT(std::abs(x[i] - before[i]), 10 * c.lr)
+          << "element " << i << (preconditioned ? "" : " (DeepSpeed mode)");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pserver
