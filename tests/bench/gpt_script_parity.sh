@@ -25,6 +25,8 @@
 # Variables: SEEDS ("1 2 3"), STEPS (300), BATCH (global, 16), RUNS ("ref ps"),
 # NAME (gpt_script_parity: the results file's name),
 # TRAIN_ARGS (more train_gpt.py options for both runs, e.g. "--size small"),
+# REPORT_ONLY (1: no runs, the report remade from the run records in WORK,
+# with COMMIT as the runs' commit),
 # BUILD (./build), OUT (tests/bench/results: gpt_script_parity.json there),
 # WORK (each run's logs and JSON; default a new /tmp folder). Threads: one
 # per process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS), OpenBLAS's Haswell
@@ -43,11 +45,12 @@ WORK="${WORK:-$(mktemp -d /tmp/pserver-gpt-parity.XXXXXX)}"
 SCRIPT="$ROOT/python/examples/train_gpt.py"
 die() { echo "gpt_script_parity.sh: $*" >&2; exit 2; }
 case "${1:-}" in
-  -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) die "unknown argument '$1'; the settings are variables (see --help)" ;;
 esac
-if [[ " $RUNS " == *" ps"* ]]; then
+REPORT_ONLY="${REPORT_ONLY:-0}"
+if [[ $REPORT_ONLY != 1 && " $RUNS " == *" ps"* ]]; then
   [[ -x "$BUILD/server/pserver_server" ]] ||
     die "no $BUILD/server/pserver_server: build first (tests/run.sh)"
   ls "$BUILD"/python/pserver/_native*.so >/dev/null 2>&1 ||
@@ -63,6 +66,7 @@ echo "gpt_script_parity: seeds $SEEDS, $STEPS steps, global batch $BATCH," \
 # correction on, betas 0.9 and 0.999, eps 1e-8), which train_gpt.py passes
 # to DistributedOptimizer; it refuses betas or eps other than the shards'.
 for seed in $SEEDS; do
+  [[ $REPORT_ONLY == 1 ]] && break
   # shellcheck disable=SC2086
   common=(--seed "$seed" --steps "$STEPS" --batch "$BATCH" $TRAIN_ARGS)
   if [[ " $RUNS " == *" ref "* ]]; then
@@ -91,7 +95,7 @@ for seed in $SEEDS; do
 done
 
 /usr/bin/python3 - "$WORK" "$OUT/$NAME.json" "$SEEDS" "$RUNS" \
-    "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    "${COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
     <<'EOF'
 import json, os, statistics, sys
 work, out, seeds, runs, commit = sys.argv[1:]
