@@ -9,15 +9,19 @@ their workers are done. Keys, all under "pserver/":
   done/<r>    node r's workers all exited 0
   left/<r>    node r saw every node done and stops (node 0, hosting the
               store, stops after them)
-  beat/<r>    a counter node r adds 1 to at every look (each 0.2 s): one
-              that stops moving for --heartbeat-timeout seconds is a machine
-              that died without a word, and stops the job on the others
+  beat/<r>    a counter node r adds 1 to every 0.2 s from a thread of its
+              own (with its own connection to the store), whatever the
+              launcher is doing (starting shards may take longer than the
+              timeout): one that stops moving for --heartbeat-timeout
+              seconds is a machine that died without a word, and stops the
+              job on the others
 """
 
 import datetime
 import shlex
 import socket
 import sys
+import threading
 import time
 
 _POLL = 0.2
@@ -65,6 +69,7 @@ class Node:
         self.join_timeout = join_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self._heard = {}  # node -> (its beat, when it last moved, here)
+        self._host, self._port = host, port
         try:
             self.store = dist.TCPStore(
                 host, port, None, rank == 0,
@@ -109,9 +114,22 @@ class Node:
             time.sleep(_POLL)
 
     def join(self):
+        threading.Thread(target=self._beat, daemon=True).start()
         self._set(f"node/{self.rank}", socket.gethostname())
         self._await({f"node/{r}": f"node {r}" for r in range(self.nnodes)},
                     "launchers")
+
+    def _beat(self):
+        # A connection of its own: TCPStore's client is not for two threads.
+        import torch.distributed as dist
+        try:
+            store = dist.TCPStore(self._host, self._port, None, False,
+                                  datetime.timedelta(seconds=30))
+            while True:
+                store.add(f"pserver/beat/{self.rank}", 1)
+                time.sleep(_POLL)
+        except RuntimeError:
+            return  # the store is gone: the main thread says so
 
     def shards(self, first, addrs, total, per_node, alive):
         """Publishes this node's shards (indices first, first + 1, ...) and
@@ -123,11 +141,10 @@ class Node:
         return [self._get(f"shard/{i}") for i in range(total)]
 
     def check_others(self):
-        """Beats, and raises Elsewhere when another node stopped the job,
+        """Raises Elsewhere when another node stopped the job,
         went silent for heartbeat_timeout seconds (before it was done), or
         node 0's store is gone."""
         try:
-            self.store.add(f"pserver/beat/{self.rank}", 1)
             for r in range(self.nnodes):
                 if r == self.rank:
                     continue
