@@ -33,8 +33,10 @@ absl::Status Shard::PushRelaxed(std::shared_ptr<v1::PushRequest>& request,
   auto accept = [&](bool defer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     metrics_->AddReceived(req.gradient().codec(), wire_bytes,
                           Fp32Bytes(req.gradient().num_elements()));
+    const bool overflow = req.overflow();
     Round::Push push =
         Round::Push::Own(std::move(request), valid, std::move(on_summed));
+    push.overflow = overflow;
     if (defer) {
       deferred_[w].emplace(c, std::move(push));
     } else {

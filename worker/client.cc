@@ -262,6 +262,7 @@ absl::Status Client::RegisterOnce(const v1::ModelLayout& layout,
   plans_.assign(n, ChunkPlan());
   sent_.assign(n, {});
   sent_space_.assign(n, v1::GRADIENT_SPACE_RAW);
+  sent_momentum_.assign(n, 0);
   for (size_t s = 0; s < n; ++s) {
     const v1::RegisterResponse& r = resps[s];
     if (r.shard_begin() != ranges[s].begin || r.shard_end() != ranges[s].end) {

@@ -370,6 +370,7 @@ class Client {
   // not encoded in this step (cleared at StartStep).
   std::vector<std::vector<v1::EncodedTensor>> sent_;
   std::vector<v1::GradientSpace> sent_space_;
+  std::vector<uint8_t> sent_momentum_;  // the kept chunks' .momentum
   // The step in progress (StartStep .. FinishStep): the caller's gradient,
   // which chunks are ready, and the thread pushing them. The pusher owns
   // encoders_, sent_ and the push counters of metrics_ until it is joined.

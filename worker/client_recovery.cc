@@ -63,6 +63,12 @@ absl::Status Client::Resend(size_t s, bool reencode, const PendingPush& push) {
   const std::vector<v1::EncodedTensor> kept =
       sent_[s].size() == chunks ? sent_[s] : std::vector<v1::EncodedTensor>();
   const v1::GradientSpace space = sent_space_[s];
+  const bool momentum = sent_momentum_[s] != 0;
+  bool overflow = false;
+  {
+    absl::MutexLock lock(&no_gradient_mu_);
+    overflow = overflow_;
+  }
   return calls_->PushChunks(
       {s}, {chunks},
       [&](size_t, uint32_t c, v1::PushRequest* req) {
@@ -75,6 +81,11 @@ absl::Status Client::Resend(size_t s, bool reencode, const PendingPush& push) {
         req->set_chunk(c);
         req->set_space(space);
         *req->mutable_hyper() = hyper_;
+        // Every header field EncodeChunk sets: the round's clip and the
+        // overflow must be the same on every shard.
+        req->set_momentum(momentum);
+        req->set_clip_norm(clip_norm_);
+        req->set_overflow(overflow);
         *req->mutable_gradient() = kept[c];
         return absl::OkStatus();
       },

@@ -57,6 +57,7 @@ absl::Status Client::EncodeChunk(size_t s, uint32_t c,
     kept[c].Clear();
   }
   sent_space_[s] = req->space();
+  sent_momentum_[s] = req->momentum() ? 1 : 0;
   return absl::OkStatus();
 }
 
@@ -342,12 +343,9 @@ absl::Status Client::FinishStepNow() {
       round_norm_sq_ = *total;
       break;
     }
-    const uint64_t asked = pull_step;
-    if (s == n || attempt == 3 || !recover(s, refused).ok()) {
-      return total.status();
-    }
-    // The round went on without this worker: its weights pull needs no norm.
-    if (pull_step != asked) break;
+    // One refused shard recovered per attempt: up to 4 tries for each.
+    if (s == n || attempt >= 4 * static_cast<int>(n)) return total.status();
+    if (absl::Status r = recover(s, refused); !r.ok()) return r;
   }
   absl::Status st =
       behind ? Resync() : PullAll(pull_step, std::move(snapshot), &push);
