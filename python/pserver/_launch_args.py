@@ -120,9 +120,9 @@ def parse_args(argv):
             "python": sys.executable, "start_timeout": 30.0,
             "recipe": None, "server_flags": [], "script": None,
             "script_args": [], "checkpoint_dir": None, "node": None,
-            "given": set()}
+            "given": set(), "push_per": "worker"}
     own = {"--shards", "--workers", "--server-bin", "--run-dir", "--python",
-           "--start-timeout", "--recipe"}
+           "--start-timeout", "--recipe", "--push-per"}
     given = {}  # the several-machine options, as torchrun spells them
     i = 0
     while i < len(argv):
@@ -158,6 +158,12 @@ def parse_args(argv):
                 except ValueError:
                     raise UsageError(f"{name} is {value!r}; expected "
                                      "seconds") from None
+            elif key == "push_per":
+                if value not in ("worker", "node"):
+                    raise UsageError(f"--push-per is {value!r}; expected "
+                                     "worker (each worker pushes) or node "
+                                     "(one push per machine)")
+                opts[key] = value
             elif key == "recipe":
                 try:
                     opts[key] = recipes.parse(value)

@@ -219,3 +219,10 @@ def torchrun_env(node, node_opts):
                 MASTER_PORT=str(node_opts["port"]),
                 TORCHELASTIC_USE_AGENT_STORE="True",
                 TORCHELASTIC_RESTART_COUNT="0")
+
+
+def local_store():
+    """A TCPStore on loopback, any free port (its .port): where a machine's
+    workers form their group with one push per machine."""
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)

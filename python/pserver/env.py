@@ -5,6 +5,8 @@ import json
 import os
 
 CLIENT_OPTIONS_ENV = "PSERVER_CLIENT_OPTIONS"
+# One push per machine (python3 -m pserver.launch --push-per node).
+NODE_GROUP_ENV = "PSERVER_NODE_GROUP"
 # pserver.Client's keyword options that PSERVER_CLIENT_OPTIONS may set
 # (python/native/module.cc); servers, worker_id, num_workers, local_steps
 # and the Adam hyper-parameters (beta1, beta2, eps: its param groups') are
@@ -31,16 +33,57 @@ def _int_env(name, env):
         raise ValueError(f"{name} is {text!r}; expected an integer") from None
 
 
+def node_group(env):
+    """The machine's group from PSERVER_NODE_GROUP (set by the launcher: a
+    JSON object {"store": "127.0.0.1:PORT", "node": I, "nodes": N}) and
+    LOCAL_RANK / LOCAL_WORLD_SIZE; None when unset. ValueError naming the
+    variable for anything malformed."""
+    text = env.get(NODE_GROUP_ENV, "")
+    if not text.strip():
+        return None
+    expected = ('expected a JSON object {"store": "HOST:PORT", "node": I, '
+                '"nodes": N}, as python3 -m pserver.launch --push-per node '
+                'sets it')
+    try:
+        spec = json.loads(text)
+        host, port = spec["store"].rsplit(":", 1)
+        node, nodes = int(spec["node"]), int(spec["nodes"])
+        local = int(env.get("LOCAL_RANK", ""))
+        size = int(env.get("LOCAL_WORLD_SIZE", ""))
+        port = int(port)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"{NODE_GROUP_ENV} is {text!r} (LOCAL_RANK "
+                         f"{env.get('LOCAL_RANK')!r}, LOCAL_WORLD_SIZE "
+                         f"{env.get('LOCAL_WORLD_SIZE')!r}); {expected}, with "
+                         "LOCAL_RANK and LOCAL_WORLD_SIZE integers") from None
+    if not (0 <= node < nodes and 0 <= local < size):
+        raise ValueError(f"{NODE_GROUP_ENV} gives node {node} of {nodes} "
+                         f"with LOCAL_RANK {local} of LOCAL_WORLD_SIZE "
+                         f"{size}; expected "
+                         "0 <= node < nodes and 0 <= LOCAL_RANK < "
+                         "LOCAL_WORLD_SIZE")
+    return {"host": host, "port": port, "node": node, "nodes": nodes,
+            "local_rank": local, "local_size": size}
+
+
 def init(servers=None, worker_id=None, num_workers=None, env=None):
     """Returns dict(servers=[...], worker_id=..., num_workers=...).
 
     Reads RANK (the worker id), WORLD_SIZE (the worker count) and
     PSERVER_SERVERS (comma-separated host:port, shard 0 first) from `env`
     (default os.environ); explicit arguments override them. `servers` may be
-    a list or a comma-separated string. Raises ValueError naming what is
+    a list or a comma-separated string. With one push per machine
+    (PSERVER_NODE_GROUP, set by python3 -m pserver.launch --push-per node)
+    the shards' worker is the machine: worker_id is its node rank,
+    num_workers the machine count, and "node_group" (the machine's group,
+    for DistributedOptimizer) is added. Raises ValueError naming what is
     missing or malformed. Contacts no shard.
     """
     env = os.environ if env is None else env
+    node = node_group(env)
+    if node is not None:
+        worker_id = node["node"] if worker_id is None else worker_id
+        num_workers = node["nodes"] if num_workers is None else num_workers
     if servers is None:
         servers = env.get("PSERVER_SERVERS")
         if not servers:
@@ -64,8 +107,11 @@ def init(servers=None, worker_id=None, num_workers=None, env=None):
         raise ValueError(f"worker_id (RANK) is {worker_id} with num_workers "
                          f"(WORLD_SIZE) {num_workers}; expected "
                          "0 <= worker_id < num_workers")
-    return {"servers": servers, "worker_id": worker_id,
-            "num_workers": num_workers}
+    out = {"servers": servers, "worker_id": worker_id,
+           "num_workers": num_workers}
+    if node is not None:
+        out["node_group"] = node
+    return out
 
 
 def client_options(env=None):

@@ -86,6 +86,9 @@ Launcher options:
                       for S seconds (default 15: it died, or lost the
                       network) stops the job on the others, named
                       Not with --shards, --workers or --checkpoint-dir.
+  --push-per P        worker (default: each pushes) or node: a machine's
+                      workers average inside it (gloo over loopback) and
+                      local rank 0 pushes once for them (pserver/_node.py)
   --                  ends the options; the script comes next
 Every other option before the script is a pserver_server flag given to every
 shard, as --name=value or --name value (dashes become underscores:
@@ -109,6 +112,7 @@ import time
 
 from pserver import _nodes
 from pserver._launch_args import parse_args, shard_metrics
+from pserver.env import NODE_GROUP_ENV
 from pserver._launch_prep import (UsageError, apply_recipe, check_native,
                                   describe_restore,
                                   find_server, prepare_checkpoints,
@@ -162,6 +166,10 @@ class Cluster:
         self.first_rank = rank * opts["workers"]
         self.num_shards = nodes * opts["shards"]
         self.num_workers = nodes * opts["workers"]
+        # What the shards count as workers: machines with one push each.
+        self.pushers = (nodes if opts["push_per"] == "node"
+                        else self.num_workers)
+        self.node_store = None  # the machine's group's store (push per node)
 
     def _record(self, role, proc):
         with open(self.run_dir / "pids", "a") as f:
@@ -198,7 +206,7 @@ class Cluster:
                 proc = subprocess.Popen(
                     [self.server_bin, f"--shard_index={i}",
                      f"--num_shards={self.num_shards}",
-                     f"--num_workers={self.num_workers}",
+                     f"--num_workers={self.pushers}",
                      f"--listen={host}:0", f"--port_file={port_file}",
                      f"--metrics_listen={shard_metrics(metrics, i)}",
                      *flags, *self._checkpoint_flag(i)],
@@ -242,6 +250,11 @@ class Cluster:
     def start_workers(self, addrs):
         n = self.opts["workers"]
         rdzv = _nodes.torchrun_env(self.node, self.opts["node"])
+        if self.opts["push_per"] == "node":
+            self.node_store = _nodes.local_store()
+            rdzv[NODE_GROUP_ENV] = json.dumps({
+                "store": f"127.0.0.1:{self.node_store.port}",
+                "node": self.first_rank // n, "nodes": self.pushers})
         for local in range(n):
             rank = self.first_rank + local
             env = dict(self.opts["worker_env"], RANK=str(rank),

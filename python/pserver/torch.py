@@ -22,7 +22,8 @@ import json
 
 import torch
 
-from pserver import _clip, _flat, _groups, _outer, _overlap, _scaler, _state
+from pserver import (_clip, _flat, _groups, _node, _outer, _overlap,
+                     _scaler, _state)
 from pserver._native import Client
 from pserver.env import client_options as _env_client_options
 from pserver.env import init
@@ -109,8 +110,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     block_size, k_fraction, bits, ef_decay, momentum_masking, schedule,
     run_length, seed, rpc_timeout, pull_timeout, retry_budget,
     metrics_listen, tls_ca, tls_cert, tls_key, auth_token_file: see
-    docs/python.md). servers/worker_id/num_workers default to
-    pserver.init() (PSERVER_SERVERS, RANK, WORLD_SIZE). Client options the
+    docs/python.md). servers/worker_id/num_workers/node_group default to
+    pserver.init() (PSERVER_SERVERS, RANK, WORLD_SIZE; with one push per
+    machine the node's, python/pserver/_node.py). Client options the
     caller does not pass (push_codec included) come from PSERVER_CLIENT_OPTIONS
     when it is set: a JSON object of Client options, what python3 -m
     pserver.launch --recipe NAME gives the workers (it may set
@@ -137,7 +139,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  local_steps=1, inner_optimizer=None, *, lr=None,
                  weight_decay=None, betas=None, eps=None, module=None,
                  buffers=None, max_grad_norm=None, outer_momentum=None,
-                 outer_nesterov=True, clip_scope="worker", **client_options):
+                 outer_nesterov=True, clip_scope="worker", node_group=None,
+                 **client_options):
         # Explicit arguments win over the launcher's recipe.
         from_env = _env_client_options()
         recipe_codec = from_env.pop("push_codec", None)
@@ -220,11 +223,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                        _outer.OuterMomentum(outer_momentum, outer_nesterov,
                                             flat.param_end))
         flat.values_into(flat.weights)
-        self.client = Client(where["servers"], where["worker_id"],
-                             where["num_workers"], push_codec=push_codec,
-                             local_steps=local_steps,
-                             **hyper.adam_hyper(self.param_groups),
-                             **client_options)
+        self.client = _node.client(
+            where.get("node_group") if node_group is None else node_group,
+            overlap, flat, lambda: Client(
+                where["servers"], where["worker_id"], where["num_workers"],
+                push_codec=push_codec, local_steps=local_steps,
+                **hyper.adam_hyper(self.param_groups), **client_options))
         self.client.register(flat.names, flat.shapes, flat.weights,
                              out=flat.weights,
                              groups=group_of + [0] * len(bufs),
