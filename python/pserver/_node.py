@@ -26,13 +26,14 @@ import torch.distributed as dist
 _FAILED = 1.0
 
 
-def client(spec, overlap, flat, make):
-    """DistributedOptimizer's client: make() (a pserver.Client) when the
-    machine's workers push each on their own (spec None), else a
-    NodeClient over the machine's group, holding make() on local rank 0
-    only. ValueError for what one push per machine does not serve."""
+def client(spec, overlap, flat, where, make):
+    """DistributedOptimizer's client: make(worker_id, num_workers), a
+    pserver.Client, when the machine's workers push each on their own (spec
+    None), else a NodeClient over the machine's group, holding local rank
+    0's make(node, nodes): the shards' worker is the machine. ValueError
+    for what one push per machine does not serve."""
     if spec is None:
-        return make()
+        return make(where["worker_id"], where["num_workers"])
     if overlap:
         raise ValueError("overlap=True pushes each gradient as backward "
                          "produces it; with one push per machine (--push-per "
@@ -41,8 +42,8 @@ def client(spec, overlap, flat, make):
     group = NodeGroup(spec)
     reduced = (flat.param_end if flat.buffer_mode == "broadcast"
                else flat.grad.numel())
-    return NodeClient(group, make() if group.leader else None,
-                      len(flat.params), reduced)
+    own = make(spec["node"], spec["nodes"]) if group.leader else None
+    return NodeClient(group, own, len(flat.params), reduced)
 
 
 class NodeGroup:

@@ -74,16 +74,14 @@ def init(servers=None, worker_id=None, num_workers=None, env=None):
     (default os.environ); explicit arguments override them. `servers` may be
     a list or a comma-separated string. With one push per machine
     (PSERVER_NODE_GROUP, set by python3 -m pserver.launch --push-per node)
-    the shards' worker is the machine: worker_id is its node rank,
-    num_workers the machine count, and "node_group" (the machine's group,
-    for DistributedOptimizer) is added. Raises ValueError naming what is
-    missing or malformed. Contacts no shard.
+    "node_group" is added: the machine's group, for DistributedOptimizer,
+    whose client is the machine (worker node_group["node"] of
+    node_group["nodes"]); worker_id and num_workers stay the process's
+    RANK and WORLD_SIZE (what a script shards its data by). Raises
+    ValueError naming what is missing or malformed. Contacts no shard.
     """
     env = os.environ if env is None else env
     node = node_group(env)
-    if node is not None:
-        worker_id = node["node"] if worker_id is None else worker_id
-        num_workers = node["nodes"] if num_workers is None else num_workers
     if servers is None:
         servers = env.get("PSERVER_SERVERS")
         if not servers:

@@ -225,8 +225,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         flat.values_into(flat.weights)
         self.client = _node.client(
             where.get("node_group") if node_group is None else node_group,
-            overlap, flat, lambda: Client(
-                where["servers"], where["worker_id"], where["num_workers"],
+            overlap, flat, where, lambda worker_id, num_workers: Client(
+                where["servers"], worker_id, num_workers,
                 push_codec=push_codec, local_steps=local_steps,
                 **hyper.adam_hyper(self.param_groups), **client_options))
         self.client.register(flat.names, flat.shapes, flat.weights,

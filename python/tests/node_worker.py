@@ -82,7 +82,7 @@ def main():
                       for t in list(model.parameters()) + list(
                           model.buffers())])
     torch.save({"flat": flat, "step": opt.global_step, "stats": opt.stats(),
-                "skipped": skipped,
+                "skipped": skipped, "init": pserver.init(),
                 "scale": None if scaler is None else scaler.get_scale()},
                os.path.join(out, f"rank{rank}.pt"))
     print(f"rank {rank} done at step {opt.global_step}", flush=True)

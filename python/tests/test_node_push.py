@@ -89,6 +89,9 @@ def test_one_push_per_machine_is_the_flat_runs_mean(tmp_path, mode, flags):
     moved = (flat[0]["flat"] - start[0]["flat"])[:params].abs().max()
     assert moved > 0.005, moved
     for r in range(4):
+        # What a script shards its data by stays the process's rank.
+        assert (node[r]["init"]["worker_id"], node[r]["init"]["num_workers"],
+                node[r]["init"]["node_group"]["node"]) == (r, 4, r // 2)
         assert node[r]["step"] == flat[r]["step"] == 12
         assert torch.equal(node[r]["flat"], node[0]["flat"]), r
         assert torch.allclose(node[r]["flat"], flat[r]["flat"], rtol=0,
