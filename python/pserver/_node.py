@@ -153,6 +153,12 @@ class NodeClient:
         return False
 
     @property
+    def residual_norm(self):
+        """local rank 0's; elsewhere 0.0: the others owe the shards
+        nothing (their gradients went into the machine's mean)."""
+        return 0.0 if self._client is None else self._client.residual_norm
+
+    @property
     def metrics_port(self):
         return None if self._client is None else self._client.metrics_port
 
