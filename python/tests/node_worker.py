@@ -7,6 +7,8 @@ rank's own data (seeded by RANK) through DistributedOptimizer with what
 the launcher set, then writes OUT_DIR/rank<RANK>.pt: the flat weights and
 buffers, the step, stats() and what the run saw. MODE:
   sgd:      plain steps;
+  broadcast_clip: the same with buffers="broadcast", max_grad_norm=0.05
+            and clip_scope="mean";
   local:    local steps (4 per push) with an inner SGD;
   overflow: GradScaler on the CPU (cpu_grad_scaler), rank 1's gradient
             made infinite at step 3;
@@ -39,10 +41,16 @@ def main():
             model.parameters(), lr=0.05))
     if mode == "overlap":
         extra = dict(overlap=True)
+    if mode == "broadcast_clip":
+        # Rank 0's BatchNorm statistics for everyone; the shards clip the
+        # round's mean gradient.
+        extra = dict(buffers="broadcast", max_grad_norm=0.05,
+                     clip_scope="mean")
     opt = pserver.torch.DistributedOptimizer(
         model.named_parameters(), **pserver.init(), module=model,
         lr=0.7 if mode == "local" else 0.05,  # local: the outer lr
         **extra)
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     scaler = None
     if mode == "overflow":
         import cpu_grad_scaler
@@ -81,7 +89,8 @@ def main():
     flat = torch.cat([t.detach().float().reshape(-1)
                       for t in list(model.parameters()) + list(
                           model.buffers())])
-    torch.save({"flat": flat, "step": opt.global_step, "stats": opt.stats(),
+    torch.save({"flat": flat, "start": start, "step": opt.global_step,
+                "stats": opt.stats(),
                 "skipped": skipped, "init": pserver.init(),
                 "scale": None if scaler is None else scaler.get_scale()},
                os.path.join(out, f"rank{rank}.pt"))

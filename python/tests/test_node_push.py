@@ -72,7 +72,7 @@ SGD = ["--optimizer", "sgd", "--momentum=0.9"]
 
 
 @pytest.mark.parametrize("mode,flags", [
-    ("sgd", SGD),
+    ("sgd", SGD), ("broadcast_clip", SGD),
     ("local", ["--optimizer", "sgd", "--momentum=0.9", "--nesterov=true"])])
 def test_one_push_per_machine_is_the_flat_runs_mean(tmp_path, mode, flags):
     """2 machines x 2 workers, fp32: every rank ends with the flat run's
@@ -82,11 +82,8 @@ def test_one_push_per_machine_is_the_flat_runs_mean(tmp_path, mode, flags):
     node = ok(launch(tmp_path, "node", mode, 12, *flags, nnodes=2))
     flat = ok(launch(tmp_path, "flat", mode, 12, *flags, nnodes=2,
                      push="worker"))
-    start = ok(launch(tmp_path, "start", mode, 0, *flags, push="worker"))
-    params = sum(p.numel() for p in torch.nn.Sequential(
-        torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12),
-        torch.nn.Linear(12, 3)).parameters())
-    moved = (flat[0]["flat"] - start[0]["flat"])[:params].abs().max()
+    start = flat[0]["start"]  # rank 0's model, which every rank took
+    moved = (flat[0]["flat"][:len(start)] - start).abs().max()
     assert moved > 0.005, moved
     for r in range(4):
         # What a script shards its data by stays the process's rank.
@@ -94,12 +91,18 @@ def test_one_push_per_machine_is_the_flat_runs_mean(tmp_path, mode, flags):
                 node[r]["init"]["node_group"]["node"]) == (r, 4, r // 2)
         assert node[r]["step"] == flat[r]["step"] == 12
         assert torch.equal(node[r]["flat"], node[0]["flat"]), r
-        assert torch.allclose(node[r]["flat"], flat[r]["flat"], rtol=0,
+        # Rounding: a few float32 ulps of each value.
+        assert torch.allclose(node[r]["flat"], flat[r]["flat"], rtol=2e-6,
                               atol=1e-5 * float(moved)), (
             (node[r]["flat"] - flat[r]["flat"]).abs().max())
     for key in ("push_payload_bytes", "pull_payload_bytes"):
         per_machine = machine_bytes(node, 2, key)
-        assert per_machine == [b // 2 for b in machine_bytes(flat, 2, key)]
+        half = [b / 2 for b in machine_bytes(flat, 2, key)]
+        # Broadcast buffers: a flat run's other ranks push zeros there,
+        # which encode smaller than values.
+        slack = 0.01 if mode == "broadcast_clip" else 0.0
+        assert all(abs(n - h) <= slack * h
+                   for n, h in zip(per_machine, half)), (per_machine, half)
         assert node[1]["stats"][key] == node[3]["stats"][key] == 0
     assert node[1]["stats"]["steps"] == flat[1]["stats"]["steps"]
 
@@ -172,3 +175,17 @@ def test_a_bad_push_per_exits_2_with_one_line(tmp_path):
     assert outputs[0] == ("launch: error: --push-per is 'machine'; expected "
                           "worker (each worker pushes) or node (one push "
                           "per machine)\n"), outputs[0]
+
+
+@pytest.mark.parametrize("consistency", [
+    ["--consistency=ssp", "--max_staleness=2"], ["--consistency=async"]])
+def test_relaxed_consistency_with_one_push_per_machine(tmp_path,
+                                                       consistency):
+    """ssp and async rounds: the machine is the shards' worker, so each
+    machine's ranks end with the same weights and step, local rank 0's."""
+    saved = ok(launch(tmp_path, "node", "sgd", 8, *SGD, *consistency,
+                      nnodes=2))
+    for m in (0, 1):
+        lead, other = saved[2 * m], saved[2 * m + 1]
+        assert torch.equal(lead["flat"], other["flat"]), m
+        assert lead["step"] == other["step"] >= 8

@@ -6,7 +6,10 @@
 # meeting at node 0's TCPStore across the bridge.
 #   1. A 4-worker job trains to the end: every rank at the same step, each
 #      with both shards, and traffic on both machines' links both ways.
-#   2. The same job with machine 1 killed outright (every process in its
+#   2. The job again with --push-per node: each machine's two workers
+#      average inside it and push once; every rank ends at the same step,
+#      and each link carries fewer bytes than in 1.
+#   3. The same job with machine 1 killed outright (every process in its
 #      namespace SIGKILLed, as a machine that loses power): machine 0's
 #      launcher exits 1 within seconds naming node 1, and nothing is left
 #      running in either namespace.
@@ -33,9 +36,11 @@ netns_host m1 198.18.40.2
 netns_shape 100mbit "$(netns_default_burst 100000000)" 50ms
 ENDPOINT=198.18.40.1:29400
 
-# launch NODE RUN SCRIPT_ARGS...: machine NODE's launcher in the background,
+# launch NODE RUN SCRIPT_ARGS...: machine NODE's launcher (with the options
+# in EXTRA) in the background,
 # its pid in LAUNCHER[NODE], its output in RUN/launch<NODE>.log.
 LAUNCHER=()
+EXTRA=()
 launch() {
   local r=$1 run=$2
   shift 2
@@ -43,7 +48,7 @@ launch() {
     /usr/bin/python3 -m pserver.launch --server-bin "$SERVER" \
     --run-dir "$run/m$r" --nnodes 2 --node-rank "$r" --nproc-per-node 2 \
     --rdzv-endpoint "$ENDPOINT" --heartbeat-timeout 3 --join-timeout 60 \
-    "$WORKER_SCRIPT" "$run/out" "$@" >"$run/launch$r.log" 2>&1 &
+    "${EXTRA[@]}" "$WORKER_SCRIPT" "$run/out" "$@" >"$run/launch$r.log" 2>&1 &
   LAUNCHER[$r]=$!
   PIDS+=($!)
 }
@@ -90,7 +95,34 @@ done <"$RUN/bytes"
 echo "$NETNS_PROG: trained on 2 machines x 2 workers; link bytes: $(tr '\n' ' ' <"$RUN/bytes")"
 nothing_left
 
-echo "$NETNS_PROG: 2. machine 1 dies"
+flat_bytes="$RUN/bytes"
+
+echo "$NETNS_PROG: 2. one push per machine"
+RUN="$NETNS_LOG_DIR/node"
+mkdir -p "$RUN/out"
+tc_bytes "$RUN/before"
+EXTRA=(--push-per node)
+launch 0 "$RUN" 20
+launch 1 "$RUN" 20
+EXTRA=()
+for r in 0 1; do
+  exit_code "${LAUNCHER[$r]}" 180
+  [[ $CODE == 0 ]] || fail "machine $r's launcher exited $CODE with --push-per node: $(tail -3 "$RUN/launch$r.log")"
+done
+for rank in 0 1 2 3; do
+  got="$(cat "$RUN/out/rank$rank.txt")"
+  [[ $got == "$rank 4 $((rank % 2)) 2 20" ]] || fail "--push-per node: rank $rank wrote '$got'; expected '$rank 4 $((rank % 2)) 2 20'"
+done
+tc_bytes "$RUN/after"
+# Bytes of this job on each link and way: after - before, against job 1's.
+paste "$RUN/before" "$RUN/after" "$flat_bytes" | while read -r host way b _ _ a _ _ flat; do
+  (( a - b < flat )) || fail "--push-per node: $host's link carried $((a - b)) bytes $way; expected fewer than the flat job's $flat"
+  echo "$host $way $((a - b)) (flat $flat)"
+done >"$RUN/bytes" || fail "$(cat "$RUN/bytes")"
+echo "$NETNS_PROG: one push per machine trained; link bytes against flat: $(tr '\n' ' ' <"$RUN/bytes")"
+nothing_left
+
+echo "$NETNS_PROG: 3. machine 1 dies"
 RUN="$NETNS_LOG_DIR/kill"
 mkdir -p "$RUN/out"
 launch 0 "$RUN" 1000000
