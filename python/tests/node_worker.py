@@ -7,6 +7,8 @@ rank's own data (seeded by RANK) through DistributedOptimizer with what
 the launcher set, then writes OUT_DIR/rank<RANK>.pt: the flat weights and
 buffers, the step, stats() and what the run saw. MODE:
   sgd:      plain steps;
+  branch:   the same with a parameter (bias2) that only the odd ranks
+            use, on even steps: its .grad is None elsewhere;
   broadcast_clip: the same with buffers="broadcast", max_grad_norm=0.05
             and clip_scope="mean";
   local:    local steps (4 per push) with an inner SGD;
@@ -35,6 +37,8 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(6, 12),
                                 torch.nn.BatchNorm1d(12), torch.nn.ReLU(),
                                 torch.nn.Linear(12, 3))
+    if mode == "branch":  # a bias with a gradient on odd ranks, even steps
+        model.register_parameter("bias2", torch.nn.Parameter(torch.zeros(3)))
     extra = {}
     if mode == "local":
         extra = dict(local_steps=4, inner_optimizer=torch.optim.SGD(
@@ -61,7 +65,10 @@ def main():
     for step in range(steps):
         x = torch.randn(16, 6, generator=gen)
         y = torch.randint(0, 3, (16,), generator=gen)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        logits = model(x)
+        if mode == "branch" and rank % 2 == 1 and step % 2 == 0:
+            logits = logits + model.bias2
+        loss = torch.nn.functional.cross_entropy(logits, y)
         if scaler is not None:
             scaler.scale(loss).backward()
             if rank == 1 and step == 3:
