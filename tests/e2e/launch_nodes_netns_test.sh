@@ -74,45 +74,43 @@ nothing_left() {
   done
 }
 
+# train RUN WHAT LAUNCHER_OPTION...: a 20-step job of 4 workers on both
+# machines; every rank at step 20 with both shards.
+train() {
+  local run=$1 what=$2 r rank got
+  shift 2
+  mkdir -p "$run/out"
+  EXTRA=("$@")
+  launch 0 "$run" 20
+  launch 1 "$run" 20
+  EXTRA=()
+  for r in 0 1; do
+    exit_code "${LAUNCHER[$r]}" 180
+    [[ $CODE == 0 ]] || fail "$what: machine $r's launcher exited $CODE: $(tail -3 "$run/launch$r.log")"
+  done
+  for rank in 0 1 2 3; do
+    got="$(cat "$run/out/rank$rank.txt")"
+    # RANK WORLD_SIZE LOCAL_RANK shards step
+    [[ $got == "$rank 4 $((rank % 2)) 2 20" ]] || fail "$what: rank $rank wrote '$got'; expected '$rank 4 $((rank % 2)) 2 20'"
+  done
+}
+
 echo "$NETNS_PROG: 1. a job on both machines (logs in $NETNS_LOG_DIR)"
 RUN="$NETNS_LOG_DIR/train"
-mkdir -p "$RUN/out"
-launch 0 "$RUN" 20
-launch 1 "$RUN" 20
-for r in 0 1; do
-  exit_code "${LAUNCHER[$r]}" 180
-  [[ $CODE == 0 ]] || fail "machine $r's launcher exited $CODE: $(tail -3 "$RUN/launch$r.log")"
-done
-for rank in 0 1 2 3; do
-  got="$(cat "$RUN/out/rank$rank.txt")"
-  # RANK WORLD_SIZE LOCAL_RANK shards step
-  [[ $got == "$rank 4 $((rank % 2)) 2 20" ]] || fail "rank $rank wrote '$got'; expected '$rank 4 $((rank % 2)) 2 20'"
-done
+train "$RUN" "one push per worker"
 tc_bytes "$RUN/bytes"
 while read -r host way bytes; do
   (( bytes > 20000 )) || fail "$host's link carried $bytes bytes $way; expected the other machine's pushes and pulls"
 done <"$RUN/bytes"
 echo "$NETNS_PROG: trained on 2 machines x 2 workers; link bytes: $(tr '\n' ' ' <"$RUN/bytes")"
 nothing_left
-
 flat_bytes="$RUN/bytes"
 
 echo "$NETNS_PROG: 2. one push per machine"
 RUN="$NETNS_LOG_DIR/node"
-mkdir -p "$RUN/out"
+mkdir -p "$RUN"
 tc_bytes "$RUN/before"
-EXTRA=(--push-per node)
-launch 0 "$RUN" 20
-launch 1 "$RUN" 20
-EXTRA=()
-for r in 0 1; do
-  exit_code "${LAUNCHER[$r]}" 180
-  [[ $CODE == 0 ]] || fail "machine $r's launcher exited $CODE with --push-per node: $(tail -3 "$RUN/launch$r.log")"
-done
-for rank in 0 1 2 3; do
-  got="$(cat "$RUN/out/rank$rank.txt")"
-  [[ $got == "$rank 4 $((rank % 2)) 2 20" ]] || fail "--push-per node: rank $rank wrote '$got'; expected '$rank 4 $((rank % 2)) 2 20'"
-done
+train "$RUN" "--push-per node" --push-per node
 tc_bytes "$RUN/after"
 # Bytes of this job on each link and way: after - before, against job 1's.
 paste "$RUN/before" "$RUN/after" "$flat_bytes" | while read -r host way b _ _ a _ _ flat; do
