@@ -56,13 +56,14 @@ class NodeGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(spec["host"], spec["port"], None, False,
                               timeout=timeout)
-        self._store = dist.PrefixStore("pserver/node/", store)
+        self._store = dist.PrefixStore("pserver/node", store)
         opts = dist.ProcessGroupGloo._Options()
         opts._devices = [dist.ProcessGroupGloo.create_device(
             hostname="127.0.0.1")]
         opts._timeout = timeout
-        self._pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store),
-                                         self.rank, self.size, opts)
+        self._pg = dist.ProcessGroupGloo(
+            dist.PrefixStore("pserver/gloo", store), self.rank, self.size,
+            opts)
         self._seq = 0
 
     def sum_(self, t):
@@ -74,6 +75,12 @@ class NodeGroup:
         if self.size > 1:
             self._pg.broadcast(t, 0).wait()
         return t
+
+    def forget_last(self):
+        """Drops the last call's record from the store. Only safe once a
+        collective of a later call has run: every worker then read it."""
+        if self.leader and self._seq:
+            self._store.delete_key(f"call{self._seq}")
 
     def lead(self, fn, **shared):
         """On local rank 0: runs fn() and tells the others how it went (its
@@ -197,6 +204,7 @@ class NodeClient:
         marks[-2] = 1.0 if overflow else 0.0
         marks[-1] = float("nan") if loss is None else float(loss)
         g.sum_(marks)
+        g.forget_last()  # every worker is past it: the store stays small
         absent = [i for i in range(self._num_params) if marks[i] == 0.0]
         overflow = bool(marks[-2] > 0)
         loss = None if loss is None else float(marks[-1]) / g.size

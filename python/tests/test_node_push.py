@@ -190,3 +190,26 @@ def test_relaxed_consistency_with_one_push_per_machine(tmp_path,
         lead, other = saved[2 * m], saved[2 * m + 1]
         assert torch.equal(lead["flat"], other["flat"]), m
         assert lead["step"] == other["step"] >= 8
+
+
+def test_the_machines_store_keeps_no_record_of_past_steps():
+    """Local rank 0 tells the others how each call went through the
+    machine's store; a step's record is dropped once every worker is past
+    it, so a long run does not grow the launcher's store."""
+    import datetime
+    import torch.distributed as dist
+    from pserver import _node
+    store = dist.TCPStore("127.0.0.1", 0, None, True,
+                          wait_for_workers=False)
+    group = _node.NodeGroup({"host": "127.0.0.1", "port": store.port,
+                             "node": 0, "nodes": 1, "local_rank": 0,
+                             "local_size": 1})
+    for _ in range(20):
+        group.lead(lambda: 1, share=lambda r: {"x": r})
+        group.forget_last()
+    group.lead(lambda: 1, share=lambda r: {"x": r})  # call 21, kept
+    store.set_timeout(datetime.timedelta(seconds=1))
+    assert store.get("pserver/node/call21") == b'{"x": 1}'
+    for k in (1, 20):
+        with pytest.raises(RuntimeError):  # torch: a timeout, no such key
+            store.get(f"pserver/node/call{k}")
