@@ -22,8 +22,11 @@ import json
 import torch
 import torch.distributed as dist
 
-# The header local rank 0 broadcasts after a call: how it went.
+# The header local rank 0 broadcasts after a call: how it went, then the
+# call's numbers (a step's round_skipped and the shards' step).
 _FAILED = 1.0
+_NUMBERS = 2
+_SHARED = ("global_step", "round_skipped", "shard_config")
 
 
 def client(spec, overlap, flat, where, make):
@@ -51,7 +54,6 @@ class NodeGroup:
 
     def __init__(self, spec, timeout_s=1800.0):
         self.rank, self.size = spec["local_rank"], spec["local_size"]
-        self.node = spec["node"]
         self.leader = self.rank == 0
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(spec["host"], spec["port"], None, False,
@@ -76,19 +78,16 @@ class NodeGroup:
             self._pg.broadcast(t, 0).wait()
         return t
 
-    def forget_last(self):
-        """Drops the last call's record from the store. Only safe once a
-        collective of a later call has run: every worker then read it."""
-        if self.leader and self._seq:
-            self._store.delete_key(f"call{self._seq}")
-
-    def lead(self, fn, **shared):
-        """On local rank 0: runs fn() and tells the others how it went (its
-        exception, or `shared(result)` as JSON); returns fn()'s result.
-        Elsewhere: returns what local rank 0 shared, or raises its error."""
+    def lead(self, fn, share=None, numbers=None):
+        """On local rank 0: runs fn() and tells the others how it went,
+        returning fn()'s result. Elsewhere: returns what local rank 0 told,
+        or raises its error. `numbers(result)`, _NUMBERS floats, ride in the
+        header every call broadcasts (a step's outcome: nothing else moves);
+        `share(result)`, anything JSON, goes through the store (Register's
+        settings), as does an error's text: a step writes no key."""
         self._seq += 1
         key = f"call{self._seq}"
-        head = torch.zeros(1, dtype=torch.float64)
+        head = torch.zeros(1 + _NUMBERS, dtype=torch.float64)
         if self.leader:
             try:
                 result = fn()
@@ -97,15 +96,18 @@ class NodeGroup:
                 head[0] = _FAILED
                 self.broadcast_(head)
                 raise
-            share = shared.get("share")
-            self._store.set(key, json.dumps(share(result) if share else None))
+            if share is not None:
+                self._store.set(key, json.dumps(share(result)))
+            if numbers is not None:
+                head[1:] = torch.tensor(numbers(result), dtype=torch.float64)
             self.broadcast_(head)
             return result
         self.broadcast_(head)
-        told = json.loads(self._store.get(key).decode())
         if head[0] == _FAILED:
-            raise _rebuild(told)
-        return told
+            raise _rebuild(json.loads(self._store.get(key).decode()))
+        if share is not None:
+            return json.loads(self._store.get(key).decode())
+        return head[1:].tolist()
 
 
 def _describe(e):
@@ -171,15 +173,10 @@ class NodeClient:
 
     def _share(self, _result=None):
         c = self._client
-        if c is None:  # the keys only
-            return dict.fromkeys(("global_step", "round_skipped",
-                                  "shard_config"))
-        return {"global_step": c.global_step,
-                "round_skipped": c.round_skipped,
-                "shard_config": c.shard_config}
+        return {k: getattr(c, k) for k in _SHARED}
 
     def _take(self, told):
-        if self.follower and told is not None:
+        if self.follower:
             self._mirror.update(told)
 
     def register(self, *args, out, **kwargs):
@@ -194,25 +191,28 @@ class NodeClient:
     def step(self, grad, weights, loss=None, no_gradient=(), overflow=False):
         """The machine's mean gradient pushed once; the round's weights in
         `weights` on every worker of the machine."""
-        g = self.group
-        g.sum_(grad[:self._reduced]).div_(g.size)
-        # Per parameter: how many of the machine's workers have a gradient;
-        # then overflow and the loss.
-        marks = torch.ones(self._num_params + 2, dtype=torch.float64)
-        for i in no_gradient:
-            marks[i] = 0.0
-        marks[-2] = 1.0 if overflow else 0.0
-        marks[-1] = float("nan") if loss is None else float(loss)
-        g.sum_(marks)
-        g.forget_last()  # every worker is past it: the store stays small
-        absent = [i for i in range(self._num_params) if marks[i] == 0.0]
-        overflow = bool(marks[-2] > 0)
-        loss = None if loss is None else float(marks[-1]) / g.size
+        g, c = self.group, self._client
+        absent = list(no_gradient)
+        if g.size > 1:
+            g.sum_(grad[:self._reduced]).div_(g.size)
+            # Per parameter: how many of the machine's workers have a
+            # gradient; then overflow and the loss.
+            marks = torch.ones(self._num_params + 2, dtype=torch.float64)
+            marks[absent] = 0.0
+            marks[-2] = 1.0 if overflow else 0.0
+            marks[-1] = float("nan") if loss is None else float(loss)
+            g.sum_(marks)
+            absent = (marks[:-2] == 0.0).nonzero().flatten().tolist()
+            overflow = bool(marks[-2] > 0)
+            loss = None if loss is None else float(marks[-1]) / g.size
         self._steps += 1
-        c = self._client
-        self._take(g.lead(
+        told = g.lead(
             lambda: c.step(grad, weights, loss=loss, no_gradient=absent,
-                           overflow=overflow), share=self._share))
+                           overflow=overflow),
+            numbers=lambda _: (float(c.round_skipped), float(c.global_step)))
+        if self.follower:
+            self._mirror["round_skipped"] = bool(told[0])
+            self._mirror["global_step"] = int(told[1])
         g.broadcast_(weights)
 
     def set_hyper(self, hyper):
@@ -255,7 +255,7 @@ class NodeClient:
             lambda: c.install_shard_states(shards, out=out),
             share=lambda r: dict(r, **self._share()))
         if self.follower:
-            self._take({k: outcome.pop(k) for k in self._share()})
+            self._take({k: outcome.pop(k) for k in _SHARED})
         self.group.broadcast_(out)
         return outcome
 

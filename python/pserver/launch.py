@@ -162,6 +162,7 @@ class Cluster:
         node = opts["node"]
         nodes, rank = (1, 0) if node is None else (node["nnodes"],
                                                    node["rank"])
+        self.node_rank = rank
         self.first_shard = rank * opts["shards"]
         self.first_rank = rank * opts["workers"]
         self.num_shards = nodes * opts["shards"]
@@ -254,7 +255,7 @@ class Cluster:
             self.node_store = _nodes.local_store()
             rdzv[NODE_GROUP_ENV] = json.dumps({
                 "store": f"127.0.0.1:{self.node_store.port}",
-                "node": self.first_rank // n, "nodes": self.pushers})
+                "node": self.node_rank, "nodes": self.pushers})
         for local in range(n):
             rank = self.first_rank + local
             env = dict(self.opts["worker_env"], RANK=str(rank),

@@ -16,6 +16,9 @@ buffers, the step, stats() and what the run saw. MODE:
             made infinite at step 3;
   resume:   rank 0 saves state_dict() at STEPS // 2 into OUT_DIR/ckpt.pt,
             every rank loads it back at once and trains on.
+  nan:      rank 1's gradient made NaN at step 2 (no scaler): the
+            machine's mean is refused; each rank records the pserver.Error
+            it got and stops;
   overlap:  overlap=True (refused with one push per machine);
   follower_saves: rank 1 calls state_dict() (refused on a follower).
 """
@@ -61,7 +64,7 @@ def main():
         cpu_grad_scaler.enable(setattr)
         scaler = cpu_grad_scaler.CpuGradScaler(init_scale=2.0 ** 8)
     gen = torch.Generator().manual_seed(100 + rank)
-    skipped = []
+    skipped, error = [], None
     for step in range(steps):
         x = torch.randn(16, 6, generator=gen)
         y = torch.randint(0, 3, (16,), generator=gen)
@@ -78,7 +81,14 @@ def main():
             skipped.append(opt.client.round_skipped)
         else:
             loss.backward()
-            opt.step()
+            if mode == "nan" and rank == 1 and step == 2:
+                model[0].weight.grad[0, 0] = float("nan")
+            try:
+                opt.step()
+            except pserver.Error as e:  # mode "nan": refused, and said
+                error = {"type": type(e).__name__, "code": e.code,
+                         "message": str(e)}
+                break
         opt.zero_grad()
         if mode == "follower_saves" and rank == 1:
             opt.state_dict()
@@ -98,7 +108,7 @@ def main():
                           model.buffers())])
     torch.save({"flat": flat, "start": start, "step": opt.global_step,
                 "stats": opt.stats(),
-                "skipped": skipped, "init": pserver.init(),
+                "skipped": skipped, "init": pserver.init(), "error": error,
                 "scale": None if scaler is None else scaler.get_scale()},
                os.path.join(out, f"rank{rank}.pt"))
     print(f"rank {rank} done at step {opt.global_step}", flush=True)

@@ -153,6 +153,19 @@ def test_rank_0s_checkpoint_resumes_every_rank(tmp_path):
                               atol=1e-5)
 
 
+def test_a_refusal_on_local_rank_0_is_raised_on_every_worker(tmp_path):
+    """rank 1 (which never contacts a shard) gives a NaN gradient: the
+    machine's mean is refused on local rank 0, and rank 1 raises the same
+    pserver.Error, code included, naming local rank 0."""
+    saved = ok(launch(tmp_path, "node", "nan", 5, *SGD))
+    lead, other = saved[0]["error"], saved[1]["error"]
+    assert lead is not None and lead["type"] == "Error", lead
+    assert other == {"type": "Error", "code": lead["code"],
+                     "message": "this machine's pushing worker (local rank "
+                     f"0) failed: {lead['message']}"}, other
+    assert saved[0]["step"] == saved[1]["step"] == 2
+
+
 @pytest.mark.parametrize("mode,rank,message", [
     ("overlap", 0, "ValueError: overlap=True pushes each gradient as "
      "backward produces it; with one push per machine (--push-per node) "
@@ -193,9 +206,9 @@ def test_relaxed_consistency_with_one_push_per_machine(tmp_path,
 
 
 def test_the_machines_store_keeps_no_record_of_past_steps():
-    """Local rank 0 tells the others how each call went through the
-    machine's store; a step's record is dropped once every worker is past
-    it, so a long run does not grow the launcher's store."""
+    """A step's outcome rides in the header local rank 0 broadcasts; only
+    an error or Register's settings go through the machine's store, so a
+    long run does not grow the launcher's store."""
     import datetime
     import torch.distributed as dist
     from pserver import _node
@@ -205,8 +218,7 @@ def test_the_machines_store_keeps_no_record_of_past_steps():
                              "node": 0, "nodes": 1, "local_rank": 0,
                              "local_size": 1})
     for _ in range(20):
-        group.lead(lambda: 1, share=lambda r: {"x": r})
-        group.forget_last()
+        group.lead(lambda: 1, numbers=lambda r: (0.0, float(r)))
     group.lead(lambda: 1, share=lambda r: {"x": r})  # call 21, kept
     store.set_timeout(datetime.timedelta(seconds=1))
     assert store.get("pserver/node/call21") == b'{"x": 1}'
