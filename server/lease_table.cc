@@ -2,13 +2,20 @@
 
 namespace pserver {
 
-LeaseTable::LeaseTable(uint32_t num_workers, absl::Duration timeout,
-                       const Clock* clock)
+LeaseTable::LeaseTable(uint32_t num_workers, uint32_t initial,
+                       absl::Duration timeout, const Clock* clock)
     : timeout_(timeout),
       clock_(clock),
       live_(num_workers, true),
       rejoin_(num_workers, false),
-      last_seen_(num_workers, clock->Now()) {}
+      left_(num_workers, false),
+      absent_(num_workers, false),
+      last_seen_(num_workers, clock->Now()) {
+  for (uint32_t w = initial; initial > 0 && w < num_workers; ++w) {
+    live_[w] = false;
+    absent_[w] = true;
+  }
+}
 
 uint32_t LeaseTable::live_count() const {
   uint32_t n = 0;
@@ -22,12 +29,24 @@ void LeaseTable::RenewAll() {
 
 bool LeaseTable::Rejoin(uint32_t w, bool round_started) {
   if (live_[w]) return true;
+  left_[w] = false;
+  if (absent_[w]) ++joined_;
+  absent_[w] = false;
   if (!round_started) {
     live_[w] = true;
     return true;
   }
   rejoin_[w] = true;  // the round in progress goes on without it
   return false;
+}
+
+bool LeaseTable::Leave(uint32_t w) {
+  const bool was = live_[w] || rejoin_[w];
+  live_[w] = false;
+  rejoin_[w] = false;
+  left_[w] = true;
+  if (was) ++left_count_;
+  return was;
 }
 
 bool LeaseTable::PromoteRejoined() {

@@ -28,7 +28,11 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9100",
 ABSL_FLAG(uint32_t, shard_index, 0, "this shard, 0 .. num_shards-1");
 ABSL_FLAG(uint32_t, num_shards, 1, "shards the model is split into");
 ABSL_FLAG(uint32_t, num_workers, 1,
-          "workers whose pushes make up a round (BSP)");
+          "workers whose pushes make up a round (BSP); with --initial_workers, "
+          "the most workers the job may have");
+ABSL_FLAG(uint32_t, initial_workers, 0,
+          "workers 0 .. N-1 start the job; workers N .. num_workers-1 may "
+          "join it while it runs (0: all num_workers start it)");
 ABSL_FLAG(std::string, optimizer, "onebit_adam", "onebit_adam, adam or sgd");
 ABSL_FLAG(float, lr, 1e-3f,
           "learning rate: the peak of the schedule (--lr_warmup_rounds, "
@@ -185,6 +189,7 @@ int Run() {
   config.shard_index = absl::GetFlag(FLAGS_shard_index);
   config.num_shards = absl::GetFlag(FLAGS_num_shards);
   config.num_workers = absl::GetFlag(FLAGS_num_workers);
+  config.initial_workers = absl::GetFlag(FLAGS_initial_workers);
   absl::StatusOr<OptimizerKind> kind = OptimizerFromFlag();
   if (!kind.ok()) return Fail(kind.status().message());
   OptimizerConfig& o = config.optimizer;

@@ -37,6 +37,7 @@ const char* RpcMethodName(RpcMethod m) {
     case RpcMethod::kGetStatus: return "GetStatus";
     case RpcMethod::kGetShardState: return "GetShardState";
     case RpcMethod::kInstallShardState: return "InstallShardState";
+    case RpcMethod::kLeave: return "Leave";
   }
   return "unknown";
 }
@@ -229,6 +230,18 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                                  "lease expired.")
                            .Register(registry)
                            .Add({{"shard", shard_}})),
+      workers_joined_(BuildCounter()
+                          .Name("pserver_server_workers_joined_total")
+                          .Help("Workers that joined the running job in a "
+                                "slot beyond --initial_workers.")
+                          .Register(registry)
+                          .Add({{"shard", shard_}})),
+      workers_left_(BuildCounter()
+                        .Name("pserver_server_workers_left_total")
+                        .Help("Workers that left the rounds when told to stop "
+                              "(Leave): a planned leave, not a drop.")
+                        .Register(registry)
+                        .Add({{"shard", shard_}})),
       checkpoint_seconds_(BuildHistogram()
                               .Name("pserver_server_checkpoint_duration_seconds")
                               .Help("Writing one checkpoint (fsync included).")
@@ -381,6 +394,8 @@ void ServerMetrics::SetNorms(double update, double momentum, double residual) {
 }
 void ServerMetrics::SetWorkersLive(uint32_t n) { workers_live_.Set(n); }
 void ServerMetrics::AddDroppedWorker() { workers_dropped_.Increment(); }
+void ServerMetrics::AddJoinedWorker() { workers_joined_.Increment(); }
+void ServerMetrics::AddLeftWorker() { workers_left_.Increment(); }
 
 void ServerMetrics::ObserveStragglers(double wait_seconds, int64_t worker,
                                       double share, double wait_share) {

@@ -39,8 +39,9 @@ enum class RpcMethod {
   kGetStatus,
   kGetShardState,
   kInstallShardState,
+  kLeave,
 };
-inline constexpr int kRpcMethods = 7;
+inline constexpr int kRpcMethods = 8;
 // "Register", "Push", ...: the method as the proto names it.
 const char* RpcMethodName(RpcMethod m);
 
@@ -98,6 +99,8 @@ class ServerMetrics {
   void AddSkippedRounds(uint64_t n);
   void SetWorkersLive(uint32_t n);
   void AddDroppedWorker();
+  void AddJoinedWorker();
+  void AddLeftWorker();
   // A checkpoint written (ok) or failed, and how long the write took.
   void ObserveCheckpoint(bool ok, double seconds);
 
@@ -145,6 +148,8 @@ class ServerMetrics {
   prometheus::Gauge& straggler_wait_share_;
   prometheus::Family<prometheus::Counter>& diagnostics_;
   prometheus::Counter& workers_dropped_;
+  prometheus::Counter& workers_joined_;
+  prometheus::Counter& workers_left_;
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_failures_;
   prometheus::Gauge& checkpoint_timestamp_;

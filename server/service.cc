@@ -230,4 +230,15 @@ grpc::ServerUnaryReactor* ParameterServerService::InstallShardState(
   return Answer(ctx, RpcMethod::kInstallShardState, s);
 }
 
+grpc::ServerUnaryReactor* ParameterServerService::Leave(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* resp) {
+  v1::LeaveRequest req;
+  absl::Status s = ParseRequest(RpcMethod::kLeave, *raw, &req);
+  if (!s.ok()) return Answer(ctx, RpcMethod::kLeave, s);
+  absl::StatusOr<v1::LeaveResponse> r = shard_->Leave(req);
+  s = r.ok() ? SerializeResponse(*r, resp) : r.status();
+  return Answer(ctx, RpcMethod::kLeave, s);
+}
+
 }  // namespace pserver

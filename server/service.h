@@ -36,7 +36,9 @@ using RawParameterServerService =
                         v1::ParameterServer::WithRawCallbackMethod_GetShardState<
                             v1::ParameterServer::
                                 WithRawCallbackMethod_InstallShardState<
-                                    v1::ParameterServer::Service>>>>>>>;
+                                    v1::ParameterServer::
+                                        WithRawCallbackMethod_Leave<
+                                            v1::ParameterServer::Service>>>>>>>>;
 
 // Thread-safe; the shard and metrics must outlive the service.
 class ParameterServerService final : public RawParameterServerService {
@@ -68,6 +70,9 @@ class ParameterServerService final : public RawParameterServerService {
   grpc::ServerUnaryReactor* InstallShardState(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req,
                                               grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx,
+                                  const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
 
   // Returns once every pull answered through the shard's callback has
   // counted itself in the metrics (for up to 5 s). After

@@ -62,7 +62,10 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
       return Reject(v1::REJECT_REASON_NOT_REGISTERED,
                     absl::FailedPreconditionError(absl::StrCat(
                         "worker_id ", req.worker_id(),
-                        " has not registered; call Register first")));
+                        leases_.left(req.worker_id())
+                            ? " left the rounds (Leave); call Register to "
+                              "come back"
+                            : " has not registered; call Register first")));
     }
     if (absl::Status s = CheckChunk(c); !s.ok()) return s;
     n = round_.plan().size(c);
@@ -126,17 +129,6 @@ absl::StatusOr<v1::PushResponse> Shard::Push(
   }
   for (Ready& r : ready) r();
   return resp;
-}
-
-absl::Status Shard::DroppedWorker(uint32_t w) const {
-  return Reject(
-      v1::REJECT_REASON_DROPPED_WORKER,
-      absl::AbortedError(absl::StrCat(
-          "worker_id ", w, " was dropped from the rounds (no call within "
-          "the lease timeout); step ", step_, " goes on without it; ",
-          leases_.rejoining(w)
-              ? absl::StrCat("it is counted again from step ", step_ + 1)
-              : "call Register to rejoin")));
 }
 
 absl::Status Shard::CheckForm(const v1::PushRequest& req) const {

@@ -5,7 +5,8 @@
 //   server/optimizer.h        the optimizer (1-bit Adam, Adam, SGD)
 //   server/replica_tracker.h  x_hat, pull deltas and snapshots, checksums
 //   server/pull_waiters.h     pulls parked until their round completes
-//   server/lease_table.h      which workers the rounds wait for
+//   server/lease_table.h      which workers the rounds wait for (leases,
+//                             joins and leaves; shard_leases.cc)
 //   server/checkpoint_writer.h  checkpoints written off the round's path
 // The gRPC service (server/service.h) is a thin layer over this class, so
 // tests drive it directly.
@@ -76,9 +77,7 @@ class Shard {
                                                        ShardEnv env);
   static absl::StatusOr<std::unique_ptr<Shard>> Create(
       const ShardConfig& config, ServerMetrics* metrics) {
-    ShardEnv env;
-    env.metrics = metrics;
-    return Create(config, env);
+    return Create(config, ShardEnv{metrics});
   }
 
   // Joins a worker; the first call sets layout and initial weights.
@@ -136,6 +135,10 @@ class Shard {
   // bookkeeping.
   uint64_t StateChecksum() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Takes a worker out of the rounds at once (server/shard_leases.cc).
+  absl::StatusOr<v1::LeaveResponse> Leave(const v1::LeaveRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops workers whose lease expired now (the background reaper calls it
   // every min(1 s, timeout / 4)); tests with a FakeClock call it directly.
   void CheckLeases() ABSL_LOCKS_EXCLUDED(mu_);
@@ -175,8 +178,7 @@ class Shard {
   // INVALID_FIELD naming the slice's chunk count unless chunk c exists.
   absl::Status CheckChunk(uint32_t c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether pushes must carry the workers' momentum now (1-bit Adam's
-  // compression stage with --onebit_momentum=worker and a decay > 0:
-  // WorkerMomentumBeta).
+  // compression stage, --onebit_momentum=worker, a decay > 0).
   bool ExpectsMomentum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The compression schedule's phase of round `step` (0 without one).
   uint32_t PhaseAt(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -341,8 +343,7 @@ class Shard {
   bool catching_up_ ABSL_GUARDED_BY(mu_) = true;
   v1::ModelLayout layout_ ABSL_GUARDED_BY(mu_);
   std::vector<TensorSlot> slots_ ABSL_GUARDED_BY(mu_);  // layout_'s tensors
-  // The schedule phase whose per-tensor pull codecs the replica has (-1:
-  // none yet).
+  // The schedule phase of the replica's per-tensor pull codecs (-1: none).
   int64_t pull_plan_phase_ ABSL_GUARDED_BY(mu_) = -1;
   // A chunked installation in progress (before registered_).
   std::unique_ptr<ModelInstall> install_ ABSL_GUARDED_BY(mu_);
@@ -381,9 +382,8 @@ class Shard {
   bool patience_over_ ABSL_GUARDED_BY(mu_) = false;
   // When the round stops waiting for workers at the bound, whether it did,
   // and the durations of the newest kDurationsKept rounds, whose median
-  // sets it (RecentRoundDuration: a median, so that the first rounds,
-  // which include the workers' start, stop counting after a few rounds
-  // instead of fading out of an average over dozens).
+  // sets it (RecentRoundDuration: a median, so the first rounds, which
+  // include the workers' start, stop counting after a few).
   absl::Time release_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<absl::Duration> round_durations_ ABSL_GUARDED_BY(mu_);

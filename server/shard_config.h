@@ -33,6 +33,10 @@ struct ShardConfig {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   uint32_t num_workers = 1;
+  // Workers 0 .. initial_workers - 1 are the job at the start; the other
+  // slots, up to num_workers, are for workers that join it later (0: every
+  // slot is a worker from the start).
+  uint32_t initial_workers = 0;
   OptimizerConfig optimizer;
   // The codec of pull deltas. CODEC_FP32 means every pull is an exact fp32
   // snapshot of x (as many bytes as an fp32 delta, and no rounding).

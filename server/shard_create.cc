@@ -65,6 +65,11 @@ absl::Status ValidateShardConfig(const ShardConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_workers is ", c.num_workers, "; expected 1..4096"));
   }
+  if (c.initial_workers > c.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_workers is ", c.initial_workers, "; expected 0..",
+        c.num_workers, " (num_workers: the slots workers may join)"));
+  }
   if (c.max_model_elements == 0 ||
       c.max_model_elements > kDefaultMaxModelElements) {
     return absl::InvalidArgumentError(
@@ -210,7 +215,8 @@ Shard::Shard(const ShardConfig& config, ShardEnv env,
       replica_(std::move(replica)),
       round_(config.num_workers, env.pool),
       diagnostics_(config.num_workers),
-      leases_(config.num_workers, config.lease_timeout, clock_) {}
+      leases_(config.num_workers, config.initial_workers, config.lease_timeout,
+              clock_) {}
 
 absl::Status Shard::CheckWorker(uint32_t worker_id) const {
   if (worker_id >= config_.num_workers) {

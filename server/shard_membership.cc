@@ -1,6 +1,7 @@
 // Shard: who takes part. Register (the first registration installs the
 // model, through shard_install.cc; a re-registration may fast-forward a
-// shard that lost rounds) and the lease reaper that drops silent workers.
+// shard that lost rounds; a worker in a slot beyond the initial ones joins
+// the running job). Leases and Leave: shard_leases.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -268,10 +269,12 @@ absl::StatusOr<v1::RegisterResponse> Shard::Register(
     late_[w] = false;
     leases_.Touch(w);
     if (!leases_.live(w)) {
+      const bool joins = leases_.absent(w);
       const bool now = leases_.Rejoin(w, round_.started());
-      std::fprintf(stderr, "pserver: shard %u: worker %u rejoins at step %lu\n",
-                   config_.shard_index, w,
+      std::fprintf(stderr, "pserver: shard %u: worker %u %s at step %lu\n",
+                   config_.shard_index, w, joins ? "joins" : "rejoins",
                    static_cast<unsigned long>(step_ + (now ? 0 : 1)));
+      if (joins) metrics_->AddJoinedWorker();
       PublishLiveness();
     }
     metrics_->SetWorkersRegistered(RegisteredCount());
@@ -336,56 +339,6 @@ void Shard::FastForward(uint64_t step) {
   metrics_->AddSkippedRounds(skipped);
   metrics_->SetStep(step_);
   metrics_->SetStage(optimizer_->stage());
-}
-
-void Shard::PublishLiveness() { metrics_->SetWorkersLive(leases_.live_count()); }
-
-std::vector<Shard::Ready> Shard::ReapLeases() {
-  if (!registered_ || !leases_.enabled()) return {};
-  auto busy = [this](uint32_t w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    // Called by leases_ inside Expire, i.e. with mu_ held.
-    return round_.pushed_any(w) || !deferred_[w].empty() ||
-           waiters_.IsWaiting(w);
-  };
-  auto dropped = leases_.Expire(busy);
-  if (dropped.empty()) return {};
-  for (const auto& [w, silent] : dropped) {
-    std::fprintf(stderr,
-                 "pserver: shard %u: worker %u dropped at step %lu (no call "
-                 "for %s); the rounds go on without it\n",
-                 config_.shard_index, w, static_cast<unsigned long>(step_),
-                 absl::FormatDuration(silent).c_str());
-    metrics_->AddDroppedWorker();
-  }
-  PublishLiveness();
-  return Drain();
-}
-
-void Shard::CheckLeases() {
-  std::vector<Ready> ready;
-  {
-    absl::MutexLock lock(&mu_);
-    ready = ReapLeases();
-  }
-  for (Ready& r : ready) r();
-}
-
-void Shard::ReaperLoop() {
-  const absl::Duration period =
-      std::min(absl::Seconds(1), config_.lease_timeout / 4);
-  while (true) {
-    std::vector<Ready> ready;
-    {
-      absl::MutexLock lock(&mu_);
-      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return reaper_stop_;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&stop), period);
-      if (reaper_stop_) return;
-      ready = ReapLeases();
-    }
-    for (Ready& r : ready) r();
-  }
 }
 
 absl::Status Shard::AdoptAdamHyper(const v1::RegisterRequest& req) {

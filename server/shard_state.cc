@@ -26,6 +26,10 @@ v1::GetStatusResponse Shard::Status() {
   r.set_workers_registered(RegisteredCount());
   r.set_pushes_pending(round_.workers_in());
   r.set_workers_live(leases_.live_count());
+  r.set_initial_workers(config_.initial_workers != 0 ? config_.initial_workers
+                                                     : config_.num_workers);
+  r.set_workers_joined(leases_.joined());
+  r.set_workers_left(leases_.left_count());
   r.set_rounds_since_start(!catching_up_);
   r.set_takes_state(TakesStateLocked());
   if (registered_) {

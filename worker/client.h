@@ -236,6 +236,14 @@ class Client {
   absl::StatusOr<InstallOutcome> InstallShardStates(
       const std::vector<ShardStateCopy>& states);
 
+  // Takes this worker out of the job's rounds on every shard, between
+  // steps (it was told to stop: a spot machine's notice): the shards go on
+  // without it at once, and do not count it as dropped. Register() brings
+  // it back, from the next round. Returns the shards' step. Every shard is
+  // asked even when one fails; the first failure is returned, naming its
+  // shard. FAILED_PRECONDITION before Register() or during a step.
+  absl::StatusOr<uint64_t> Leave();
+
  private:
   // The push of the step in progress, for resending it after a rejoin
   // (its encoded chunks are in sent_).

@@ -94,6 +94,10 @@ class ShardCalls {
       const std::vector<size_t>& shards,
       const std::vector<v1::InstallShardStateRequest>& reqs,
       std::vector<v1::InstallShardStateResponse>* resps);
+  // Leave on each shard in `shards` (worker/client_leave.cc).
+  std::vector<absl::Status> Leave(const std::vector<size_t>& shards,
+                                  const v1::LeaveRequest& req,
+                                  std::vector<v1::LeaveResponse>* resps);
 
   // Chunked pushes and pulls (parameter_server.proto, "Chunks"): for every
   // shard s in `shards`, one call per chunk 0 .. chunks[s] - 1, at most

@@ -108,6 +108,7 @@ PYBIND11_MODULE(_native, m) {
       .def("restore_state", &PyClient::RestoreState, py::arg("record"),
            py::arg("source") = "state record")
       .def("fetch_shard_states", &PyClient::FetchShardStates)
+      .def("leave", &PyClient::Leave)
       .def("install_shard_states", &PyClient::InstallShardStates,
            py::arg("states"), py::arg("out") = py::none())
       .def_property_readonly("residual_norm", &PyClient::residual_norm)

@@ -156,6 +156,9 @@ class PyClient {
   // for a refusal, the state unchanged; ValueError for a malformed list.
   pybind11::dict InstallShardStates(const pybind11::list& states,
                                     const pybind11::handle& out);
+  // Client::Leave: out of the rounds on every shard; returns the shards'
+  // step. register() brings the worker back.
+  uint64_t Leave();
 
   uint64_t step() const {
     NotInCall();

@@ -36,6 +36,18 @@ std::string PyClient::push_codec() const {
   return CodecName(client_->push_codec());
 }
 
+uint64_t PyClient::Leave() {
+  Registered();
+  NotInCall();
+  registered_ = false;  // out of the rounds, even if a shard did not answer
+  absl::StatusOr<uint64_t> step;
+  Call([&] {
+    step = client_->Leave();
+    return step.status();
+  });
+  return *step;
+}
+
 py::list PyClient::FetchShardStates() {
   Registered();
   absl::StatusOr<std::vector<ShardStateCopy>> states;

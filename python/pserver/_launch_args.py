@@ -31,7 +31,7 @@ def _nodes(opts, given):
     if "--nproc-per-node" in given:
         opts["workers"] = _positive("--nproc-per-node",
                                     given["--nproc-per-node"])
-    nnodes = _positive("--nnodes", given.get("--nnodes", "1"))
+    min_nodes, nnodes = _nnodes(given.get("--nnodes", "1"))
     if nnodes == 1:
         extra = [n for n in given if n not in ("--nnodes", "--nproc-per-node",
                                                "--node-rank")]
@@ -63,6 +63,11 @@ def _nodes(opts, given):
         if name in opts["given"]:
             raise UsageError(f"{name} with --nnodes > 1: expected {instead} "
                              "(counts on each machine)")
+    if min_nodes < nnodes and opts["push_per"] == "node":
+        raise UsageError(f"--push-per node with --nnodes {min_nodes}:{nnodes}:"
+                         " machines cannot join or leave a running job with "
+                         "one push per machine yet; expected --push-per "
+                         "worker, or a fixed --nnodes N")
     if opts["checkpoint_dir"]:
         raise UsageError("--checkpoint-dir with --nnodes > 1: not supported "
                          "on several machines yet; expected one machine, or "
@@ -72,9 +77,25 @@ def _nodes(opts, given):
     heartbeat = _seconds(given, "--heartbeat-timeout", "15")
     opts["shards"] = _positive("--shards-per-node",
                                given.get("--shards-per-node", "1"))
-    opts["node"] = {"nnodes": nnodes, "rank": rank, "host": host,
+    opts["node"] = {"nnodes": nnodes, "min_nodes": min_nodes, "rank": rank,
+                    "host": host,
                     "port": int(port), "addr": given.get("--node-addr"),
                     "join_timeout": timeout, "heartbeat_timeout": heartbeat}
+
+
+def _nnodes(text):
+    """--nnodes N, or torchrun's elastic MIN:MAX (MIN machines start the
+    job and host its shards; up to MAX - MIN more may join it and leave
+    it while it runs): (MIN, MAX). Raises UsageError."""
+    low, colon, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high if colon else low)
+    except ValueError:
+        lo = hi = 0
+    if not 1 <= lo <= hi:
+        raise UsageError(f"--nnodes is {text!r}; expected N or MIN:MAX "
+                         "(positive integers, MIN <= MAX)")
+    return lo, hi
 
 
 def _seconds(given, name, default):

@@ -6,9 +6,9 @@ their workers are done. Keys, all under "pserver/":
   node/<r>    the hostname of node r (it joined)
   shard/<i>   shard i's address, HOST:PORT
   failed/<r>  why node r stopped the job (one line)
-  done/<r>    node r's workers all exited 0
+  done/<r>    node r's workers all exited 0 (or, elastic, left the job)
   left/<r>    node r saw every node done and stops (node 0, hosting the
-              store, stops after them)
+              store, stops after them), or left the job (elastic)
   beat/<r>    a counter node r adds 1 to every 0.2 s from a thread of its
               own (with its own connection to the store), whatever the
               launcher is doing (starting shards may take longer than the
@@ -61,10 +61,13 @@ class Node:
     RuntimeError with one line naming what is missing or what failed."""
 
     def __init__(self, nnodes, rank, host, port, join_timeout,
-                 heartbeat_timeout=15.0):
+                 heartbeat_timeout=15.0, min_nodes=None):
         # Imported here: a one-machine launch needs no torch.
         import torch.distributed as dist
         self.nnodes, self.rank = nnodes, rank
+        # Elastic (--nnodes MIN:MAX): nodes 0..MIN-1 start the job; the
+        # others may join it later, and leave it.
+        self.min_nodes = nnodes if min_nodes is None else min_nodes
         self.endpoint = f"{host}:{port}"
         self.join_timeout = join_timeout
         self.heartbeat_timeout = heartbeat_timeout
@@ -116,8 +119,8 @@ class Node:
     def join(self):
         threading.Thread(target=self._beat, daemon=True).start()
         self._set(f"node/{self.rank}", socket.gethostname())
-        self._await({f"node/{r}": f"node {r}" for r in range(self.nnodes)},
-                    "launchers")
+        starting = sorted({*range(self.min_nodes), self.rank})
+        self._await({f"node/{r}": f"node {r}" for r in starting}, "launchers")
 
     def _beat(self):
         # A connection of its own: TCPStore's client is not for two threads.
@@ -188,7 +191,7 @@ class Node:
         shards serve them meanwhile), then leaves; node 0, hosting the
         store, leaves last."""
         self._set(f"done/{self.rank}", "1")
-        while not all(self._has(f"done/{r}") for r in range(self.nnodes)):
+        while not all(self._has(f"done/{r}") for r in self._members()):
             self.check_others()
             alive()
             time.sleep(_POLL)
@@ -197,8 +200,22 @@ class Node:
             return
         deadline = time.monotonic() + 10
         while (time.monotonic() < deadline and
-               not all(self._has(f"left/{r}") for r in range(self.nnodes))):
+               not all(self._has(f"left/{r}") for r in self._members())):
             time.sleep(_POLL)
+
+    def _members(self):
+        """The nodes that joined (all of them, unless elastic)."""
+        return [r for r in range(self.nnodes)
+                if r < self.min_nodes or self._has(f"node/{r}")]
+
+    def depart(self):
+        """Elastic: this node's workers left the job; the others go on
+        without it, and do not wait for it at the end."""
+        try:
+            self._set(f"done/{self.rank}", "1")
+            self._set(f"left/{self.rank}", "1")
+        except RuntimeError:
+            pass
 
 
 def torchrun_env(node, node_opts):

@@ -22,8 +22,8 @@ import json
 
 import torch
 
-from pserver import (_clip, _flat, _groups, _node, _outer, _overlap,
-                     _scaler, _state)
+from pserver import (_clip, _flat, _groups, _leave, _node, _outer,
+                     _overlap, _scaler, _state)
 from pserver._native import Client
 from pserver.env import client_options as _env_client_options
 from pserver.env import init
@@ -112,7 +112,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     metrics_listen, tls_ca, tls_cert, tls_key, auth_token_file: see
     docs/python.md). servers/worker_id/num_workers/node_group default to
     pserver.init() (PSERVER_SERVERS, RANK, WORLD_SIZE; with one push per
-    machine the node's, python/pserver/_node.py). Client options the
+    machine the node's, python/pserver/_node.py). leave_on_sigterm: leave
+    at the next round on SIGTERM (_leave.py). Client options the
     caller does not pass (push_codec included) come from PSERVER_CLIENT_OPTIONS
     when it is set: a JSON object of Client options, what python3 -m
     pserver.launch --recipe NAME gives the workers (it may set
@@ -140,7 +141,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  weight_decay=None, betas=None, eps=None, module=None,
                  buffers=None, max_grad_norm=None, outer_momentum=None,
                  outer_nesterov=True, clip_scope="worker", node_group=None,
-                 **client_options):
+                 leave_on_sigterm=None, **client_options):
         # Explicit arguments win over the launcher's recipe.
         from_env = _env_client_options()
         recipe_codec = from_env.pop("push_codec", None)
@@ -184,6 +185,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                else None)
         self.last_grad_norm = None
         where = init(servers, worker_id, num_workers)
+        machine = where.get("node_group") if node_group is None else node_group
+        self._leaver = _leave.Leaver(leave_on_sigterm, machine)
 
         hyper = _groups.GroupHyper(lr, weight_decay, betas, eps)
         torch_groups, layout, group_of = [], [], []
@@ -224,8 +227,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                             flat.param_end))
         flat.values_into(flat.weights)
         self.client = _node.client(
-            where.get("node_group") if node_group is None else node_group,
-            overlap, flat, where, lambda worker_id, num_workers: Client(
+            machine, overlap, flat, where, lambda worker_id, num_workers: Client(
                 where["servers"], worker_id, num_workers,
                 push_codec=push_codec, local_steps=local_steps,
                 **hyper.adam_hyper(self.param_groups), **client_options))
@@ -366,6 +368,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if late is not None:
             raise RuntimeError(f"DistributedOptimizer: {late} (this step "
                                "completed as it was pushed)")
+        self._leaver.at_boundary(self)
         return loss
 
     def _local_step(self, closure):
@@ -403,6 +406,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._outer.commit()
         self._local_done = 0
         flat.load()
+        self._leaver.at_boundary(self)
 
     def state_dict(self):
         """torch.optim's layout plus the optimizer's state, for torch.save.

@@ -1,0 +1,110 @@
+"""Machines that join a running job and leave it (issue 48 item 3):
+`pserver.launch --nnodes 1:2`, two launchers on this machine as two
+"machines" on loopback, real shards and real worker processes. Node 0
+starts the job and hosts its shard; node 1 joins while it trains, and
+leaves when its launcher gets SIGTERM (a spot notice): its workers leave at
+their next round and exit 0, the shard takes them out at once (not as
+dropped), and node 0 trains on to the end."""
+
+import json
+import re
+import signal
+import subprocess
+import time
+
+from test_launch import HERE, no_process_left
+from test_launch_nodes import free_port, kill_leftovers, node, texts  # noqa: F401
+
+WORKER = str(HERE / "elastic_worker.py")
+TOTAL = 300  # rounds the job runs
+
+
+def wait_for(what, check, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def progress(out, rank):
+    try:
+        return int((out / f"progress{rank}").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def test_a_machine_joins_a_running_job_and_leaves_on_sigterm(tmp_path):
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--nproc-per-node", "2", "--shards-per-node", "1",
+            "--optimizer=sgd", "--lease_timeout_seconds=60",
+            WORKER, str(out), str(TOTAL), "0.05"]
+    core = node(tmp_path, 0, port, *args, nnodes="1:2")
+    joiner = None
+    try:
+        joined_at = wait_for("node 0 trains alone",
+                             lambda: progress(out, 0) >= 20 and progress(out, 0))
+        joiner = node(tmp_path, 1, port, *args, nnodes="1:2")
+        first = wait_for("node 1's workers start",
+                         lambda: min(progress(out, 2), progress(out, 3)))
+        wait_for("node 1's workers train",
+                 lambda: min(progress(out, 2), progress(out, 3))
+                 >= first + 20)
+        told = time.monotonic()
+        joiner.send_signal(signal.SIGTERM)
+        joiner_text = texts(joiner, timeout=60)[0]
+        took = time.monotonic() - told
+        assert joiner.returncode == 0, joiner_text
+        left_at = progress(out, 0)
+        core_text = texts(core, timeout=120)[0]
+    finally:
+        for p in (core, joiner):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert core.returncode == 0, core_text
+    assert "leave the job at their next round" in joiner_text, joiner_text
+    assert len(re.findall(r"pserver: worker [23] left the job at step \d+ "
+                          r"\(SIGTERM\)", joiner_text
+                          + (tmp_path / "run1" / "worker3.log").read_text())) \
+        == 2, joiner_text
+    # Leaving takes a round, not a lease timeout (60 s here).
+    assert took < 20, took
+    recs = {r: json.loads((out / f"rank{r}.json").read_text())
+            for r in range(4)}
+    for r in (2, 3):
+        assert recs[r].get("left") and recs[r]["first_step"] >= joined_at
+        assert recs[r]["steps"] >= 20, recs[r]
+        assert recs[r]["last_step"] < TOTAL, recs[r]
+    for r in (0, 1):
+        assert recs[r]["last_step"] == TOTAL and not recs[r].get("left")
+    # Node 0 trained on after node 1 left, and its workers agree.
+    assert left_at < TOTAL
+    assert recs[0]["checksum"] == recs[1]["checksum"]
+    log = (tmp_path / "run0" / "shard0.log").read_text()
+    for w in (2, 3):
+        assert re.search(fr"worker {w} joins at step \d+", log), log
+        assert re.search(fr"worker {w} left at step \d+", log), log
+    assert "dropped" not in log, log
+    no_process_left(tmp_path / "run0")
+    no_process_left(tmp_path / "run1")
+
+
+def test_elastic_spellings_that_cannot_be_served_exit_2(tmp_path):
+    for nnodes, want in (("2:1", "--nnodes is '2:1'; expected N or MIN:MAX"),
+                         ("0:2", "--nnodes is '0:2'"),
+                         ("a:b", "--nnodes is 'a:b'")):
+        p = node(tmp_path, 0, free_port(), WORKER, "x", "1", "0",
+                 nnodes=nnodes)
+        text = texts(p)[0]
+        assert p.returncode == 2 and want in text, text
+        assert len(text.strip().splitlines()) == 1, text
+    p = node(tmp_path, 0, free_port(), "--push-per", "node", WORKER, "x",
+             "1", "0", nnodes="1:2")
+    text = texts(p)[0]
+    assert p.returncode == 2, text
+    assert "--push-per node with --nnodes 1:2" in text, text
