@@ -9,8 +9,9 @@ dropped), and node 0 trains on to the end."""
 import json
 import re
 import signal
-import subprocess
 import time
+
+import pytest
 
 from test_launch import HERE, no_process_left
 from test_launch_nodes import free_port, kill_leftovers, node, texts  # noqa: F401
@@ -36,12 +37,18 @@ def progress(out, rank):
         return 0
 
 
-def test_a_machine_joins_a_running_job_and_leaves_on_sigterm(tmp_path):
+# 1-bit Adam frozen at round 10, before node 1 joins: the joiners pull the
+# frozen variance and push in the compression stage's form.
+@pytest.mark.parametrize("optimizer", [["--optimizer=sgd"],
+                                       ["--optimizer=onebit_adam",
+                                        "--freeze_step=10"]])
+def test_a_machine_joins_a_running_job_and_leaves_on_sigterm(tmp_path,
+                                                             optimizer):
     port = free_port()
     out = tmp_path / "out"
     out.mkdir()
-    args = ["--nproc-per-node", "2", "--shards-per-node", "1",
-            "--optimizer=sgd", "--lease_timeout_seconds=60",
+    args = ["--nproc-per-node", "2", "--shards-per-node", "1", *optimizer,
+            "--lease_timeout_seconds=60",
             WORKER, str(out), str(TOTAL), "0.05"]
     core = node(tmp_path, 0, port, *args, nnodes="1:2")
     joiner = None
