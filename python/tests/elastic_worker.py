@@ -1,7 +1,9 @@
 """A worker of test_elastic.py: a small linear model trained with
 DistributedOptimizer (SGD on the shards) until the shards' step reaches
 TOTAL, a short sleep per step so the test can place joins and leaves. Each
-step it writes its global step to OUT/progress<rank>; at the end (a normal
+step it writes its global step to OUT/progress<rank> and appends
+"step time" to OUT/times<rank> (tests/bench/elastic_membership.py reads
+the times); at the end (a normal
 finish, or SystemExit(0) after leaving on SIGTERM) OUT/rank<rank>.json
 holds the steps it made, the step it started and ended at, and a checksum
 of its weights."""
@@ -46,6 +48,8 @@ def main(out, total, pause):
             steps += 1
             with open(os.path.join(out, f"progress{rank}"), "w") as f:
                 f.write(str(opt.global_step))
+            with open(os.path.join(out, f"times{rank}"), "a") as f:
+                f.write(f"{opt.global_step} {time.time():.4f}\n")
             time.sleep(pause)
     except SystemExit:
         record["left"] = True
