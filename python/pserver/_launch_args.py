@@ -43,12 +43,15 @@ def _nodes(opts, given):
         raise UsageError(f"--nnodes is {nnodes}; expected --node-rank I "
                          f"(0..{nnodes - 1}) on each machine")
     try:
-        rank = int(given["--node-rank"])
+        # auto: claimed from node 0's store at the start (None until then).
+        rank = None if given["--node-rank"] == "auto" else \
+            int(given["--node-rank"])
     except ValueError:
         rank = -1
-    if not 0 <= rank < nnodes:
+    if rank is not None and not 0 <= rank < nnodes:
         raise UsageError(f"--node-rank is {given['--node-rank']!r}; expected "
-                         f"an integer in 0..{nnodes - 1} (--nnodes {nnodes})")
+                         f"an integer in 0..{nnodes - 1} (--nnodes {nnodes}),"
+                         " or auto")
     endpoint = given.get("--rdzv-endpoint")
     if endpoint is None and "--master-addr" in given:
         endpoint = f"{given['--master-addr']}:{given.get('--master-port', '29500')}"

@@ -72,7 +72,8 @@ Launcher options:
                       mean is over the workers present (docs/python.md).
                       SIGTERM to nodes 0..MIN-1, and Ctrl-C anywhere,
                       stop the job. Not with --push-per node.
-  --node-rank I       this machine's place; its workers are ranks
+  --node-rank I       this machine's place (auto: the next unclaimed one,
+                      1..N-1, from node 0's store); its workers are ranks
                       I*G..I*G+G-1 (RANK, LOCAL_RANK, GROUP_RANK,
                       LOCAL_WORLD_SIZE, WORLD_SIZE, MASTER_ADDR and
                       MASTER_PORT set as torchrun sets them)

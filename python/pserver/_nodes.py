@@ -218,6 +218,29 @@ class Node:
             pass
 
 
+def claim_rank(host, port, nnodes, join_timeout):
+    """--node-rank auto: the next unclaimed rank 1..nnodes-1, an atomic
+    counter in node 0's store, for machines that cannot tell their index (a
+    scaled Compose service). A claimed rank is not given out again. Raises
+    RuntimeError with one line."""
+    import torch.distributed as dist
+    try:
+        store = dist.TCPStore(host, port, None, False,
+                              datetime.timedelta(seconds=join_timeout))
+        rank = store.add("pserver/claimed", 1)
+    except RuntimeError as e:
+        raise RuntimeError(f"--node-rank auto: could not reach node 0's store "
+                           f"at {host}:{port} within {join_timeout:g} s (is "
+                           f"node 0 started?): {str(e).splitlines()[0]}") \
+            from None
+    if rank >= nnodes:
+        raise RuntimeError(f"--node-rank auto: ranks 1..{nnodes - 1} are all "
+                           f"claimed (this machine asked for claim {rank}); "
+                           f"expected at most {nnodes - 1} --node-rank auto "
+                           "machines beside node 0")
+    return rank
+
+
 def torchrun_env(node, node_opts):
     """torchrun's GROUP_RANK, MASTER_ADDR and MASTER_PORT, for a script's
     own torch.distributed.init_process_group() (env://), which a DDP

@@ -313,6 +313,15 @@ def main(argv=None):
     old = {s: signal.signal(s, interrupted)
            for s in (signal.SIGINT, signal.SIGTERM)}
     node = None
+    n = opts["node"]
+    if n is not None and n["rank"] is None:
+        try:
+            n["rank"] = _nodes.claim_rank(n["host"], n["port"], n["nnodes"],
+                                          n["join_timeout"])
+        except RuntimeError as e:
+            print(f"launch: error: {e}", file=sys.stderr)
+            return 1
+        _say(f"--node-rank auto: this machine is node {n['rank']}")
     cluster = Cluster(opts, server_bin, run_dir)
     code = 1
     try:

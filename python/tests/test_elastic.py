@@ -115,3 +115,43 @@ def test_elastic_spellings_that_cannot_be_served_exit_2(tmp_path):
     text = texts(p)[0]
     assert p.returncode == 2, text
     assert "--push-per node with --nnodes 1:2" in text, text
+
+
+def test_node_rank_auto_claims_ranks_until_none_is_left(tmp_path):
+    """--node-rank auto (a scaled Compose service): a machine joining an
+    elastic job takes the next unclaimed rank from node 0's store; one more
+    than the job has room for exits 1 with one line, and the job goes on."""
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--nproc-per-node", "2", "--optimizer=sgd", WORKER, str(out),
+            "200", "0.05"]
+    core = node(tmp_path, 0, port, *args, nnodes="1:2")
+    procs = [core]
+    try:
+        wait_for("node 0 trains", lambda: progress(out, 0) >= 5)
+        auto = node(tmp_path, "auto", port, *args, nnodes="1:2", run="runa")
+        procs.append(auto)
+        wait_for("the auto node trains", lambda: progress(out, 2) >= 5)
+        extra = node(tmp_path, "auto", port, *args, nnodes="1:2", run="runb")
+        procs.append(extra)
+        extra_text = texts(extra, timeout=60)[0]
+        auto_text, core_text = texts(auto, core, timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert extra.returncode == 1, extra_text
+    errors = [ln for ln in extra_text.splitlines() if "error" in ln]
+    assert errors == [
+        "launch: error: --node-rank auto: ranks 1..1 are all claimed (this "
+        "machine asked for claim 2); expected at most 1 --node-rank auto "
+        "machines beside node 0"], extra_text
+    assert auto.returncode == 0 and core.returncode == 0, auto_text + core_text
+    assert "launch: --node-rank auto: this machine is node 1" in auto_text
+    for r in range(4):
+        assert json.loads((out / f"rank{r}.json").read_text())["last_step"] \
+            == 200
+    for run in ("run0", "runa"):
+        no_process_left(tmp_path / run)

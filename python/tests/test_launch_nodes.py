@@ -31,13 +31,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def node(tmp_path, rank, port, *args, nnodes=2, env=None):
-    """The launcher of machine `rank`; its run folder is run<rank>."""
+def node(tmp_path, rank, port, *args, nnodes=2, env=None, run=None):
+    """The launcher of machine `rank`; its run folder is run<rank> (or
+    `run`)."""
     e = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]), **(env or {}))
     return subprocess.Popen(
         [sys.executable, "-m", "pserver.launch", "--server-bin",
-         server_binary(), "--run-dir", str(tmp_path / f"run{rank}"),
+         server_binary(), "--run-dir", str(tmp_path / (run or f"run{rank}")),
          "--nnodes", str(nnodes), "--node-rank", str(rank),
          "--rdzv-endpoint", f"127.0.0.1:{port}", *args],
         env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
