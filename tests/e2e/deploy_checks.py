@@ -5,6 +5,8 @@
   deploy_checks.py compose-colocated CONFIG.yml PROMETHEUS.yml   # of docker-compose.colocated.yml
   deploy_checks.py k8s DIR_OR_RENDERED.yaml
   deploy_checks.py k8s-colocated RENDERED.yaml          # `kubectl kustomize deploy/k8s-colocated`
+  deploy_checks.py compose-machines CONFIG.yml          # of docker-compose.machines.yml
+  deploy_checks.py k8s-machines RENDERED.yaml           # `kubectl kustomize deploy/k8s-machines`
   deploy_checks.py dashboard pserver.json SCRAPE...    # /metrics bodies of live daemons
 
 Prints one line per problem and exits 1 if there is any.
@@ -12,6 +14,7 @@ Prints one line per problem and exits 1 if there is any.
 import json
 import os
 import re
+import shlex
 import sys
 
 import yaml
@@ -148,6 +151,121 @@ def check_compose_colocated(config_path, prometheus_path):
         check(f"worker{i}:9200" in targets, f"{prometheus_path} does not scrape worker{i}:9200")
     extra = sorted(n for n in services if re.fullmatch(r"(node|shard|worker)\d+", n) and int(re.sub(r"\D", "", n)) > 3)
     check(not extra, f"services beyond 4 nodes: {extra}")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IMAGE_EXAMPLES = "/opt/pserver/examples/"  # the machine image's (deploy/Dockerfile)
+
+
+def check_launch_args(where, args):
+    """The launcher's own parser (python/pserver/_launch_args.py) accepts a
+    machine's command line; the image's examples are the repository's.
+    Returns the parsed options, or None."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from pserver._launch_args import parse_args
+    from pserver._launch_prep import UsageError
+    args = [a.replace(IMAGE_EXAMPLES, os.path.join(ROOT, "python", "examples") + "/")
+            for a in args]
+    try:
+        return parse_args(args)
+    except UsageError as e:
+        check(False, f"{where}: pserver.launch refuses its command line: {e}")
+        return None
+
+
+def launcher_args(words, env):
+    """The words after `-m pserver.launch` in a machine's command, with the
+    container's variables ($$VAR in Compose, $(VAR) in Kubernetes) filled in;
+    a variable nothing sets is a problem."""
+    text = " ".join(words)
+    m = re.search(r"-m pserver\.launch (.*)", text, re.S)
+    if not check(m, f"the command does not run -m pserver.launch: {text!r}"):
+        return []
+    def fill(v):
+        name = v.group(1) or v.group(2)
+        check(name in env, f"the command reads {name}, which nothing sets")
+        return env.get(name, "")
+    out = re.sub(r"\$\$\{?([A-Z_][A-Z0-9_]*)\}?|\$\(([A-Z_][A-Z0-9_]*)\)", fill, m.group(1))
+    return shlex.split(out)
+
+
+def check_compose_machines(config_path):
+    """docker-compose.machines.yml: machine0 (node 0, the store's host) and
+    the service `machine`, scaled, whose replicas claim their node ranks;
+    the launcher's parser accepts both command lines."""
+    services = yaml.safe_load(open(config_path)).get("services", {})
+    check(sorted(services) == ["machine", "machine0"],
+          f"expected services machine0 and machine, found {sorted(services)}")
+    for name, rank in (("machine0", "0"), ("machine", "auto")):
+        s = services.get(name)
+        if not check(s, f"no {name} service"):
+            continue
+        env = env_of(s)
+        check(env.get("NODE_RANK") == rank, f"{name}: NODE_RANK is {env.get('NODE_RANK')!r}, expected {rank}")
+        check(s.get("build", {}).get("target") == "machine", f"{name}: not built from target 'machine'")
+        check(seconds(s.get("stop_grace_period", "10s")) > 120,
+              f"{name}: stop_grace_period {s.get('stop_grace_period')} is not longer than the "
+              "launcher's 120 s for a leave")
+        opts = check_launch_args(name, launcher_args(s.get("entrypoint") or [], env))
+        if opts and check(opts["node"] is not None, f"{name}: not a several-machine launch"):
+            n = opts["node"]
+            check((n["host"], n["port"]) == ("machine0", 29500),
+                  f"{name}: the rendezvous endpoint is {n['host']}:{n['port']}, expected machine0:29500")
+            check(n["rank"] == (0 if rank == "0" else None), f"{name}: node rank {n['rank']!r}")
+    deps = services.get("machine", {}).get("depends_on", {})
+    check("machine0" in deps, "machine: does not start after machine0")
+
+
+def check_k8s_machines(path):
+    """deploy/k8s-machines rendered: an Indexed Job of machines whose
+    completion index is the node rank, NNODES of them, pod 0 reachable at
+    the rendezvous endpoint through the headless Service; the launcher's
+    parser accepts the pods' command line."""
+    docs = load_docs(path)
+    jobs = [d for d in docs if d.get("kind") == "Job"]
+    svcs = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Service"}
+    cms = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d.get("kind") == "ConfigMap"}
+    if not check(len(jobs) == 1, f"expected one Job (the machines), found {len(jobs)}"):
+        return
+    job = jobs[0]
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    env = {}
+    for ref in c.get("envFrom", []):
+        name = ref.get("configMapRef", {}).get("name")
+        check(name in cms, f"the machines read ConfigMap {name!r}, which is not there")
+        env.update(cms.get(name, {}))
+    rank_src = [e for e in c.get("env", []) if e["name"] == "NODE_RANK"]
+    check(rank_src and rank_src[0].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+          == "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+          "NODE_RANK is not the pod's completion index")
+    env["NODE_RANK"] = "0"  # pod 0's command; the others differ only in it
+    check(spec.get("completionMode") == "Indexed", "the machines' Job is not Indexed")
+    nnodes = str(env.get("NNODES", ""))
+    check(nnodes.isdigit() and spec.get("completions") == spec.get("parallelism") == int(nnodes),
+          f"completions {spec.get('completions')} / parallelism {spec.get('parallelism')} "
+          f"are not NNODES {nnodes!r}: every machine must run at once")
+    check(spec.get("backoffLimit") == 0 and pod.get("restartPolicy") == "Never",
+          "a failed machine is retried: the other launchers stopped the job already")
+    check(pod.get("terminationGracePeriodSeconds", 30) > 120,
+          "terminationGracePeriodSeconds is not longer than the launcher's 120 s for a leave")
+    sub = pod.get("subdomain")
+    svc = svcs.get(sub)
+    if check(svc is not None, f"the pods' subdomain {sub!r} names no Service"):
+        check(svc["spec"].get("clusterIP") == "None", "the machines' Service is not headless")
+        check(svc["spec"].get("publishNotReadyAddresses") is True,
+              "the machines' Service does not publish pods before they are ready (pod 0's store)")
+        check(svc["spec"].get("selector", {}).items()
+              <= job["spec"]["template"]["metadata"].get("labels", {}).items(),
+              "the machines' Service does not select the machine pods")
+    opts = check_launch_args("k8s machine", launcher_args(
+        [*c.get("command", []), *c.get("args", [])], env))
+    if opts and check(opts["node"] is not None, "k8s machine: not a several-machine launch"):
+        n = opts["node"]
+        want = (f"{job['metadata']['name']}-0.{sub}", 29500)
+        check((n["host"], n["port"]) == want,
+              f"the rendezvous endpoint is {n['host']}:{n['port']}, expected {want[0]}:{want[1]} "
+              "(pod 0's name under the Service)")
 
 
 def load_docs(path):
@@ -363,6 +481,10 @@ def main():
         check_k8s(sys.argv[2])
     elif what == "k8s-colocated":
         check_k8s_colocated(sys.argv[2])
+    elif what == "compose-machines":
+        check_compose_machines(sys.argv[2])
+    elif what == "k8s-machines":
+        check_k8s_machines(sys.argv[2])
     elif what == "dashboard":
         check_dashboard(sys.argv[2], sys.argv[3:])
     else:

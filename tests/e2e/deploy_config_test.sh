@@ -63,7 +63,10 @@ if command -v docker-compose >/dev/null; then
     fail "docker-compose config rejects deploy/docker-compose.colocated.yml: $(cat "$DIR/compose.err")"
   "$PY" "$CHECKS" compose-colocated "$DIR/colocated.yml" "$ROOT/deploy/prometheus/prometheus.colocated.yml" ||
     fail "co-located compose checks"
-  echo "ok: docker-compose config + topology checks (docker-compose.yml, docker-compose.colocated.yml)"
+  (cd "$ROOT/deploy" && docker-compose -f docker-compose.machines.yml config) >"$DIR/machines.yml" 2>"$DIR/compose.err" ||
+    fail "docker-compose config rejects deploy/docker-compose.machines.yml: $(cat "$DIR/compose.err")"
+  "$PY" "$CHECKS" compose-machines "$DIR/machines.yml" || fail "machines compose checks"
+  echo "ok: docker-compose config + topology checks (docker-compose.yml, docker-compose.colocated.yml, docker-compose.machines.yml)"
 else
   skipped+=("docker-compose is not installable here: Compose file not validated")
 fi
@@ -85,7 +88,10 @@ if command -v kubectl >/dev/null; then
   timeout 60 kubectl kustomize "$ROOT/deploy/k8s-colocated" >"$DIR/k8s-colocated.yaml" 2>"$DIR/k8s.err" ||
     fail "kubectl kustomize deploy/k8s-colocated failed: $(cat "$DIR/k8s.err")"
   "$PY" "$CHECKS" k8s-colocated "$DIR/k8s-colocated.yaml" || fail "co-located k8s checks on the kustomize output"
-  echo "ok: k8s manifests (schema-level checks; kubectl kustomize renders them and the co-located overlay)"
+  timeout 60 kubectl kustomize "$ROOT/deploy/k8s-machines" >"$DIR/k8s-machines.yaml" 2>"$DIR/k8s.err" ||
+    fail "kubectl kustomize deploy/k8s-machines failed: $(cat "$DIR/k8s.err")"
+  "$PY" "$CHECKS" k8s-machines "$DIR/k8s-machines.yaml" || fail "machines k8s checks on the kustomize output"
+  echo "ok: k8s manifests (schema-level checks; kubectl kustomize renders them, the co-located overlay and the machines)"
 else
   echo "ok: k8s manifests (schema-level checks; kubectl not installed, kustomize rendering not tried)"
 fi
