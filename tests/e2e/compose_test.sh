@@ -14,6 +14,13 @@
 # nodes, each a shard and a worker in one network namespace; the same checks
 # with 8 daemons, and the killed shard must come back in its node's
 # namespace (Prometheus scrapes it there by the node's alias).
+# PSERVER_TEST_LAYOUT=machines runs deploy/docker-compose.machines.yml (the
+# launcher in each "machine" container; override
+# tests/e2e/compose/docker-compose.machines.test.yml): machine0 and two
+# replicas of the scaled service, which claim their node ranks and join the
+# running job; one replica is stopped (SIGTERM) after both joined and must
+# leave (exit 0, its workers out at their next round, nothing dropped) while
+# the others train to the end.
 #
 #   tests/e2e/compose_test.sh   (root; measured 10 min on 2 busy cores, 9 of them
 #                                building the images; ~3 min more for debootstrap
@@ -56,7 +63,7 @@ export PATH="$DIR/bin:$PATH" DOCKER_BUILDKIT=0
 # it again, and a file edited in between would rebuild everything.
 SRC="$DIR/src"
 mkdir -p "$SRC"
-tar -C "${PSERVER_TEST_SOURCES:-$ROOT}" -c CMakeLists.txt .dockerignore proto common server tune worker deploy tests/e2e/compose |
+tar -C "${PSERVER_TEST_SOURCES:-$ROOT}" -c CMakeLists.txt .dockerignore proto common server tune worker python deploy tests/e2e/compose |
   tar -C "$SRC" -x
 case "${PSERVER_TEST_LAYOUT:-dedicated}" in
   dedicated)
@@ -70,7 +77,13 @@ case "${PSERVER_TEST_LAYOUT:-dedicated}" in
     shards=(shard0 shard1 shard2 shard3)
     services=(node0 node1 node2 node3 shard0 shard1 shard2 shard3
               worker0 worker1 worker2 worker3 prometheus) ;;
-  *) echo "compose_test: PSERVER_TEST_LAYOUT is '$PSERVER_TEST_LAYOUT'; expected dedicated or colocated" >&2
+  machines)
+    COMPOSE=(docker-compose -p "$PROJECT" -f "$SRC/deploy/docker-compose.machines.yml"
+             -f "$SRC/tests/e2e/compose/docker-compose.machines.test.yml")
+    # Long enough for two machines to start and join (seconds each).
+    export PSERVER_TEST_STEPS="${PSERVER_TEST_STEPS_MACHINES:-12000}"
+    shards=(); services=(machine0 machine) ;;
+  *) echo "compose_test: PSERVER_TEST_LAYOUT is '$PSERVER_TEST_LAYOUT'; expected dedicated, colocated or machines" >&2
      rm -rf "$DIR"; exit 2 ;;
 esac
 daemons=$(( ${#shards[@]} + 4 ))
@@ -177,6 +190,13 @@ fi
 $DOCKER import "$BASE_TAR" "$PSERVER_BASE_IMAGE" >/dev/null
 log "base image $PSERVER_BASE_IMAGE imported"
 
+cid() { "${COMPOSE[@]}" ps -q "$1"; }
+if [[ ${PSERVER_TEST_LAYOUT:-dedicated} == machines ]]; then
+  source "$ROOT/tests/e2e/compose/machines_checks.sh"
+  machines_checks
+  exit 0
+fi
+
 # --- Build (the real Dockerfile) and start.
 (cd "$SRC/deploy" && "${COMPOSE[@]}" build shard0 worker0 prometheus) >"$DIR/build.log" 2>&1 ||
   fail "image build failed: $(tail -5 "$DIR/build.log")"
@@ -187,7 +207,6 @@ export PROMETHEUS_PORT="$PROM_PORT"
   fail "compose up failed: $(tail -5 "$DIR/up.log")"
 log "stack up (Prometheus on 127.0.0.1:$PROM_PORT)"
 
-cid() { "${COMPOSE[@]}" ps -q "$1"; }
 state() { $DOCKER inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$(cid "$1")"; }
 promql() {
   curl -sf --max-time 5 "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlencode "query=$1" |
