@@ -38,9 +38,14 @@ absl::StatusOr<v1::LeaveResponse> Shard::Leave(const v1::LeaveRequest& req) {
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return ShuttingDown();
+    resp.set_current_step(step_);
+    if (!worker_registered_[w] && !leases_.live(w) && !leases_.rejoining(w)) {
+      resp.set_was_live(false);  // not in the job: nothing to change
+      return resp;
+    }
     const bool was = leases_.Leave(w);
     worker_registered_[w] = false;
-    resp.set_current_step(step_);
+    metrics_->SetWorkersRegistered(RegisteredCount());
     resp.set_was_live(was);
     if (was) {
       // A push it made to the round in progress still counts (the round
@@ -50,7 +55,6 @@ absl::StatusOr<v1::LeaveResponse> Shard::Leave(const v1::LeaveRequest& req) {
                    "told to stop); the rounds go on without it\n",
                    config_.shard_index, w, static_cast<unsigned long>(step_));
       metrics_->AddLeftWorker();
-      metrics_->SetWorkersRegistered(RegisteredCount());
       PublishLiveness();
       if (registered_) ready = Drain();
     }

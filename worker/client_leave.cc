@@ -9,10 +9,15 @@
 namespace pserver {
 
 absl::StatusOr<uint64_t> Client::Leave() {
-  if (!registered_ || in_step()) {
+  if (!registered_) {
     return absl::FailedPreconditionError(
-        "Leave before Register() or during a step; expected a registered "
-        "client between steps");
+        "Leave before Register() (or after a Leave); expected a registered "
+        "client");
+  }
+  if (in_step()) {
+    return absl::FailedPreconditionError(
+        "Leave during a step; expected it between steps (after "
+        "FinishStep)");
   }
   const size_t n = calls_->size();
   std::vector<size_t> all(n);

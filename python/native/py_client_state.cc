@@ -39,12 +39,17 @@ std::string PyClient::push_codec() const {
 uint64_t PyClient::Leave() {
   Registered();
   NotInCall();
-  registered_ = false;  // out of the rounds, even if a shard did not answer
   absl::StatusOr<uint64_t> step;
-  Call([&] {
-    step = client_->Leave();
-    return step.status();
-  });
+  try {
+    Call([&] {
+      step = client_->Leave();
+      return step.status();
+    });
+  } catch (...) {
+    registered_ = false;  // out of the rounds, even if a shard did not answer
+    throw;
+  }
+  registered_ = false;  // Call marks a successful call as registered
   return *step;
 }
 

@@ -42,6 +42,8 @@ class Leaver:
 
     def _handler(self, signum, _frame):
         self.asked = signal.Signals(signum).name
+        # A second SIGTERM ends the process as usual (no step() may come).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def at_boundary(self, opt):
         """Leaves and exits 0 if a signal came; else nothing."""

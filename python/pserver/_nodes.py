@@ -72,6 +72,7 @@ class Node:
         self.join_timeout = join_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self._heard = {}  # node -> (its beat, when it last moved, here)
+        self._gone = set()  # elastic nodes that went silent
         self._host, self._port = host, port
         try:
             self.store = dist.TCPStore(
@@ -171,7 +172,16 @@ class Node:
         if last is None or beat != last[0]:
             self._heard[r] = (beat, now)
         elif (now - last[1] > self.heartbeat_timeout and beat > 0
-              and not self._has(f"left/{r}")):
+              and not self._has(f"left/{r}") and r not in self._gone):
+            if r >= self.min_nodes:
+                # Elastic: it hosts no shards; its workers are dropped when
+                # their leases run out, and the others go on.
+                self._gone.add(r)
+                print(f"launch: node {r} stopped answering for "
+                      f"{self.heartbeat_timeout:g} s (--heartbeat-timeout); "
+                      "it holds no shards: the others go on without it",
+                      file=sys.stderr, flush=True)
+                return
             raise Elsewhere(
                 f"node {r} stopped answering: its launcher has not been "
                 f"heard from for {self.heartbeat_timeout:g} s "
@@ -206,7 +216,8 @@ class Node:
     def _members(self):
         """The nodes that joined (all of them, unless elastic)."""
         return [r for r in range(self.nnodes)
-                if r < self.min_nodes or self._has(f"node/{r}")]
+                if r < self.min_nodes or (self._has(f"node/{r}") and
+                                          r not in self._gone)]
 
     def depart(self):
         """Elastic: this node's workers left the job; the others go on
@@ -221,8 +232,9 @@ class Node:
 def claim_rank(host, port, nnodes, join_timeout):
     """--node-rank auto: the next unclaimed rank 1..nnodes-1, an atomic
     counter in node 0's store, for machines that cannot tell their index (a
-    scaled Compose service). A claimed rank is not given out again. Raises
-    RuntimeError with one line."""
+    scaled Compose service). A rank is claimed once for the job's life, so
+    a job takes nnodes - 1 such starts in all. Raises RuntimeError with one
+    line."""
     import torch.distributed as dist
     try:
         store = dist.TCPStore(host, port, None, False,
@@ -237,7 +249,8 @@ def claim_rank(host, port, nnodes, join_timeout):
         raise RuntimeError(f"--node-rank auto: ranks 1..{nnodes - 1} are all "
                            f"claimed (this machine asked for claim {rank}); "
                            f"expected at most {nnodes - 1} --node-rank auto "
-                           "machines beside node 0")
+                           "starts in the job's life (a rank is not given "
+                           "out twice)")
     return rank
 
 

@@ -173,7 +173,7 @@ class Cluster:
                        WORLD_SIZE=str(self.num_workers),
                        LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(n),
                        PSERVER_SERVERS=",".join(addrs), **rdzv)
-            if self.elastic:
+            if self.elastic and not self.local_shards:
                 env["PSERVER_ELASTIC"] = "1"  # leave on SIGTERM (_leave.py)
             if self.opts.get("client_options") is not None:
                 env["PSERVER_CLIENT_OPTIONS"] = json.dumps(
@@ -236,7 +236,10 @@ class Cluster:
         workers, which leave the job at their next round and exit 0
         (python/pserver/_leave.py); True if all did within `grace` s."""
         for p, _ in self.workers:
-            _signal_group(p, signal.SIGTERM)
+            try:  # the process only: its own children (data loaders) stay
+                os.kill(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + grace
         codes = []
         for p, _ in self.workers:
@@ -321,6 +324,8 @@ def main(argv=None):
         except RuntimeError as e:
             print(f"launch: error: {e}", file=sys.stderr)
             return 1
+        except _Interrupted as e:
+            return 128 + e.signum
         _say(f"--node-rank auto: this machine is node {n['rank']}")
     cluster = Cluster(opts, server_bin, run_dir)
     code = 1
@@ -353,7 +358,7 @@ def main(argv=None):
         except _Interrupted as e:
             name = signal.Signals(e.signum).name
             if (e.signum == signal.SIGTERM and cluster.elastic and
-                    not cluster.local_shards):
+                    not cluster.local_shards and node is not None):
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 _say(f"{name}: this machine's workers leave the job at "
                      "their next round; the others go on")

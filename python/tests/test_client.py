@@ -290,3 +290,28 @@ def test_consistency_is_the_shards(shards):
                                     "--max_staleness=2"))
     assert c.consistency == "ssp"
     assert pserver.Client(["127.0.0.1:1"], 0, 1).consistency == ""
+
+
+def test_leave_takes_the_worker_out_and_register_brings_it_back(shards):
+    """Client.leave (a planned leave, the Leave RPC): the shard goes on
+    without the worker at once; the client is unregistered (a second leave
+    or a step is refused, naming register), and register() brings it back
+    at the shards' step."""
+    addrs = shards(1, 2, *SGD)
+    a = pserver.Client(addrs, 0, 2, push_codec="fp32")
+    b = pserver.Client(addrs, 1, 2, push_codec="fp32")
+    w0 = np.arange(5, dtype=np.float32)
+    a.register(["w"], [[5]], w0)
+    b.register(["w"], [[5]], w0)
+    out = np.zeros(5, np.float32)
+    assert b.leave() == 0
+    assert not b.registered
+    # The round no longer waits for worker 1: worker 0 steps alone.
+    g = np.ones(5, np.float32)
+    assert a.step(g, out) == 1
+    np.testing.assert_array_equal(out, w0 - np.float32(0.5) * g)
+    for call in (lambda: b.leave(), lambda: b.step(g, out)):
+        with pytest.raises(ValueError, match="register"):
+            call()
+    b.register(["w"], [[5]], w0)
+    assert b.global_step == 1

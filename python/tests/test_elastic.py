@@ -7,13 +7,14 @@ their next round and exit 0, the shard takes them out at once (not as
 dropped), and node 0 trains on to the end."""
 
 import json
+import os
 import re
 import signal
 import time
 
 import pytest
 
-from test_launch import HERE, no_process_left
+from test_launch import HERE, no_process_left, started_pids
 from test_launch_nodes import free_port, kill_leftovers, node, texts  # noqa: F401
 
 WORKER = str(HERE / "elastic_worker.py")
@@ -147,7 +148,8 @@ def test_node_rank_auto_claims_ranks_until_none_is_left(tmp_path):
     assert errors == [
         "launch: error: --node-rank auto: ranks 1..1 are all claimed (this "
         "machine asked for claim 2); expected at most 1 --node-rank auto "
-        "machines beside node 0"], extra_text
+        "starts in the job's life (a rank is not given out twice)"], \
+        extra_text
     assert auto.returncode == 0 and core.returncode == 0, auto_text + core_text
     assert "launch: --node-rank auto: this machine is node 1" in auto_text
     for r in range(4):
@@ -155,3 +157,42 @@ def test_node_rank_auto_claims_ranks_until_none_is_left(tmp_path):
             == 200
     for run in ("run0", "runa"):
         no_process_left(tmp_path / run)
+
+
+def test_a_joiner_that_vanishes_does_not_stop_the_job(tmp_path):
+    """A machine that joined and then vanishes without a word (frozen, its
+    processes killed: a spot machine taken at once) holds no shards: node 0
+    notes its silence after --heartbeat-timeout and trains on, and the
+    shard drops its worker when the lease runs out."""
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--nproc-per-node", "1", "--optimizer=sgd",
+            "--heartbeat-timeout", "2", "--lease_timeout_seconds=3", WORKER,
+            str(out), "250", "0.05"]
+    core = node(tmp_path, 0, port, *args, nnodes="1:2")
+    joiner = node(tmp_path, 1, port, *args, nnodes="1:2")
+    try:
+        first = wait_for("node 1 trains", lambda: progress(out, 1))
+        wait_for("node 1 trains on", lambda: progress(out, 1) >= first + 5)
+        joiner.send_signal(signal.SIGSTOP)  # its heartbeat stops too
+        for pid in started_pids(tmp_path / "run1").values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        joiner.kill()
+        joiner.wait()
+        core_text = texts(core, timeout=120)[0]
+    finally:
+        for p in (core, joiner):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert core.returncode == 0, core_text
+    assert ("launch: node 1 stopped answering for 2 s (--heartbeat-timeout);"
+            " it holds no shards: the others go on without it") in core_text
+    assert json.loads((out / "rank0.json").read_text())["last_step"] == 250
+    log = (tmp_path / "run0" / "shard0.log").read_text()
+    assert re.search(r"worker 1 dropped at step \d+", log), log
+    no_process_left(tmp_path / "run0")

@@ -162,6 +162,26 @@ TEST(Elastic, APushMadeBeforeLeavingStillCounts) {
   EXPECT_EQ(Weight0(s), 6.0f);
 }
 
+TEST(Elastic, ALeaveOfAWorkerNotInTheJobChangesNothing) {
+  auto shard = MakeShard(3, 2);
+  ASSERT_NE(shard, nullptr);
+  Shard& s = *shard;
+  for (uint32_t w = 0; w < 2; ++w) {
+    ASSERT_TRUE(s.Register(RegisterRequestFor(w, 3, Const(1.0f))).ok());
+  }
+  // Slot 2 never joined: not live, not registered, not "left".
+  auto absent = s.Leave(LeaveOf(2));
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_FALSE(absent->was_live());
+  v1::GetStatusResponse st = s.Status();
+  EXPECT_EQ(st.workers_left(), 0u);
+  EXPECT_EQ(st.workers_registered(), 2u);
+  EXPECT_EQ(st.workers_live(), 2u);
+  // It can still join later, as a join (not a return).
+  ASSERT_TRUE(s.Register(RegisterRequestFor(2, 3, Const(0.0f))).ok());
+  EXPECT_EQ(s.Status().workers_joined(), 1u);
+}
+
 TEST(Elastic, BadLeavesAndConfigsAreRefusedAndChangeNothing) {
   auto shard = MakeShard(2, 0);
   ASSERT_NE(shard, nullptr);
