@@ -41,7 +41,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import provenance  # noqa: E402
-from elastic_membership import free_port, wait  # noqa: E402
+from elastic_membership import free_port, publish, wait  # noqa: E402
 
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -158,14 +158,8 @@ def main():
         lines.append(f"| {n} | {'pass' if good else 'FAIL'} |")
     lines += ["", "Seconds per run (fixed 2, elastic, fixed 3 by seed): "
               + "; ".join(f"{r['seconds']:.0f}" for r in runs)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.results:
-        res = HERE / "results"
-        (res / "elastic_lm.md").write_text(text)
-        (res / "elastic_lm.json").write_text(json.dumps(
-            {"provenance": prov, "kinds": kinds, "runs": runs}, indent=1)
-            + "\n")
+    publish(lines, "elastic_lm" if a.results else None,
+            {"provenance": prov, "kinds": kinds, "runs": runs})
     return 0 if ok else 1
 
 

@@ -170,17 +170,22 @@ def main():
     lines += ["", "Per run (join, leave, extra wait, s): " + "; ".join(
         f"{r['join_seconds']:.2f}, {r['leave_seconds']:.2f}, "
         f"{r['extra_wait_seconds']:.3f}" for r in runs),
-        "", "Not measured here: the issue's language-model run (loss within "
-        "a fixed-size run's spread) and network namespaces with rate limits."]
+        "", "Not measured here: network namespaces with rate limits (the "
+        "language-model run with its loss is tests/bench/elastic_lm.py)."]
+    publish(lines, "elastic_membership" if a.results else None,
+            {"provenance": prov, "medians": med, "runs": runs})
+    return 0 if ok else 1
+
+
+def publish(lines, name, data):
+    """Prints the report; with a name, writes it and `data` to
+    tests/bench/results/<name>.md and .json."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.results:
-        res = HERE / "results"
-        (res / "elastic_membership.md").write_text(text)
-        (res / "elastic_membership.json").write_text(json.dumps(
-            {"provenance": prov, "medians": med, "runs": runs}, indent=1)
-            + "\n")
-    return 0 if ok else 1
+    if name:
+        (HERE / "results" / f"{name}.md").write_text(text)
+        (HERE / "results" / f"{name}.json").write_text(
+            json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":
