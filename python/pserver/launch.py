@@ -235,20 +235,13 @@ class Cluster:
         """Elastic, a node without shards told to stop: SIGTERM to its
         workers, which leave the job at their next round and exit 0
         (python/pserver/_leave.py); True if all did within `grace` s."""
-        for p, _ in self.workers:
+        procs = [p for p, _ in self.workers]
+        for p in procs:
             try:  # the process only: its own children (data loaders) stay
                 os.kill(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + grace
-        codes = []
-        for p, _ in self.workers:
-            try:
-                codes.append(p.wait(timeout=max(0.0, deadline -
-                                                time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-        return all(c == 0 for c in codes)
+        return all(c == 0 for c in _wait_all(procs, grace))
 
     def stop(self, grace=10.0):
         """Stops the workers, then the shards: SIGTERM to each process group,
@@ -257,16 +250,24 @@ class Cluster:
             procs = [p for p, _ in group]
             for p in procs:
                 _signal_group(p, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            for p in procs:
-                try:
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+            _wait_all(procs, grace)
             for p in procs:
                 # The group too: a child the process left behind.
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
+
+
+def _wait_all(procs, grace):
+    """Waits up to `grace` seconds in all for `procs` to exit; their exit
+    codes (None: still running)."""
+    deadline = time.monotonic() + grace
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    return codes
 
 
 def _die_with_launcher():

@@ -1,9 +1,8 @@
 """A worker of test_elastic.py: a small linear model trained with
 DistributedOptimizer (SGD on the shards) until the shards' step reaches
 TOTAL, a short sleep per step so the test can place joins and leaves. Each
-step it writes its global step to OUT/progress<rank> and appends
-"step time" to OUT/times<rank> (tests/bench/elastic_membership.py reads
-the times); at the end (a normal
+step it appends "global_step time" to OUT/times<rank> (test_elastic.py
+reads the steps, tests/bench/elastic_membership.py the times); at the end (a normal
 finish, or SystemExit(0) after leaving on SIGTERM) OUT/rank<rank>.json
 holds the steps it made, the step it started and ended at, and a checksum
 of its weights."""
@@ -46,8 +45,6 @@ def main(out, total, pause):
             opt.step()
             opt.zero_grad()
             steps += 1
-            with open(os.path.join(out, f"progress{rank}"), "w") as f:
-                f.write(str(opt.global_step))
             with open(os.path.join(out, f"times{rank}"), "a") as f:
                 f.write(f"{opt.global_step} {time.time():.4f}\n")
             time.sleep(pause)

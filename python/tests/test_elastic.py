@@ -32,9 +32,12 @@ def wait_for(what, check, timeout=90):
 
 
 def progress(out, rank):
+    """The global step of rank's last completed step (0: none yet), from
+    the lines elastic_worker.py appends."""
     try:
-        return int((out / f"progress{rank}").read_text() or 0)
-    except (FileNotFoundError, ValueError):
+        lines = (out / f"times{rank}").read_text().splitlines()
+        return int(lines[-1].split()[0]) if lines else 0
+    except (FileNotFoundError, ValueError, IndexError):
         return 0
 
 

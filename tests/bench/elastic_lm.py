@@ -41,28 +41,19 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import provenance  # noqa: E402
-from elastic_membership import free_port, publish, wait  # noqa: E402
+from elastic_membership import free_port, launcher, publish, wait  # noqa: E402
 
-import os  # noqa: E402
-import subprocess  # noqa: E402
 
 GPT = ROOT / "python" / "examples" / "train_gpt.py"
 STEPS, JOIN_AT, LEAVE_AT = 450, 150, 300
 
 
-def launcher(build, tmp, rank, port, seed):
-    env = dict(os.environ, PYTHONPATH=str(build / "python"))
-    log = open(tmp / f"launch{rank}.log", "wb")
-    return subprocess.Popen(
-        ["/usr/bin/python3", "-m", "pserver.launch", "--server-bin",
-         str(build / "server" / "pserver_server"), "--run-dir",
-         str(tmp / f"run{rank}"), "--nnodes", "2:3", "--node-rank", str(rank),
-         "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "1",
-         "--recipe", "lm-onebit:100", "--lease_timeout_seconds=60",
-         str(GPT), "--pserver", "--size", "bench", "--steps", str(STEPS),
-         "--batch", "12", "--seed", str(seed), "--log-every", "10",
-         "--json", str(tmp / "rank0.json")],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+def machine(build, tmp, rank, port, seed):
+    return launcher(build, tmp, rank, port, "2:3", "--nproc-per-node", "1",
+                    "--recipe", "lm-onebit:100", str(GPT), "--pserver",
+                    "--size", "bench", "--steps", str(STEPS), "--batch", "12",
+                    "--seed", str(seed), "--log-every", "10",
+                    "--json", str(tmp / "rank0.json"))
 
 
 def round_of(tmp):
@@ -75,13 +66,13 @@ def one_run(build, seed, kind):
     elastic = kind == "elastic"
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="pserver-elastic-lm-"))
     port = free_port()
-    procs = {r: launcher(build, tmp, r, port, seed)
+    procs = {r: machine(build, tmp, r, port, seed)
              for r in ((0, 1, 2) if kind == "fixed 3" else (0, 1))}
     start = time.monotonic()
     try:
         if elastic:
             wait("round 150", lambda: round_of(tmp) >= JOIN_AT, 900)
-            procs[2] = launcher(build, tmp, 2, port, seed)
+            procs[2] = machine(build, tmp, 2, port, seed)
             wait("round 300", lambda: round_of(tmp) >= LEAVE_AT, 900)
             procs[2].send_signal(signal.SIGTERM)
         for p in procs.values():

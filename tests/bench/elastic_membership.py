@@ -51,17 +51,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launcher(build, tmp, rank, port, out):
+def launcher(build, tmp, rank, port, nnodes, *args):
+    """Machine `rank`'s pserver.launch on loopback (run folder
+    tmp/run<rank>, output in tmp/launch<rank>.log), `args` after the
+    several-machine options."""
     env = dict(os.environ, PYTHONPATH=str(build / "python"))
     log = open(tmp / f"launch{rank}.log", "wb")
     return subprocess.Popen(
         ["/usr/bin/python3", "-m", "pserver.launch", "--server-bin",
          str(build / "server" / "pserver_server"), "--run-dir",
-         str(tmp / f"run{rank}"), "--nnodes", "1:3", "--node-rank", str(rank),
-         "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "2",
-         "--optimizer=sgd", "--lease_timeout_seconds=60", str(WORKER),
-         str(out), str(TOTAL), str(PAUSE)],
+         str(tmp / f"run{rank}"), "--nnodes", nnodes, "--node-rank", str(rank),
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--lease_timeout_seconds=60",
+         *args],
         env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def machine(build, tmp, rank, port, out):
+    return launcher(build, tmp, rank, port, "1:3", "--nproc-per-node", "2",
+                    "--optimizer=sgd", str(WORKER), str(out), str(TOTAL),
+                    str(PAUSE))
 
 
 def times(out, rank):
@@ -87,11 +95,11 @@ def one_run(build):
     out = tmp / "out"
     out.mkdir()
     port = free_port()
-    procs = {r: launcher(build, tmp, r, port, out) for r in (0, 1)}
+    procs = {r: machine(build, tmp, r, port, out) for r in (0, 1)}
     try:
         wait("round 100", lambda: len(times(out, 0)) >= JOIN_AT)
         started = time.time()
-        procs[2] = launcher(build, tmp, 2, port, out)
+        procs[2] = machine(build, tmp, 2, port, out)
         wait("node 2's first round",
              lambda: times(out, 4) and times(out, 5))
         join = min(times(out, 4)[0][1], times(out, 5)[0][1]) - started
