@@ -25,6 +25,7 @@ import threading
 import time
 
 _POLL = 0.2
+_CLOSE_TIMEOUT = 5.0  # seconds close() waits for the heartbeat thread
 
 
 class Elsewhere(RuntimeError):
@@ -74,6 +75,8 @@ class Node:
         self._heard = {}  # node -> (its beat, when it last moved, here)
         self._gone = set()  # elastic nodes that went silent
         self._host, self._port = host, port
+        self._beating = None  # the heartbeat thread, once joined
+        self._quiet = threading.Event()  # set by close()
         try:
             self.store = dist.TCPStore(
                 host, port, None, rank == 0,
@@ -118,7 +121,8 @@ class Node:
             time.sleep(_POLL)
 
     def join(self):
-        threading.Thread(target=self._beat, daemon=True).start()
+        self._beating = threading.Thread(target=self._beat, daemon=True)
+        self._beating.start()
         self._set(f"node/{self.rank}", socket.gethostname())
         starting = sorted({*range(self.min_nodes), self.rank})
         self._await({f"node/{r}": f"node {r}" for r in starting}, "launchers")
@@ -129,11 +133,20 @@ class Node:
         try:
             store = dist.TCPStore(self._host, self._port, None, False,
                                   datetime.timedelta(seconds=30))
-            while True:
+            while not self._quiet.is_set():
                 store.add(f"pserver/beat/{self.rank}", 1)
-                time.sleep(_POLL)
+                self._quiet.wait(_POLL)
         except RuntimeError:
             return  # the store is gone: the main thread says so
+
+    def close(self):
+        """Stops the heartbeat and waits for its thread. Called before the
+        launcher exits: a daemon thread still inside a TCPStore call when
+        the interpreter shuts down is torn down by pthread_exit through
+        C++ frames, which aborts the process."""
+        self._quiet.set()
+        if self._beating is not None:
+            self._beating.join(timeout=_CLOSE_TIMEOUT)
 
     def shards(self, first, addrs, total, per_node, alive):
         """Publishes this node's shards (indices first, first + 1, ...) and

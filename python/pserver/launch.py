@@ -378,6 +378,8 @@ def main(argv=None):
         for s in old:
             signal.signal(s, signal.SIG_IGN)
         cluster.stop()
+        if node is not None:
+            node.close()
         for s, handler in old.items():
             signal.signal(s, handler)
     if code == 0:

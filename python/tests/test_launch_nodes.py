@@ -214,6 +214,34 @@ def test_a_machine_that_dies_without_a_word_stops_the_other(tmp_path, dead):
     no_process_left(tmp_path / f"run{1 - dead}")
 
 
+CLOSE_SCRIPT = """
+import sys, time
+from pserver import _nodes
+_nodes._POLL = 0  # the heartbeat is then nearly always inside a store call
+node = _nodes.Node(1, 0, "127.0.0.1", int(sys.argv[1]), 10)
+node.join()
+time.sleep(0.5)
+if sys.argv[2] == "close":
+    node.close()
+    assert not node._beating.is_alive()
+"""
+
+
+def test_a_launcher_stops_its_heartbeat_before_it_exits(tmp_path):
+    """The heartbeat thread must be stopped before the interpreter exits: a
+    daemon thread inside a TCPStore call at shutdown is torn down through
+    C++ frames, and the process aborts ("terminate called without an active
+    exception"), turning a job that succeeded into exit status -6. The
+    launcher calls Node.close(); without it this script aborts."""
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]))
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", CLOSE_SCRIPT,
+                            str(free_port()), "close"], env=e,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+
+
 def test_a_machine_that_never_joins_is_named(tmp_path):
     """Machine 0 alone: after --join-timeout it exits 1 naming machine 1,
     having started nothing."""
