@@ -46,7 +46,7 @@
 #   SERVER_FLAGS / WORKER_FLAGS: extra flags for every daemon (WORKER0_FLAGS: worker 0's).
 #   --script FILE [ARGS...]  instead of pserver_worker, run a PyTorch script
 #                 (e.g. python/examples/fashion_cnn.py) once per worker through
-#                 `python3 -m pserver.launch` (docs/python.md), with the shard
+#                 `python3 -m pserver.launch` (docs/launch.md), with the shard
 #                 options above; everything after FILE is the script's.
 set -euo pipefail
 

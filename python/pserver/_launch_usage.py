@@ -69,7 +69,7 @@ Launcher options:
                       such a node's launcher (a spot notice) makes its
                       workers leave at their next round and exit 0 while
                       the others go on. WORLD_SIZE is MAX*G; the rounds'
-                      mean is over the workers present (docs/python.md).
+                      mean is over the workers present (docs/launch.md).
                       SIGTERM to nodes 0..MIN-1, and Ctrl-C anywhere,
                       stop the job. Not with --push-per node.
   --node-rank I       this machine's place (auto: the next unclaimed one,

@@ -1,4 +1,4 @@
-"""python/examples/train_mlp.py runs as docs/python.md shows (few steps, on a
+"""python/examples/train_mlp.py runs as docs/examples.md shows (few steps, on a
 subset of Fashion-MNIST), and a second run with --state continues the first;
 python/examples/char_transformer.py trains a tiny transformer through the
 launcher and its validation loss falls."""

@@ -1,4 +1,4 @@
-"""python/examples/fashion_cnn.py runs through the launcher as docs/python.md
+"""python/examples/fashion_cnn.py runs through the launcher as docs/examples.md
 shows (2 shards, 2 workers, few steps on a subset of Fashion-MNIST) and
 learns: rank 0 reports a test accuracy well above chance."""
 
