@@ -51,6 +51,7 @@ are in train_gpt_args.py.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -370,6 +371,12 @@ def main(argv=None):
             f"pulled {stats['pull_payload_bytes']} (+ "
             f"{stats.get('variance_payload_bytes', 0)} of frozen variance)",
             flush=True)
+    if args.weights_sha256:
+        digest = hashlib.sha256()
+        for name, t in sorted(model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+        pathlib.Path(args.weights_sha256).write_text(digest.hexdigest() + "\n")
     if rank == 0:
         if not stop:  # every step done
             val_curve.append([args.steps, *evaluate()])

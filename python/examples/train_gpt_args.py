@@ -72,6 +72,10 @@ def parse_args(argv=None, description=None):
                    "of training (train_seconds: rank 0's evaluations not "
                    "counted). 0: off")
     p.add_argument("--json", default="", help="rank 0 writes the run here")
+    p.add_argument("--weights-sha256", default="", metavar="FILE",
+                   help="every rank writes the SHA-256 of its final "
+                   "parameters here (hex; each rank its own FILE): equal "
+                   "files mean the ranks ended with one model")
     ps = p.add_argument_group("with --pserver")
     ps.add_argument("--push-codec", default="",
                     help="the workers' push codec (fp32, bf16, quantize, "

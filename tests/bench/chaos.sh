@@ -27,7 +27,8 @@
 #   worker_kill        SIGKILL of a worker
 #   shard_worker_kill  SIGKILL of a shard and a worker at the same moment
 #   worker_stop        SIGSTOP of a worker for longer than the lease, SIGCONT
-#   shard_stop         SIGSTOP of a shard for 2-8 s, SIGCONT
+#   shard_stop         SIGSTOP of a shard for 2-8 s, SIGCONT; the first of a
+#                      full run 70-90 s (PserverShardDown's 1-minute for:)
 #   link_down          a host's link down for 2-30 s (its eth0, or the hub's
 #                      end of its veth), then up
 #   throttle           a host's link at 10 Mbit/s both ways for 30 s
@@ -37,14 +38,20 @@
 #                      half its length before the supervisor restarts it
 # Every fault's start and end are logged (faults.log). Checked and reported:
 # the job finishes (every worker's last run exits 0, the shards exit 0 on
-# SIGTERM); its final test accuracy is within the clean runs' seed-to-seed
-# range (the same job without faults for seeds SEED.. SEED+CLEAN_RUNS-1)
-# widened by ACC_MARGIN; every checkpoint a shard wrote (each copied aside as
-# it appears) loads: a throwaway shard started on it alone reports its step;
-# no process is left running; per fault class, the faults injected, the time
-# until training progressed again after the fault was lifted, the longest
-# stall, the rounds lost; each alert the class should raise fired in
-# Prometheus and cleared (chaos_report.py says how each figure is computed).
+# SIGTERM); every worker ends with one model (the SHA-256 of its final
+# weights); the final quality (test accuracy; lm: the validation loss) is
+# within the clean runs' spread over seeds (the same job without faults for
+# seeds SEED.. SEED+CLEAN_RUNS-1; max - min) of the clean run of the same
+# seed (with one clean run, within ACC_MARGIN of it); every checkpoint a shard
+# wrote (each copied aside as it appears) loads: a throwaway shard started on
+# it alone reports its step; no process is left running; per fault class, the
+# faults injected, the time until training progressed again after the fault
+# was lifted, the longest stall, the rounds lost (their updates thrown away
+# by a shard's restart); each alert the class should raise fired in
+# Prometheus and cleared; each speed alert that fired is borne out by the
+# sampled counters (chaos_report.py says how each figure is computed). The
+# results record the commit of a clean tree (a dirty one is refused unless
+# ALLOW_DIRTY=1, or --short) and the machine (tests/bench/provenance.py).
 # Results: PREFIX.md, PREFIX.json, PREFIX.svg (a timeline of the faults and
 # the steps/s series); logs and raw data stay in a /tmp/pserver-chaos.*
 # folder it names when a check fails or KEEP=1 (removed otherwise). Exit 0 when every check passes, 1 when one fails, 2 for a
@@ -86,7 +93,7 @@
 #   and makes the clean runs, which run without it, shorter than the chaos
 #   run), TAIL=120 (45 short; seconds of training planned after the window,
 #   for recovery and for alerts to clear), ACC_MARGIN=0.01 (0.03 short; lm:
-#   the loss, 0.03 and 0.06 short),
+#   the loss, 0.03 and 0.06 short; used only with fewer than two clean runs),
 #   RESTART_DELAY=1 (seconds before a supervisor restarts a daemon),
 #   CALIBRATE=30 (seconds of the calibration run), RUN_TIMEOUT (seconds a job
 #   may take: 3 x its planned time + 600), STUCK=300 (seconds without a new
@@ -224,6 +231,11 @@ for b in "$SERVER" "$WORKER" "$PROBE"; do
   "$b" --help >/dev/null 2>&1 || die "$b (copied from $BUILD) does not run: is the build folder being rebuilt?"
 done
 echo "chaos.sh: work folder $WORK" >&2
+# The commit and machine, before anything runs (refuses a dirty tree unless
+# ALLOW_DIRTY=1; the short mode is a test, not a result, and allows it).
+"$PYTHON" "$HERE/provenance.py" \
+  $([[ ${ALLOW_DIRTY:-0} == 1 || $SHORT == 1 ]] && echo --allow-dirty) >"$WORK/provenance.json" ||
+  die "provenance: see above"
 
 MOUNTS=()          # tmpfs mounts to undo
 BACKGROUND=()      # supervisors, injectors, the sampler and the archiver
@@ -327,7 +339,8 @@ shard_flags() {
 }
 
 # worker_command W SEED STEPS DELAY_MS: worker W's command line in WORKER_CMD
-# (RUN/wW.json: its summary; with lm only rank 0 writes one).
+# (RUN/wW.json: its summary; with lm only rank 0 writes one; RUN/wW.weights
+# (mlp) or RUN/wW.sha256 (lm): its final parameters, or their SHA-256).
 worker_command() {
   local w=$1 seed=$2 steps=$3 delay=$4
   if [[ $WORKLOAD == mlp ]]; then
@@ -335,7 +348,8 @@ worker_command() {
       --steps="$steps" --batch_size=32 --seed="$seed" --push_codec=onebit
       --warmup_codec=quantize --k_fraction=0.01 --compute_delay_ms="$delay"
       --state_file="$RUN/state/w$w.state" --metrics_listen="${WORKER_IP[$w]}:9200"
-      --progress=lines --log_interval=5 --summary_json="$RUN/w$w.json")
+      --progress=lines --log_interval=5 --summary_json="$RUN/w$w.json"
+      --save_weights="$RUN/w$w.weights")
   else
     WORKER_CMD=(env PSERVER_SERVERS="$SERVERS" RANK="$w" WORLD_SIZE=4
       PYTHONPATH="$WORK/python" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -345,7 +359,7 @@ worker_command() {
       --client-option "schedule=$WORK/schedule.txtpb"
       --client-option "metrics_listen=${WORKER_IP[$w]}:9200"
       --state-file "$RUN/state/w$w.state" --state-every 50 --log-every 50
-      --json "$RUN/w$w.json")
+      --json "$RUN/w$w.json" --weights-sha256 "$RUN/w$w.sha256")
   fi
 }
 

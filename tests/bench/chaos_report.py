@@ -21,10 +21,11 @@ How the figures are computed (report):
   stall        the longest time without a new high-water round from the
                fault's start to its recovery (a SIGSTOPped worker stalls the
                rounds until its lease expires, however long it stays stopped).
-  rounds redone  per shard restart: the shard's step just before the kill
+  rounds lost  per shard restart: the shard's step just before the kill
                minus the step it restored (its log's "restored step N"; 0 when
-               it started fresh): rounds whose updates the restart threw away
-               and the workers' resume_step made it do again or skip.
+               it started fresh). Those rounds' updates (each the mean of the
+               workers' pushes in it) are lost on that shard: the workers'
+               resume_step makes it skip to their step, it does not redo them.
   worker rounds missed
                from the start of a worker fault to its recovery, on a shard
                that did not restart in that time: 4 x rounds completed minus
@@ -73,7 +74,9 @@ def plan(seed, duration, lease, short):
     """The faults: (start, seconds, class, targets, detail), sorted by start.
 
     A worker_stop lasts the lease plus 5-20 s ("short") or plus 70-90 s
-    ("long", always in the short mode: the alerts' 1-minute `for:`).
+    ("long", always in the short mode: the alerts' 1-minute `for:`). A
+    shard_stop lasts 2-8 s, but the first of a full run 70-90 s ("long":
+    PserverShardDown's 1-minute `for:`).
     Each class `per_class` times, then random extra faults; each placed at a
     random start with random targets, retried until it does not overlap
     another fault on the same daemon (or the same shard's disk) with a
@@ -86,6 +89,7 @@ def plan(seed, duration, lease, short):
     classes += [rng.choice(CLASSES) for _ in range(extra)]
     rng.shuffle(classes)
     busy = {}  # target key -> [(start, end)]
+    drawn = {"long_shard_stop": False}
 
     def draw(cls):
         if cls in ("shard_kill", "ckpt_truncate"):
@@ -101,6 +105,10 @@ def plan(seed, duration, lease, short):
                 return round(lease + rng.uniform(70, 90), 1), [rng.choice(WORKERS)], "long"
             return round(lease + rng.uniform(5, 20), 1), [rng.choice(WORKERS)], "short"
         if cls == "shard_stop":
+            # The first of a full run outlasts PserverShardDown's 1-minute
+            # `for:` (the workers wait for it: --retry_budget is 300 s).
+            if not short and not drawn["long_shard_stop"]:
+                return round(rng.uniform(70, 90), 1), [rng.choice(SHARDS)], "long"
             return round(rng.uniform(2, 8), 1), [rng.choice(SHARDS)], "-"
         if cls == "link_down":
             return (round(rng.uniform(2, 30), 1), [rng.choice(SHARDS + WORKERS)],
@@ -126,6 +134,8 @@ def plan(seed, duration, lease, short):
                 for k in keys:
                     busy.setdefault(k, []).append((start, start + hold))
                 faults.append((start, dur, cls, targets, detail))
+                if cls == "shard_stop" and detail == "long":
+                    drawn["long_shard_stop"] = True
                 break
     faults.sort()
     return faults
@@ -149,6 +159,11 @@ METRICS = {
     "pserver_server_applied_pushes_total": "applied",
     "pserver_server_checkpoint_failures_total": "ckfail",
     "pserver_worker_step": "step",
+    # The speed alerts' inputs (see speed_alert_checks).
+    "pserver_worker_communication_seconds_total": "comm",
+    "pserver_worker_compute_seconds_total": "compute",
+    "pserver_server_straggler_last_share": "slast",
+    "pserver_server_straggler_wait_share": "swait",
 }
 
 
@@ -184,7 +199,7 @@ def cmd_sample(a):
                 line = f"{t0:.3f}\t{name}\tdown\n"
             else:
                 line = f"{t0:.3f}\t{name}\tup\t" + "\t".join(
-                    f"{k}={v:.0f}" for k, v in sorted(m.items())) + "\n"
+                    f"{k}={v:.10g}" for k, v in sorted(m.items())) + "\n"
             with lock:
                 out.write(line)
             time.sleep(max(0.0, a.interval - (time.time() - t0)))
@@ -541,6 +556,62 @@ MODELS = {
 }
 
 
+# The workers' metrics addresses, as chaos.sh gives them (WORKER_IP).
+WORKER_IPS = {f"198.18.3.{20 + i}": f"w{i}" for i in range(NUM_WORKERS)}
+
+
+def communication_share(samples, w, window=300.0):
+    """[(t, share)]: worker w's communication seconds over communication
+    plus compute seconds in the trailing `window` (PserverCommunicationBound's
+    rate(...[5m]) ratio), from the sampled counters; a restart (a counter
+    going down) starts the window afresh."""
+    pts = [(t, v["comm"], v["compute"]) for t, v in samples.get(w, [])
+           if v is not None and "comm" in v and "compute" in v]
+    out, j = [], 0
+    for i, (t, c, k) in enumerate(pts):
+        if i and (c < pts[i - 1][1] or k < pts[i - 1][2]):
+            j = i
+        while pts[j][0] < t - window:
+            j += 1
+        t0, c0, k0 = pts[j]
+        if t - t0 >= 0.9 * window and (c - c0) + (k - k0) > 0:
+            out.append((t, (c - c0) / ((c - c0) + (k - k0))))
+    return out
+
+
+def speed_alert_checks(res, rules):
+    """[(alert, from, to, label, held, detail)] for each firing of a speed
+    alert: whether the sampled counters show its rule's condition through
+    the `for:` before it fired (held: True / False). A storm of faults makes
+    the job wait (a stall is waiting), so these alerts may fire truthfully;
+    one whose condition the counters do not show is a wrong alert."""
+    out = []
+    samples = res["samples"]
+    for name, ivs in sorted(res["fired"].items()):
+        if name not in SPEED_ALERTS:
+            continue
+        need = rules.get(name, {}).get("for", 0)
+        for a_, b_, m in ivs:
+            lo, hi = a_ - need + SLACK, a_ - SLACK
+            if name == "PserverCommunicationBound":
+                w = WORKER_IPS.get(m.get("instance", "").rsplit(":", 1)[0])
+                pts = [x for t, x in communication_share(samples, w) if lo <= t <= hi] if w else []
+                held = bool(pts) and min(pts) > 0.5 - 0.02
+                detail = (f"{w}: communication share {min(pts):.2f}-{max(pts):.2f} over the "
+                          f"{need:g} s before it fired (threshold 0.5)" if pts else
+                          f"{w or m.get('instance')}: no samples")
+            else:
+                sh = "s" + str(m.get("shard", ""))
+                pts = [(v.get("slast", 0), v.get("swait", 0)) for t, v in samples.get(sh, [])
+                       if v is not None and lo <= t <= hi]
+                held = bool(pts) and all(x >= 0.6 - 0.02 and y >= 0.1 - 0.02 for x, y in pts)
+                detail = (f"{sh}: last-pusher share >= {min(x for x, _ in pts):.2f}, wait share "
+                          f">= {min(y for _, y in pts):.2f} over the {need:g} s before it fired "
+                          "(thresholds 0.6, 0.1)" if pts else f"{sh}: no samples")
+            out.append((name, a_, b_, held, detail))
+    return out
+
+
 def true_runs(series):
     """[(from, to)] of consecutive True states (None and False end a run)."""
     out, begin, last = [], None, None
@@ -689,8 +760,8 @@ def analyse_chaos(run, meta):
                 "shard": s, "restarted_after_s": None if ts is None else round(ts - f["start"], 2),
                 "step_before": pre, "restored": restored, "refused": facts.get("refused", []),
                 "skips": facts.get("skips", []),
-                "redone": None if pre is None or restored is None else int(pre - restored)})
-        f["rounds_redone"] = sum(r["redone"] or 0 for r in f["restarts"])
+                "lost": None if pre is None or restored is None else int(pre - restored)})
+        f["rounds_lost"] = sum(r["lost"] or 0 for r in f["restarts"])
         # Worker rounds missed, on a shard that did not restart meanwhile.
         f["worker_rounds_missed"] = None
         if any(t.startswith("w") for t in f["targets"]) or f["class"] == "worker_stop":
@@ -810,6 +881,20 @@ def accuracy(run, w=0, workload="mlp"):
         return None
     with open(p) as f:
         return json.load(f).get(QUALITY[workload][0])
+
+
+def weights_digest(run, w, workload):
+    """SHA-256 of worker w's final parameters (mlp: of its --save_weights
+    file; lm: what train_gpt.py --weights-sha256 wrote), or None."""
+    if workload == "mlp":
+        p = os.path.join(run, f"w{w}.weights")
+        if not os.path.exists(p):
+            return None
+        import hashlib
+        with open(p, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    p = os.path.join(run, f"w{w}.sha256")
+    return open(p).read().strip() if os.path.exists(p) else None
 
 
 def verify_rows(run):
@@ -933,10 +1018,17 @@ def cmd_report(a):
         kv = dict(l.strip().split("=", 1) for l in f if "=" in l)
     meta["steps"] = int(kv["steps"])
     meta.setdefault("machine", machine())
+    prov = os.path.join(work, "provenance.json")
+    if os.path.exists(prov):  # tests/bench/provenance.py, at the start
+        with open(prov) as f:
+            meta["provenance"] = json.load(f)
+        meta["commit"] = meta["provenance"]["commit"] + (
+            " (dirty tree)" if meta["provenance"].get("dirty") else "")
     workload = meta.get("workload", "mlp")
     quality = QUALITY[workload][1]
     # Workers that write a summary with the quality figure.
     judged = range(NUM_WORKERS) if workload == "mlp" else range(1)
+    everyone = range(NUM_WORKERS)
     res = analyse_chaos(chaos, meta)
     faults = [f for f in sorted(res["faults"].values(), key=lambda f: f["id"])]
     injected = [f for f in faults if f["state"] == "injected"]
@@ -948,15 +1040,25 @@ def cmd_report(a):
         with open(os.path.join(d, "meta")) as f:
             ckv = dict(l.strip().split("=", 1) for l in f if "=" in l)
         clean.append({"seed": int(ckv["seed"]), "accuracy": accuracy(d, 0, workload),
-                      "workers_agree": len({accuracy(d, w, workload) for w in judged}) == 1,
+                      "workers_agree": len({weights_digest(d, w, workload)
+                                            for w in everyone} - {None}) == 1,
                       "seconds": round(read_time(d, "finished") - read_time(d, "started"), 1),
                       "leftovers": read_lines(os.path.join(d, "leftovers.txt"))})
         i += 1
     accs = [c["accuracy"] for c in clean if c["accuracy"] is not None]
     acc = accuracy(chaos, 0, workload)
     chaos_accs = [accuracy(chaos, w, workload) for w in judged]
-    lo = min(accs) - meta["acc_margin"] if accs else None
-    hi = max(accs) + meta["acc_margin"] if accs else None
+    digests = [weights_digest(chaos, w, workload) for w in everyone]
+    # The quality check: against the clean run of the same seed (the job is
+    # deterministic), within the clean runs' spread over seeds; with fewer
+    # than two clean runs (the short mode) the one clean run +- acc_margin.
+    same = next((c["accuracy"] for c in clean if c["seed"] == meta["seed"]
+                 and c["accuracy"] is not None), None)
+    band = (max(accs) - min(accs)) if len(accs) >= 2 else meta["acc_margin"]
+    band_how = ("the clean runs' spread over seeds (max - min)" if len(accs) >= 2
+                else f"acc_margin (fewer than two clean runs)")
+    lo = same - band if same is not None else None
+    hi = same + band if same is not None else None
 
     ckpts = verify_rows(chaos)
     bad_ckpts = [r for r in ckpts if r["restored"] is None or r["restored"] != r["step"]]
@@ -968,7 +1070,7 @@ def cmd_report(a):
         fs = [f for f in injected if f["class"] == cls]
         rec = med_max([f["recovery_s"] for f in fs])
         stall = med_max([f["stall_s"] for f in fs])
-        redone = [f["rounds_redone"] for f in fs if f["restarts"]]
+        lost = [f["rounds_lost"] for f in fs if f["restarts"]]
         missed = [f["worker_rounds_missed"] for f in fs if f["worker_rounds_missed"] is not None]
         alerts = {}
         for f in fs:
@@ -991,8 +1093,8 @@ def cmd_report(a):
             "injected": len(fs),
             "recovery_median_s": rec[0], "recovery_max_s": rec[1],
             "stall_median_s": stall[0], "stall_max_s": stall[1],
-            "rounds_redone_total": sum(redone) if redone else None,
-            "rounds_redone_max": max(redone) if redone else None,
+            "rounds_lost_total": sum(lost) if lost else None,
+            "rounds_lost_max": max(lost) if lost else None,
             "worker_rounds_missed_total": sum(missed) if missed else None,
             "alerts": alerts,
         }
@@ -1003,10 +1105,12 @@ def cmd_report(a):
                  if e["verdict"] == "expected" and e["fired"] and not e.get("cleared")
                  and e["clear_observable"]]
     # Speed alerts watch the share of step time spent waiting: a storm of
-    # faults, whose stalls are waiting, may raise them truthfully. Reported,
-    # not failed; the training-quality ones (loss, update norm, error
-    # feedback) fail the run.
+    # faults, whose stalls are waiting, may raise them truthfully. Each
+    # firing must be borne out by the sampled counters (speed_alert_checks);
+    # the training-quality ones (loss, update norm, error feedback) fail the
+    # run whenever they fire.
     speed_alerts = sorted(n for n in res["fired"] if n in SPEED_ALERTS)
+    speed_checks = speed_alert_checks(res, res["rules"])
     training_alerts = sorted(n for n in res["fired"]
                              if n not in MODELS and n not in SPEED_ALERTS)
     still_firing = sorted({n for n, ivs in res["fired"].items()
@@ -1031,13 +1135,15 @@ def cmd_report(a):
          f"{len(res['unplanned'])} exits: " + "; ".join(sorted({
              re.sub(r"\d+", "N", (u.get("log") or [u.get("note", "")])[-1])[:90]
              for u in res["unplanned"]})) + " (see below)" if res["unplanned"] else ""),
-        ("the workers ended with one model (equal test accuracy)"
-         if workload == "mlp" else "rank 0 evaluated the final model",
-         len(set(chaos_accs)) == 1 and None not in chaos_accs, str(chaos_accs)),
-        (f"{quality} within the clean runs' range +- {meta['acc_margin']}",
-         acc is not None and (lo is None or lo <= acc <= hi),
-         f"{fmt(acc, 4)} in [{fmt(lo, 4)}, {fmt(hi, 4)}] (clean {', '.join(fmt(x, 4) for x in accs)})"
-         if accs else f"{fmt(acc, 4)}; not compared: no clean run (--clean-runs 0)"),
+        ("every worker ended with one model (equal SHA-256 of its final weights)",
+         None not in digests and len(set(digests)) == 1,
+         ", ".join(f"w{w} {d[:12] if d else 'none'}" for w, d in zip(everyone, digests))),
+        (f"{quality} within {band_how} of the same seed's clean run",
+         acc is not None and same is not None and lo <= acc <= hi,
+         f"{fmt(acc, 4)} against {fmt(same, 4)} +- {fmt(band, 4)} (clean "
+         f"{', '.join(fmt(x, 4) for x in accs)})"
+         if same is not None else f"{fmt(acc, 4)}; not compared: no clean run of seed "
+         f"{meta['seed']} (--clean-runs 0)"),
         ("every checkpoint written loads", not bad_ckpts and bool(ckpts),
          f"{len(ckpts)} loaded, {len(bad_ckpts)} failed" +
          (": " + "; ".join(f"shard {r['shard']} {r['file']}: {r['log'][:120]}" for r in bad_ckpts[:5])
@@ -1050,6 +1156,11 @@ def cmd_report(a):
         ("no availability alert fired that no fault explains", not res["unexplained"],
          "; ".join(f"{u['alert']} {u['from']}-{u['to']} s {u['labels']}"
                    for u in res["unexplained"])[:600]),
+        ("every speed alert that fired held its rule's condition in the sampled counters",
+         all(h for _, _, _, h, _ in speed_checks),
+         "; ".join(f"{n.replace('Pserver', '')} {a_ - res['t0']:.0f}-{b_ - res['t0']:.0f} s: "
+                   f"{'yes' if h else 'NO'}, {d}" for n, a_, b_, h, d in speed_checks)[:900]
+         or "none fired"),
         ("no training-quality alert fired (loss, update norm, error feedback)",
          not training_alerts,
          "; ".join(f"{n} " + ", ".join(f"{a_ - res['t0']:.0f}-{b_ - res['t0']:.0f} s"
@@ -1072,13 +1183,17 @@ def cmd_report(a):
         "checks": [{"check": n, "ok": bool(o), "detail": d} for n, o, d in checks],
         "accuracy": {"chaos": acc, "chaos_workers": chaos_accs, "clean": clean and [
             {k: v for k, v in c.items() if k != "leftovers"} for c in clean],
+            "same_seed_clean": same, "band": band, "band_from": band_how,
             "range": [lo, hi]},
+        "weights_sha256": {f"w{w}": d for w, d in zip(everyone, digests)},
         "classes": per_class,
         "faults": out_faults,
         "alerts_fired": {n: [[round(a_ - t0, 1), round(b_ - t0, 1), m.get("instance", m.get("shard", ""))]
                              for a_, b_, m in ivs] for n, ivs in res["fired"].items()},
         "alerts_firing_at_end": still_firing,
         "speed_alerts": speed_alerts,
+        "speed_alert_checks": [{"alert": n, "from": round(a_ - t0, 1), "to": round(b_ - t0, 1),
+                                "held": h, "detail": d} for n, a_, b_, h, d in speed_checks],
         "rules": res["rules"],
         "checkpoints_loaded": len(ckpts),
         "training_seconds": round(res["finished"] - t0, 1),
@@ -1104,9 +1219,11 @@ def cmd_report(a):
            "python/examples/train_gpt.py --pserver (the small GPT, AdamW's groups, warmup "
            "and cosine, clipping), {steps} steps, lm_fidelity.sh's ps_onebit recipe; "
            ).format(steps=meta["steps"], delay=meta["compute_delay_ms"])
+    cal = meta.get("provenance", {}).get("calibration_seconds")
     md.append(f"Command: `{cmd}` (commit {meta['commit']}, {meta['date']}, load average "
               f"{meta['load_start']} at the start; {meta['machine']}, every process on "
-              f"them). The job: 2 shards, 4 workers, {job}"
+              f"them" + (f"; calibration {cal:.3f} s (tests/bench/provenance.py)" if cal else "")
+              + f"). The job: 2 shards, 4 workers, {job}"
               f"shards "
               f"checkpoint every {meta['checkpoint_every']} rounds, lease "
               f"{meta['lease_seconds']} s; supervisors restart a daemon {meta['restart_delay']} s "
@@ -1123,7 +1240,7 @@ def cmd_report(a):
     md.append("## Per fault class")
     md.append("")
     md.append("| class | injected | recovery median / max (s) | longest stall median / max (s) "
-              "| shard rounds redone (total, max) | worker rounds missed | alerts: expected/fired/"
+              "| rounds lost on a restarted shard (total, max) | worker rounds missed | alerts: expected/fired/"
               "cleared |")
     md.append("|---|---|---|---|---|---|---|")
     for cls in CLASSES:
@@ -1135,11 +1252,11 @@ def cmd_report(a):
                 al.append(f"{short} {d['expected']}/{d['fired']}/{d['cleared']}")
             if d["borderline"]:
                 al.append(f"{short} ({d['borderline']} borderline)")
-        redone = "-" if p["rounds_redone_total"] is None else \
-            f"{p['rounds_redone_total']}, {p['rounds_redone_max']}"
+        lost = "-" if p["rounds_lost_total"] is None else \
+            f"{p['rounds_lost_total']}, {p['rounds_lost_max']}"
         missed = "-" if p["worker_rounds_missed_total"] is None else str(p["worker_rounds_missed_total"])
         md.append(f"| {cls} | {p['injected']} | {fmt(p['recovery_median_s'])} / {fmt(p['recovery_max_s'])} "
-                  f"| {fmt(p['stall_median_s'])} / {fmt(p['stall_max_s'])} | {redone} | {missed} "
+                  f"| {fmt(p['stall_median_s'])} / {fmt(p['stall_max_s'])} | {lost} | {missed} "
                   f"| {'; '.join(al) or 'none'} |")
     md.append("")
     md.append("## Alert rules")
@@ -1155,7 +1272,7 @@ def cmd_report(a):
     md.append("")
     md.append("## Faults")
     md.append("")
-    md.append("| # | class | targets | start (s) | seconds | recovery (s) | stall (s) | rounds redone "
+    md.append("| # | class | targets | start (s) | seconds | recovery (s) | stall (s) | rounds lost "
               "| worker rounds missed | alerts (fired after s) | detail |")
     md.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for f in out_faults:
@@ -1179,7 +1296,7 @@ def cmd_report(a):
             det.append(f"filled {f.get('filled', '?')} B")
         dur = (f.get("end", f["start"]) - f["start"])
         md.append(f"| {f['id']} | {f['class']} | {','.join(f['targets'])} | {f['start']:.1f} | {dur:.1f} "
-                  f"| {fmt(f['recovery_s'])} | {fmt(f['stall_s'])} | {f['rounds_redone'] if f['restarts'] else '-'} "
+                  f"| {fmt(f['recovery_s'])} | {fmt(f['stall_s'])} | {f['rounds_lost'] if f['restarts'] else '-'} "
                   f"| {'-' if f['worker_rounds_missed'] is None else f['worker_rounds_missed']} "
                   f"| {'; '.join(al)} | {'; '.join(det)} |")
     md.append("")
@@ -1205,8 +1322,12 @@ def cmd_report(a):
         md.append("")
         spent = res["finished"] - read_time(chaos, "started")
         delay = meta["compute_delay_ms"] * meta["steps"] / 1000
-        md.append("Fired, and not counted as a failure: they measure the share of step time the "
-                  "workers spent pushing, pulling and waiting, and the faults' stalls are waiting ("
+        md.append("PserverCommunicationBound is `rate(communication seconds[5m]) / (that + "
+                  "rate(compute seconds[5m])) > 0.5 for 10m`: a worker spent more than half of "
+                  "its step time pushing, pulling and waiting for ten minutes. The faults' "
+                  "stalls are waiting, so a dense storm makes that true; the check above "
+                  "recomputes the ratio from the sampled counters over the `for:` before each "
+                  "firing, so an alert the counters do not bear out fails the run. Fired ("
                   + "; ".join(f"{n} " + ", ".join(f"{a_ - t0:.0f}-{b_ - t0:.0f} s on "
                                                  f"{m.get('instance', '?')}"
                                                  for a_, b_, m in res["fired"][n][:6])
