@@ -55,6 +55,8 @@
 #   OUT=results/time_to_loss  the report's folder
 #   REFERENCE=tests/bench/results/lm_fidelity.json  where the target comes from
 #   PYTHON=/usr/bin/python3 (with torch)
+#   ALLOW_DIRTY=1     plan runs from a tree with uncommitted changes (refused
+#                     otherwise; the table says so)
 #   Smoke tests only (the report says so): STEPS (instead of the recipe's
 #   2000), TARGET (a loss instead of adamw's + 2%), e.g.
 #   RATES=100mbit RUNS="ddp_fp32 ps_onebit" REPEATS=1 STEPS=40 EVAL_EVERY=20 TARGET=3.3 CAP=60
@@ -148,7 +150,8 @@ if [[ $report_only == 1 ]]; then
   exit
 fi
 
-todo=$("$PYTHON" "$HERE/time_to_loss.py" plan "${settings[@]}") || die "time_to_loss.py plan failed"
+todo=$("$PYTHON" "$HERE/time_to_loss.py" plan "${settings[@]}" \
+  $([[ ${ALLOW_DIRTY:-0} == 1 ]] && echo --allow-dirty)) || die "time_to_loss.py plan failed"
 
 NETNS_LOG_DIR="$WORK"
 netns_start "ptl$$"  # every name made here starts with it
