@@ -539,6 +539,10 @@ inject() {
       for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
       f=$(find "$RUN/ckpt/$s" -maxdepth 1 -name 'ckpt-*.pserver' | sort | tail -1)
       if [[ -n "$f" ]]; then
+        # The archiver copies a checkpoint within 0.3 s of its writing; one
+        # written just before the kill must be copied whole before it is cut
+        # (the check is on checkpoints as the shard wrote them).
+        for _ in $(seq 60); do [[ -e "$RUN/archive/$s/${f##*/}" ]] && break; sleep 0.05; done
         size=$(stat -c %s "$f")
         truncate -s $((size / 2)) "$f"
         detail="file=${f##*/} from=$size to=$((size / 2))"
