@@ -52,24 +52,20 @@ def test_a_wrong_figure_fails_naming_its_key(tree):
             "gives 87.94 (87.94 at the precision shown)") in out, out
 
 
-def test_integers_are_checked_when_annotated(tree):
-    (tree / "tests/bench/results/run.json").write_text('{"seconds": 1057.4, "n": 318}')
-    good = write(tree, "README.md", "# x\n\nIn 1057<!--@run.json seconds--> s, "
-                 "318<!--@run.json n--> files.\n")
-    assert run(tree, good)[0] == 0
-    bad = write(tree, "README.md", "# x\n\n319<!--@run.json n--> files.\n")
-    code, out = run(tree, bad)
-    assert code == 1 and "figure 319" in out, out
-
-
-def test_a_sign_written_is_compared_and_otherwise_the_magnitude(tree):
-    (tree / "tests/bench/results/d.json").write_text('{"gap": -0.85}')
-    ok = write(tree, "README.md", "# x\n\n-0.85%<!--@d.json gap--> or "
-               "0.85%<!--@d.json gap--> below.\n")
-    assert run(tree, ok)[0] == 0
-    bad = write(tree, "README.md", "# x\n\n+0.85%<!--@d.json gap-->.\n")
-    code, out = run(tree, bad)
-    assert code == 1 and "figure +0.85" in out, out
+@pytest.mark.parametrize("source, good, bad, named", [
+    # Integers are checked when annotated.
+    ('{"seconds": 1057.4, "n": 318}',
+     "In 1057<!--@r.json seconds--> s, 318<!--@r.json n--> files.",
+     "319<!--@r.json n--> files.", "figure 319"),
+    # A sign written is compared; without one, the magnitude.
+    ('{"gap": -0.85}', "-0.85%<!--@r.json gap--> or 0.85%<!--@r.json gap--> below.",
+     "+0.85%<!--@r.json gap-->.", "figure +0.85"),
+])
+def test_integers_and_signs(tree, source, good, bad, named):
+    (tree / "tests/bench/results/r.json").write_text(source)
+    assert run(tree, write(tree, "README.md", "# x\n\n%s\n" % good))[0] == 0
+    code, out = run(tree, write(tree, "README.md", "# x\n\n%s\n" % bad))
+    assert code == 1 and named in out, out
 
 
 def test_a_default_file_holds_until_the_next_heading(tree):
