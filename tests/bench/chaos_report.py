@@ -46,6 +46,7 @@ overlapped it (the timeline shows which).
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -587,6 +588,7 @@ def speed_alert_checks(res, rules):
     one whose condition the counters do not show is a wrong alert."""
     out = []
     samples = res["samples"]
+    shares = {}  # worker -> its communication_share series, computed once
     for name, ivs in sorted(res["fired"].items()):
         if name not in SPEED_ALERTS:
             continue
@@ -595,7 +597,9 @@ def speed_alert_checks(res, rules):
             lo, hi = a_ - need + SLACK, a_ - SLACK
             if name == "PserverCommunicationBound":
                 w = WORKER_IPS.get(m.get("instance", "").rsplit(":", 1)[0])
-                pts = [x for t, x in communication_share(samples, w) if lo <= t <= hi] if w else []
+                if w and w not in shares:
+                    shares[w] = communication_share(samples, w)
+                pts = [x for t, x in shares.get(w, []) if lo <= t <= hi]
                 held = bool(pts) and min(pts) > 0.5 - 0.02
                 detail = (f"{w}: communication share {min(pts):.2f}-{max(pts):.2f} over the "
                           f"{need:g} s before it fired (threshold 0.5)" if pts else
@@ -890,7 +894,6 @@ def weights_digest(run, w, workload):
         p = os.path.join(run, f"w{w}.weights")
         if not os.path.exists(p):
             return None
-        import hashlib
         with open(p, "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
     p = os.path.join(run, f"w{w}.sha256")
