@@ -121,7 +121,7 @@ absl::StatusOr<Client::InstallOutcome> Client::InstallShardStates(
   for (const absl::Status& st : calls_->Status(all, &status)) {
     if (!st.ok()) return st;
   }
-  std::vector<size_t> ahead;
+  std::vector<size_t> ahead, other;
   for (size_t s = 0; s < n; ++s) {
     if (Holds(status[s], states[s])) continue;
     if (Ahead(status[s], states[s])) {
@@ -129,16 +129,25 @@ absl::StatusOr<Client::InstallOutcome> Client::InstallShardStates(
     } else if (status[s].takes_state()) {  // no rounds of its own
       fresh.push_back(s);
     } else {
-      return Refusal(s, n, status[s], states[s]);
+      other.push_back(s);  // the job's, or a mismatch: decided below
     }
   }
   InstallOutcome outcome;
   if (!ahead.empty()) {
+    // The job went on while this worker was away. A shard that holds a
+    // model of its own without having completed a round since it started
+    // (restored from a checkpoint, or reinstalled from a live worker's
+    // replica after a restart without one) is the job's too: the rounds
+    // skip it to their step. A fresh one in this mix is refused: the
+    // shards' own rounds, not this older state, are what it must take.
     if (!fresh.empty()) {
       return Refusal(fresh[0], n, status[fresh[0]], states[fresh[0]]);
     }
     outcome.shards_ahead = true;
     return outcome;
+  }
+  if (!other.empty()) {
+    return Refusal(other[0], n, status[other[0]], states[other[0]]);
   }
   int& installed = outcome.installed;
   if (!fresh.empty() && options_.worker_id != 0) {

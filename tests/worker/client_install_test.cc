@@ -142,5 +142,96 @@ TEST(ClientInstall, AShardLeftAtStepZeroFailsRegisterAfterTheRetryBudget) {
   EXPECT_EQ(fresh->shard(0)->Status().current_step(), 0u);
 }
 
+// What the language model's chaos run found: shard 1 restarted without a
+// checkpoint and a live worker reinstalled it from its replica at the
+// rounds' step; worker 0 restarted from a state_dict saved rounds before
+// and was refused (shard 1 held a model but had completed no round since
+// it started), so its supervisor restarted it into the same refusal and
+// the job stopped. Both shards are the running job's: worker 0 keeps them
+// (shards_ahead) and the rounds go on with every worker.
+TEST(ClientInstall, AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  auto cluster = StartCluster(2, 2, Adam(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  auto a = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
+  auto b = Client::Connect(Options(*cluster, 1, v1::CODEC_FP32));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Register(layout, Values(n, 8)).ok());
+  ASSERT_TRUE((*b)->Register(layout, Values(n, 8)).ok());
+  for (uint64_t t = 0; t < 3; ++t) StepBoth(**a, **b, n, t);
+  auto saved = (*a)->FetchShardStates();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  for (uint64_t t = 3; t < 6; ++t) StepBoth(**a, **b, n, t);
+  a->reset();  // worker 0's process dies
+
+  ASSERT_TRUE(RestartShard(*cluster, 1));
+  // Worker 1's next push finds shard 1 without a model and reinstalls it
+  // from its replica; the round then waits for worker 0.
+  absl::Status pushed;
+  std::thread survivor([&] { pushed = (*b)->Step(Gradient(n, 1, 6)); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!cluster->shard(1)->Status().model_registered() &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const v1::GetStatusResponse reinstalled = cluster->shard(1)->Status();
+  ASSERT_TRUE(reinstalled.model_registered());
+  EXPECT_EQ(reinstalled.current_step(), 6u);
+  EXPECT_FALSE(reinstalled.rounds_since_start());
+  EXPECT_FALSE(reinstalled.takes_state());
+
+  auto restarted = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
+  ASSERT_TRUE(restarted.ok());
+  ASSERT_TRUE((*restarted)->Register(layout, Values(n, 8)).ok());
+  auto outcome = (*restarted)->InstallShardStates(*saved);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_TRUE(outcome->shards_ahead);
+  EXPECT_EQ(outcome->installed, 0);
+  EXPECT_EQ((*restarted)->step(), 6u);
+  const absl::Status own = (*restarted)->Step(Gradient(n, 0, 6));
+  survivor.join();
+  ASSERT_TRUE(own.ok()) << own;
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  StepBoth(**restarted, **b, n, 7);
+  EXPECT_EQ((*restarted)->step(), 8u);
+  EXPECT_EQ((*b)->step(), 8u);
+  EXPECT_TRUE(BitEqual((*restarted)->weights(), (*b)->weights()));
+  for (uint32_t s = 0; s < 2; ++s) {
+    EXPECT_EQ(cluster->shard(s)->Status().current_step(), 8u) << "shard " << s;
+  }
+}
+
+// Without a shard past the state's step, one holding another step is a
+// mismatch (shards restored from checkpoints the state_dict is not of):
+// refused, naming the shard and both steps, and nothing changes.
+TEST(ClientInstall, AStateOfAnotherStepIsRefusedWhenNoShardWentOn) {
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  const std::vector<ShardStateCopy> states = SavedStates(layout);
+  ASSERT_EQ(states.size(), 2u);
+  auto cluster = StartCluster(2, 2, Adam(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  auto a = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->Register(layout, Values(n, 8)).ok());
+  InstallInto(*cluster->shard(0), states[0]);
+  InstallInto(*cluster->shard(1), states[1]);
+  std::vector<ShardStateCopy> older = states;
+  for (ShardStateCopy& s : older) s.step = 2;
+  auto outcome = (*a)->InstallShardStates(older);
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(outcome.status()));
+  EXPECT_TRUE(absl::StrContains(
+      outcome.status().message(),
+      "shard 0/2 holds step 3; the state_dict is of step 2"))
+      << outcome.status();
+  for (uint32_t s = 0; s < 2; ++s) {
+    EXPECT_EQ(cluster->shard(s)->Status().current_step(), 3u);
+    EXPECT_EQ(cluster->shard(s)->Status().replica_checksum(),
+              states[s].replica_checksum);
+  }
+}
+
 }  // namespace
 }  // namespace pserver

@@ -33,20 +33,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace testing_util;  // NOLINT: the shared test helpers
 
-// Shard s stopped at once and started again on its port, fresh (no model,
-// no registrations): a restart without a checkpoint.
-::testing::AssertionResult RestartShard(Cluster& cluster, uint32_t s) {
-  const int port = cluster.servers[s]->port();
-  cluster.servers[s]->Shutdown(absl::ZeroDuration());
-  cluster.servers[s].reset();
-  auto restarted = StartShard(cluster.config, s, port, nullptr);
-  if (!restarted.ok()) {
-    return ::testing::AssertionFailure() << restarted.status();
-  }
-  cluster.servers[s] = std::move(restarted).value();
-  return ::testing::AssertionSuccess();
-}
-
 // Workers 0 and 1, fp32, registered, with timeouts long enough that a wait
 // on another worker shows as the test's own 60 s bound, then step 0 taken
 // together.

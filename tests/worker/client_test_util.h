@@ -135,6 +135,20 @@ inline std::unique_ptr<Cluster> StartLeasedCluster(uint32_t shards,
   return StartClusterWith(config);
 }
 
+// Shard s stopped at once and started again on its port, fresh (no model,
+// no registrations): a restart without a checkpoint.
+inline ::testing::AssertionResult RestartShard(Cluster& cluster, uint32_t s) {
+  const int port = cluster.servers[s]->port();
+  cluster.servers[s]->Shutdown(absl::ZeroDuration());
+  cluster.servers[s].reset();
+  auto restarted = StartShard(cluster.config, s, port, nullptr);
+  if (!restarted.ok()) {
+    return ::testing::AssertionFailure() << restarted.status();
+  }
+  cluster.servers[s] = std::move(restarted).value();
+  return ::testing::AssertionSuccess();
+}
+
 inline ClientOptions Options(const Cluster& c, uint32_t worker, v1::Codec push,
                       v1::Codec warmup = v1::CODEC_FP32) {
   ClientOptions o;
