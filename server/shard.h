@@ -341,6 +341,9 @@ class Shard {
   // Since this incarnation started, no round has completed: the shard may
   // be behind its workers (restart), so a Register may fast-forward it.
   bool catching_up_ ABSL_GUARDED_BY(mu_) = true;
+  // Since this incarnation started, FastForward moved it to its workers'
+  // step (GetStatusResponse.skipped_since_start).
+  bool skipped_since_start_ ABSL_GUARDED_BY(mu_) = false;
   v1::ModelLayout layout_ ABSL_GUARDED_BY(mu_);
   std::vector<TensorSlot> slots_ ABSL_GUARDED_BY(mu_);  // layout_'s tensors
   // The schedule phase of the replica's per-tensor pull codecs (-1: none).

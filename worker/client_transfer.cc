@@ -29,9 +29,11 @@ bool Holds(const v1::GetStatusResponse& st, const ShardStateCopy& state) {
 }
 
 // Whether the shard's running job has gone past the state's step (rounds
-// completed since it started): the state is older than the job's.
+// completed since it started, or it skipped to its workers' step): the
+// state is older than the job's.
 bool Ahead(const v1::GetStatusResponse& st, const ShardStateCopy& state) {
-  return st.model_registered() && st.rounds_since_start() &&
+  return st.model_registered() &&
+         (st.rounds_since_start() || st.skipped_since_start()) &&
          st.current_step() > state.step;
 }
 

@@ -179,6 +179,7 @@ TEST(ClientInstall, AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
   ASSERT_TRUE(reinstalled.model_registered());
   EXPECT_EQ(reinstalled.current_step(), 6u);
   EXPECT_FALSE(reinstalled.rounds_since_start());
+  EXPECT_TRUE(reinstalled.skipped_since_start());
   EXPECT_FALSE(reinstalled.takes_state());
 
   auto restarted = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
@@ -200,6 +201,82 @@ TEST(ClientInstall, AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
   for (uint32_t s = 0; s < 2; ++s) {
     EXPECT_EQ(cluster->shard(s)->Status().current_step(), 8u) << "shard " << s;
   }
+}
+
+// The language model's chaos run again, both shards this time: each
+// restarted (one without a usable checkpoint, one from an older one) and
+// skipped to the workers' step, and neither had completed a round when
+// worker 0 restarted from an older state_dict.
+// Both shards are the running job's; and a shard restored at the job's
+// step (no round, no skip) beside them is too.
+TEST(ClientInstall, AnOlderStateJoinsShardsThatSkippedToTheRounds) {
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  auto cluster = StartCluster(2, 2, Adam(), v1::CODEC_FP32);
+  ASSERT_NE(cluster, nullptr);
+  auto a = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
+  auto b = Client::Connect(Options(*cluster, 1, v1::CODEC_FP32));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Register(layout, Values(n, 8)).ok());
+  ASSERT_TRUE((*b)->Register(layout, Values(n, 8)).ok());
+  for (uint64_t t = 0; t < 3; ++t) StepBoth(**a, **b, n, t);
+  auto saved = (*a)->FetchShardStates();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  for (uint64_t t = 3; t < 6; ++t) StepBoth(**a, **b, n, t);
+  a->reset();
+
+  // Shard 1 restarts without a checkpoint, and worker 1's next push
+  // reinstalls it from its replica (a skip from step 0 to 6); then shard 0
+  // restarts from its checkpoint of step 3, and a Register (worker 1's
+  // retry or worker 0's) skips it to 6.
+  ASSERT_TRUE(RestartShard(*cluster, 1));
+  absl::Status pushed;
+  std::thread survivor([&] { pushed = (*b)->Step(Gradient(n, 1, 6)); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!cluster->shard(1)->Status().model_registered() &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(RestartShard(*cluster, 0));
+  InstallInto(*cluster->shard(0), (*saved)[0]);
+  auto restarted = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
+  ASSERT_TRUE(restarted.ok());
+  const absl::Status joined = (*restarted)->Register(layout, Values(n, 8));
+  ASSERT_TRUE(joined.ok()) << joined;
+  for (uint32_t s = 0; s < 2; ++s) {
+    const v1::GetStatusResponse st = cluster->shard(s)->Status();
+    ASSERT_TRUE(st.model_registered()) << "shard " << s;
+    EXPECT_EQ(st.current_step(), 6u) << "shard " << s;
+    EXPECT_FALSE(st.rounds_since_start()) << "shard " << s;
+    EXPECT_TRUE(st.skipped_since_start()) << "shard " << s;
+  }
+  auto outcome = (*restarted)->InstallShardStates(*saved);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_TRUE(outcome->shards_ahead);
+  const absl::Status own = (*restarted)->Step(Gradient(n, 0, 6));
+  survivor.join();
+  ASSERT_TRUE(own.ok()) << own;
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  EXPECT_TRUE(BitEqual((*restarted)->weights(), (*b)->weights()));
+
+  // Shard 1 restored at the job's step 7 (no round, no skip) beside shard
+  // 0, which has completed rounds: kept too.
+  auto at7 = (*restarted)->FetchShardStates();
+  ASSERT_TRUE(at7.ok()) << at7.status();
+  ASSERT_TRUE(RestartShard(*cluster, 1));
+  InstallInto(*cluster->shard(1), (*at7)[1]);
+  const v1::GetStatusResponse st1 = cluster->shard(1)->Status();
+  EXPECT_FALSE(st1.rounds_since_start() || st1.skipped_since_start());
+  restarted->reset();
+  auto again = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)->Register(layout, Values(n, 8)).ok());
+  auto kept = (*again)->InstallShardStates(*saved);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(kept->shards_ahead);
+  StepBoth(**again, **b, n, 7);
+  EXPECT_EQ((*again)->step(), 8u);
+  EXPECT_TRUE(BitEqual((*again)->weights(), (*b)->weights()));
 }
 
 // Without a shard past the state's step, one holding another step is a
