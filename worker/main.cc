@@ -2,7 +2,10 @@
 //
 //   pserver_worker --servers=127.0.0.1:50051,127.0.0.1:50052 --worker_id=0
 //                  --num_workers=4 --push_codec=onebit
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cstdio>
 #include <fstream>
@@ -38,6 +41,11 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
 ABSL_FLAG(int32_t, epochs, 5, "passes over the training set");
 ABSL_FLAG(int64_t, steps, 0, "if > 0, stop after this many steps");
 ABSL_FLAG(int32_t, batch_size, 32, "examples per step per worker");
+ABSL_FLAG(bool, leave_on_sigterm, false,
+          "on SIGTERM (a spot notice), save --state_file, leave the job at "
+          "the next round boundary (the shards go on without this worker at "
+          "once) and exit 0; a second SIGTERM ends it at once. Off: SIGTERM "
+          "ends it, and the shards drop it when its lease runs out");
 ABSL_FLAG(uint64_t, seed, 1, "model initialisation and data order");
 ABSL_FLAG(std::string, init, "pytorch",
           "mlp initial weights: pytorch (nn.Linear's default, weights and "
@@ -136,6 +144,14 @@ ABSL_FLAG(std::string, auth_token_file, "",
 
 namespace pserver {
 namespace {
+
+std::atomic<bool> leave_requested{false};  // lock-free: set in a handler
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnSigterm(int) {
+  leave_requested.store(true);
+  signal(SIGTERM, SIG_DFL);  // a second one ends the process
+}
 
 int Fail(absl::string_view message) {
   std::fprintf(stderr, "pserver_worker: %s\n", std::string(message).c_str());
@@ -331,6 +347,10 @@ int Run() {
     return Fail(absl::StrCat("--blas_threads is ", blas, "; expected >= 1"));
   }
   SetBlasThreads(blas);
+  if (absl::GetFlag(FLAGS_leave_on_sigterm)) {
+    t.leave_requested = &leave_requested;
+    signal(SIGTERM, OnSigterm);
+  }
 
   // Every flag is checked before the first connection. The client counts
   // into the registry the metrics endpoint exports.
@@ -346,6 +366,15 @@ int Run() {
       t, client->get(), &metrics, stdout, c.worker_id, c.num_workers);
   if (!r.ok()) return Fail(r.status().message());
   const ClientStats& s = r->stats;
+  if (r->left_at_step.has_value()) {
+    std::printf("worker %u left the job at step %llu (SIGTERM); the shards "
+                "go on without it%s\n",
+                c.worker_id, static_cast<unsigned long long>(*r->left_at_step),
+                t.state_file.empty() ? ""
+                                     : "; its --state_file lets it return");
+    std::fflush(stdout);
+    return 0;
+  }
   std::printf(
       "worker %u done: %d steps in %.1f s, test accuracy %.4f, pushed %.0f "
       "bytes (%.1fx less than fp32), pulled %.0f bytes (%.1fx less)\n",

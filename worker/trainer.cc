@@ -329,6 +329,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
       evaluate(per_epoch > 0 ? done / per_epoch : 0, done);
     }
   };
+  const auto leaving = [&] {
+    return o.leave_requested != nullptr && o.leave_requested->load();
+  };
   if (o.local_steps > 1) {
     // DiLoCo: H steps of Adam on a local copy from the round's weights,
     // then the weight change goes out as the round's "gradient". The
@@ -362,6 +365,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
       after_step(t0, first,
                  std::min(total, static_cast<int64_t>(client->step()) * h),
                  compute, gnorm);
+      if (leaving()) break;
     }
   }
   // The client's step leads: a worker that joins late starts at the shards'
@@ -370,7 +374,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
   // is this worker's own `total` steps instead (the same data as bsp).
   const bool own_count = client->consistency() == v1::CONSISTENCY_ASYNC;
   int64_t own = 0;
-  while (o.local_steps == 1 &&
+  while (o.local_steps == 1 && !leaving() &&
          (own_count ? own : static_cast<int64_t>(client->step())) < total) {
     const int64_t step = own_count ? own : static_cast<int64_t>(client->step());
     const absl::Time t0 = absl::Now();
@@ -410,6 +414,15 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
                gradient_norm(step));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (leaving()) {
+    SaveWorkerState(o, *client, log, /*last=*/true);  // it may come back
+    absl::StatusOr<uint64_t> left = client->Leave();
+    if (!left.ok()) return left.status();
+    result.left_at_step = *left;
+    result.steps = static_cast<int64_t>(client->step());
+    result.stats = client->stats();
+    return result;
+  }
   if (absl::Status s =
           capture->Finish(o.capture_file, "gradients", log, worker_id);
       !s.ok()) {

@@ -7,6 +7,7 @@
 #ifndef PSERVER_WORKER_TRAINER_H_
 #define PSERVER_WORKER_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -72,6 +73,11 @@ struct TrainerOptions {
   // the pull codec decoded it), for pserver_tune --deltas. Empty: none.
   // REQUIRES: capture_steps is set when it is; local_steps == 1.
   std::string capture_deltas_file;
+  // A planned leave (a spot notice): when this is set and becomes true, the
+  // next round boundary saves the state file, takes the worker out of the
+  // rounds on every shard (Client::Leave: they go on without it at once)
+  // and ends the run there, without the final evaluation. Null: never.
+  const std::atomic<bool>* leave_requested = nullptr;
 };
 
 inline constexpr int kMaxLocalSteps = 100000;
@@ -109,6 +115,8 @@ struct TrainResult {
   // Each evaluation, in order (per epoch with evaluate_each_epoch, and the
   // final one).
   std::vector<Evaluation> evaluations;
+  // The run ended on leave_requested: the shards' step it left at.
+  std::optional<uint64_t> left_at_step;
 };
 
 // Registers with the shards (the model's initial weights from options.seed)
