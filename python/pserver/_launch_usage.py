@@ -73,7 +73,8 @@ Launcher options:
                       SIGTERM to nodes 0..MIN-1, and Ctrl-C anywhere,
                       stop the job. Not with --push-per node.
   --node-rank I       this machine's place (auto: the next unclaimed one,
-                      1..N-1, from node 0's store); its workers are ranks
+                      1..N-1, from node 0's store, then one whose machine
+                      left the job on SIGTERM); its workers are ranks
                       I*G..I*G+G-1 (RANK, LOCAL_RANK, GROUP_RANK,
                       LOCAL_WORLD_SIZE, WORLD_SIZE, MASTER_ADDR and
                       MASTER_PORT set as torchrun sets them)

@@ -9,6 +9,9 @@ their workers are done. Keys, all under "pserver/":
   done/<r>    node r's workers all exited 0 (or, elastic, left the job)
   left/<r>    node r saw every node done and stops (node 0, hosting the
               store, stops after them), or left the job (elastic)
+  departed/<r> a counter: how many times node r left the job (elastic)
+  reclaimed/<r> "G:TOKEN": the launcher that took rank r again after its
+              G-th departure (compare_set makes the claim atomic)
   beat/<r>    a counter node r adds 1 to every 0.2 s from a thread of its
               own (with its own connection to the store), whatever the
               launcher is doing (starting shards may take longer than the
@@ -18,6 +21,7 @@ their workers are done. Keys, all under "pserver/":
 """
 
 import datetime
+import os
 import shlex
 import socket
 import sys
@@ -120,12 +124,52 @@ class Node:
                     f"at {self.endpoint})")
             time.sleep(_POLL)
 
-    def join(self):
+    def join(self, claimed=False):
+        """Joins the job. An elastic rank whose machine left the job is
+        taken again (unless claim_rank already took it: `claimed`); the
+        others then wait for it at the end again."""
+        again = (self.rank >= self.min_nodes and
+                 self._has(f"left/{self.rank}"))
+        if not again and self._has(f"node/{self.rank}"):
+            if self._beating_elsewhere():
+                raise RuntimeError(
+                    f"node {self.rank}: another launcher holds rank "
+                    f"{self.rank} in this job (it joined from "
+                    f"{self._get(f'node/{self.rank}')}); expected each "
+                    "machine its own --node-rank")
+            print(f"launch: node {self.rank} joins the job again (its "
+                  "machine stopped answering)", file=sys.stderr, flush=True)
+        if again and not claimed and not reclaim(self.store, self.rank):
+            raise RuntimeError(
+                f"node {self.rank}: another machine took rank {self.rank} "
+                "again after it left the job; expected one launcher per "
+                "rank (or --node-rank auto)")
         self._beating = threading.Thread(target=self._beat, daemon=True)
         self._beating.start()
+        if again:
+            # A beat first: the others must not take the old silence for
+            # this machine's once the rank counts as present again.
+            self.store.add(f"pserver/beat/{self.rank}", 1)
+            for key in (f"done/{self.rank}", f"left/{self.rank}"):
+                self.store.delete_key(f"pserver/set/{key}")
+            print(f"launch: node {self.rank} joins the job again (its "
+                  "machine left it before)", file=sys.stderr, flush=True)
         self._set(f"node/{self.rank}", socket.gethostname())
         starting = sorted({*range(self.min_nodes), self.rank})
         self._await({f"node/{r}": f"node {r}" for r in starting}, "launchers")
+
+    def _beating_elsewhere(self):
+        """Whether a launcher of this rank still beats (its counter moves
+        within heartbeat_timeout): a second launcher of a live rank, not a
+        machine that vanished and is started again."""
+        key = f"pserver/beat/{self.rank}"
+        seen = self.store.add(key, 0)
+        deadline = time.monotonic() + self.heartbeat_timeout
+        while time.monotonic() < deadline:
+            time.sleep(_POLL)
+            if self.store.add(key, 0) != seen:
+                return True
+        return False
 
     def _beat(self):
         # A connection of its own: TCPStore's client is not for two threads.
@@ -184,6 +228,10 @@ class Node:
         last = self._heard.get(r)
         if last is None or beat != last[0]:
             self._heard[r] = (beat, now)
+            if r in self._gone and last is not None:
+                self._gone.discard(r)  # started again (Node.join)
+                print(f"launch: node {r} answers again: it is in the job",
+                      file=sys.stderr, flush=True)
         elif (now - last[1] > self.heartbeat_timeout and beat > 0
               and not self._has(f"left/{r}") and r not in self._gone):
             if r >= self.min_nodes:
@@ -238,21 +286,45 @@ class Node:
         try:
             self._set(f"done/{self.rank}", "1")
             self._set(f"left/{self.rank}", "1")
+            # Last: a claimer that sees the departure sees it left.
+            self.store.add(f"pserver/departed/{self.rank}", 1)
         except RuntimeError:
             pass
+
+
+def reclaim(store, rank):
+    """Takes elastic rank `rank` again after its machine's last departure:
+    True for exactly one caller per departure (compare_set on
+    reclaimed/<rank>, whose value names the departure and the taker)."""
+    left = store.add(f"pserver/departed/{rank}", 0)
+    if left == 0:
+        return False
+    key = f"pserver/reclaimed/{rank}"
+    absent = "?"  # compare_set answers the expected value for a missing key
+    now = store.compare_set(key, absent, absent).decode()
+    if now != absent and int(now.split(":", 1)[0]) >= left:
+        return False  # someone took it after this departure
+    mine = f"{left}:{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+    return store.compare_set(key, "" if now == absent else now,
+                             mine).decode() == mine
 
 
 def claim_rank(host, port, nnodes, join_timeout):
     """--node-rank auto: the next unclaimed rank 1..nnodes-1, an atomic
     counter in node 0's store, for machines that cannot tell their index (a
-    scaled Compose service). A rank is claimed once for the job's life, so
-    a job takes nnodes - 1 such starts in all. Raises RuntimeError with one
+    scaled Compose service); once every rank was claimed, a rank whose
+    machine left the job (elastic, SIGTERM) is claimed again. Returns
+    (rank, whether it is taken again). Raises RuntimeError with one
     line."""
     import torch.distributed as dist
     try:
         store = dist.TCPStore(host, port, None, False,
                               datetime.timedelta(seconds=join_timeout))
         rank = store.add("pserver/claimed", 1)
+        if rank >= nnodes:
+            for r in range(1, nnodes):
+                if reclaim(store, r):
+                    return r, True
     except RuntimeError as e:
         raise RuntimeError(f"--node-rank auto: could not reach node 0's store "
                            f"at {host}:{port} within {join_timeout:g} s (is "
@@ -260,11 +332,12 @@ def claim_rank(host, port, nnodes, join_timeout):
             from None
     if rank >= nnodes:
         raise RuntimeError(f"--node-rank auto: ranks 1..{nnodes - 1} are all "
-                           f"claimed (this machine asked for claim {rank}); "
-                           f"expected at most {nnodes - 1} --node-rank auto "
-                           "starts in the job's life (a rank is not given "
-                           "out twice)")
-    return rank
+                           f"claimed and none has left the job (this machine "
+                           f"asked for claim {rank}); expected at most "
+                           f"{nnodes - 1} --node-rank auto machines in the "
+                           "job at once (a rank is given out again once its "
+                           "machine leaves on SIGTERM)")
+    return rank, False
 
 
 def torchrun_env(node, node_opts):

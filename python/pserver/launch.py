@@ -320,14 +320,16 @@ def main(argv=None):
     n = opts["node"]
     if n is not None and n["rank"] is None:
         try:
-            n["rank"] = _nodes.claim_rank(n["host"], n["port"], n["nnodes"],
-                                          n["join_timeout"])
+            n["rank"], n["reclaimed"] = _nodes.claim_rank(
+                n["host"], n["port"], n["nnodes"], n["join_timeout"])
         except RuntimeError as e:
             print(f"launch: error: {e}", file=sys.stderr)
             return 1
         except _Interrupted as e:
             return 128 + e.signum
-        _say(f"--node-rank auto: this machine is node {n['rank']}")
+        _say(f"--node-rank auto: this machine is node {n['rank']}"
+             + (" (its machine left the job; taken again)"
+                if n["reclaimed"] else ""))
     cluster = Cluster(opts, server_bin, run_dir)
     code = 1
     try:
@@ -399,7 +401,7 @@ def _join(opts, argv):
         _say(f"node 0 of {n['nnodes']}: the store is at {node.endpoint}; on "
              f"each other machine I (1..{n['nnodes'] - 1}) run: "
              f"{_nodes.command_for_others(argv)}")
-    node.join()
+    node.join(claimed=n.get("reclaimed", False))
     return node
 
 

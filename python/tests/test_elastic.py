@@ -149,9 +149,10 @@ def test_node_rank_auto_claims_ranks_until_none_is_left(tmp_path):
     assert extra.returncode == 1, extra_text
     errors = [ln for ln in extra_text.splitlines() if "error" in ln]
     assert errors == [
-        "launch: error: --node-rank auto: ranks 1..1 are all claimed (this "
-        "machine asked for claim 2); expected at most 1 --node-rank auto "
-        "starts in the job's life (a rank is not given out twice)"], \
+        "launch: error: --node-rank auto: ranks 1..1 are all claimed and "
+        "none has left the job (this machine asked for claim 2); expected at "
+        "most 1 --node-rank auto machines in the job at once (a rank is "
+        "given out again once its machine leaves on SIGTERM)"], \
         extra_text
     assert auto.returncode == 0 and core.returncode == 0, auto_text + core_text
     assert "launch: --node-rank auto: this machine is node 1" in auto_text
@@ -162,19 +163,83 @@ def test_node_rank_auto_claims_ranks_until_none_is_left(tmp_path):
         no_process_left(tmp_path / run)
 
 
+def test_a_rank_whose_machine_left_is_claimed_again(tmp_path):
+    """A spot machine leaves on SIGTERM and a new one arrives: its
+    --node-rank auto takes the rank that left, its workers register again
+    in the same slots and train to the end, and node 0 waits for them. A
+    second launcher naming that rank while it is taken exits 1."""
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--nproc-per-node", "1", "--optimizer=sgd",
+            "--lease_timeout_seconds=60", WORKER, str(out), str(TOTAL),
+            "0.05"]
+    core = node(tmp_path, 0, port, *args, nnodes="1:2")
+    procs = [core]
+    try:
+        wait_for("node 0 trains", lambda: progress(out, 0) >= 5)
+        first = node(tmp_path, "auto", port, *args, nnodes="1:2", run="runa")
+        procs.append(first)
+        joined = wait_for("the first machine trains", lambda: progress(out, 1))
+        wait_for("it trains on", lambda: progress(out, 1) >= joined + 10)
+        first.send_signal(signal.SIGTERM)
+        first_text = texts(first, timeout=60)[0]
+        left_at = progress(out, 1)
+        again = node(tmp_path, "auto", port, *args, nnodes="1:2", run="runb")
+        procs.append(again)
+        wait_for("the new machine trains", lambda: progress(out, 1)
+                 >= left_at + 10)
+        twice = node(tmp_path, 1, port, *args, nnodes="1:2", run="runc")
+        procs.append(twice)
+        twice_text = texts(twice, timeout=60)[0]
+        again_text, core_text = texts(again, core, timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert first.returncode == 0, first_text
+    assert "launch: --node-rank auto: this machine is node 1" in first_text
+    assert again.returncode == 0 and core.returncode == 0, \
+        again_text + core_text
+    assert ("launch: --node-rank auto: this machine is node 1 (its machine "
+            "left the job; taken again)") in again_text, again_text
+    assert ("launch: node 1 joins the job again (its machine left it "
+            "before)") in again_text, again_text
+    # Node 1 is present again: the rank that joined twice is refused.
+    assert twice.returncode == 1, twice_text
+    assert ("node 1: another launcher holds rank 1 in this job (it joined "
+            "from ") in twice_text, twice_text
+    rec = json.loads((out / "rank1.json").read_text())
+    assert rec["first_step"] >= left_at and rec["last_step"] == TOTAL, rec
+    assert not rec.get("left"), rec
+    core_rec = json.loads((out / "rank0.json").read_text())
+    assert core_rec["last_step"] == TOTAL
+    assert core_rec["checksum"] == rec["checksum"]
+    log = (tmp_path / "run0" / "shard0.log").read_text()
+    assert re.search(r"worker 1 joins at step \d+.*worker 1 left at step "
+                     r"\d+.*worker 1 rejoins at step \d+", log, re.S), log
+    assert "dropped" not in log, log
+    for run in ("run0", "runa", "runb"):
+        no_process_left(tmp_path / run)
+
+
 def test_a_joiner_that_vanishes_does_not_stop_the_job(tmp_path):
     """A machine that joined and then vanishes without a word (frozen, its
     processes killed: a spot machine taken at once) holds no shards: node 0
     notes its silence after --heartbeat-timeout and trains on, and the
-    shard drops its worker when the lease runs out."""
+    shard drops its worker when the lease runs out. The machine started
+    again with the same --node-rank joins again and trains to the end."""
     port = free_port()
     out = tmp_path / "out"
     out.mkdir()
     args = ["--nproc-per-node", "1", "--optimizer=sgd",
             "--heartbeat-timeout", "2", "--lease_timeout_seconds=3", WORKER,
-            str(out), "250", "0.05"]
+            str(out), "400", "0.05"]
     core = node(tmp_path, 0, port, *args, nnodes="1:2")
     joiner = node(tmp_path, 1, port, *args, nnodes="1:2")
+    back = None
+    shard_log = tmp_path / "run0" / "shard0.log"
     try:
         first = wait_for("node 1 trains", lambda: progress(out, 1))
         wait_for("node 1 trains on", lambda: progress(out, 1) >= first + 5)
@@ -186,16 +251,29 @@ def test_a_joiner_that_vanishes_does_not_stop_the_job(tmp_path):
                 pass
         joiner.kill()
         joiner.wait()
-        core_text = texts(core, timeout=120)[0]
+        wait_for("the shard drops worker 1",
+                 lambda: re.search(r"worker 1 dropped at step \d+",
+                                   shard_log.read_text()))
+        dropped_at = progress(out, 0)
+        back = node(tmp_path, 1, port, *args, nnodes="1:2", run="runb")
+        back_text, core_text = texts(back, core, timeout=120)
     finally:
-        for p in (core, joiner):
-            if p.poll() is None:
+        for p in (core, joiner, back):
+            if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
     assert core.returncode == 0, core_text
     assert ("launch: node 1 stopped answering for 2 s (--heartbeat-timeout);"
             " it holds no shards: the others go on without it") in core_text
-    assert json.loads((out / "rank0.json").read_text())["last_step"] == 250
-    log = (tmp_path / "run0" / "shard0.log").read_text()
-    assert re.search(r"worker 1 dropped at step \d+", log), log
+    assert "launch: node 1 answers again: it is in the job" in core_text
+    assert back.returncode == 0, back_text
+    assert ("launch: node 1 joins the job again (its machine stopped "
+            "answering)") in back_text, back_text
+    assert json.loads((out / "rank0.json").read_text())["last_step"] == 400
+    rec = json.loads((out / "rank1.json").read_text())
+    assert rec["first_step"] >= dropped_at and rec["last_step"] == 400, rec
+    log = shard_log.read_text()
+    assert re.search(r"worker 1 dropped at step \d+.*worker 1 rejoins at "
+                     r"step \d+", log, re.S), log
     no_process_left(tmp_path / "run0")
+    no_process_left(tmp_path / "runb")
