@@ -2,6 +2,7 @@
 // with other workers registering while worker 0 installs shard by shard
 // (issue 47: resuming a script's optimizer.state_dict() into fresh shards).
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -142,6 +143,49 @@ TEST(ClientInstall, AShardLeftAtStepZeroFailsRegisterAfterTheRetryBudget) {
   EXPECT_EQ(fresh->shard(0)->Status().current_step(), 0u);
 }
 
+// Worker 0's state_dict of step 3 in a job that went on to step 6 after
+// worker 0's process died: two workers of Adam on two shards, worker 1
+// (`survivor`) still registered.
+struct JobThatWentOn {
+  std::unique_ptr<Cluster> cluster;
+  std::optional<std::unique_ptr<Client>> survivor;
+  std::vector<ShardStateCopy> saved;
+};
+
+void StartJobThatWentOn(const v1::ModelLayout& layout, JobThatWentOn* job) {
+  const uint64_t n = TotalElements(layout);
+  job->cluster = StartCluster(2, 2, Adam(), v1::CODEC_FP32);
+  ASSERT_NE(job->cluster, nullptr);
+  auto a = Client::Connect(Options(*job->cluster, 0, v1::CODEC_FP32));
+  auto b = Client::Connect(Options(*job->cluster, 1, v1::CODEC_FP32));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Register(layout, Values(n, 8)).ok());
+  ASSERT_TRUE((*b)->Register(layout, Values(n, 8)).ok());
+  for (uint64_t t = 0; t < 3; ++t) StepBoth(**a, **b, n, t);
+  auto saved = (*a)->FetchShardStates();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  job->saved = *std::move(saved);
+  for (uint64_t t = 3; t < 6; ++t) StepBoth(**a, **b, n, t);
+  job->survivor = *std::move(b);
+}
+
+// Restarts shard 1 without a checkpoint and starts the survivor's step 6
+// in a thread, whose push reinstalls shard 1 from its replica; returns the
+// thread once shard 1 has a model (or after 10 s).
+std::thread PushUntilShard1IsReinstalled(JobThatWentOn& job, uint64_t n,
+                                         absl::Status* pushed) {
+  EXPECT_TRUE(RestartShard(*job.cluster, 1));
+  std::thread t([&job, n, pushed] {
+    *pushed = (*job.survivor)->Step(Gradient(n, 1, 6));
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!job.cluster->shard(1)->Status().model_registered() &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return t;
+}
+
 // What the language model's chaos run found: shard 1 restarted without a
 // checkpoint and a live worker reinstalled it from its replica at the
 // rounds' step; worker 0 restarted from a state_dict saved rounds before
@@ -152,29 +196,16 @@ TEST(ClientInstall, AShardLeftAtStepZeroFailsRegisterAfterTheRetryBudget) {
 TEST(ClientInstall, AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
-  auto cluster = StartCluster(2, 2, Adam(), v1::CODEC_FP32);
-  ASSERT_NE(cluster, nullptr);
-  auto a = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
-  auto b = Client::Connect(Options(*cluster, 1, v1::CODEC_FP32));
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE((*a)->Register(layout, Values(n, 8)).ok());
-  ASSERT_TRUE((*b)->Register(layout, Values(n, 8)).ok());
-  for (uint64_t t = 0; t < 3; ++t) StepBoth(**a, **b, n, t);
-  auto saved = (*a)->FetchShardStates();
-  ASSERT_TRUE(saved.ok()) << saved.status();
-  for (uint64_t t = 3; t < 6; ++t) StepBoth(**a, **b, n, t);
-  a->reset();  // worker 0's process dies
+  JobThatWentOn job;
+  ASSERT_NO_FATAL_FAILURE(StartJobThatWentOn(layout, &job));
+  auto& cluster = job.cluster;
+  auto& b = job.survivor;
+  const auto* saved = &job.saved;
 
-  ASSERT_TRUE(RestartShard(*cluster, 1));
   // Worker 1's next push finds shard 1 without a model and reinstalls it
   // from its replica; the round then waits for worker 0.
   absl::Status pushed;
-  std::thread survivor([&] { pushed = (*b)->Step(Gradient(n, 1, 6)); });
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!cluster->shard(1)->Status().model_registered() &&
-         absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  std::thread survivor = PushUntilShard1IsReinstalled(job, n, &pushed);
   const v1::GetStatusResponse reinstalled = cluster->shard(1)->Status();
   ASSERT_TRUE(reinstalled.model_registered());
   EXPECT_EQ(reinstalled.current_step(), 6u);
@@ -212,31 +243,18 @@ TEST(ClientInstall, AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
 TEST(ClientInstall, AnOlderStateJoinsShardsThatSkippedToTheRounds) {
   const v1::ModelLayout layout = TestLayout();
   const uint64_t n = TotalElements(layout);
-  auto cluster = StartCluster(2, 2, Adam(), v1::CODEC_FP32);
-  ASSERT_NE(cluster, nullptr);
-  auto a = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
-  auto b = Client::Connect(Options(*cluster, 1, v1::CODEC_FP32));
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE((*a)->Register(layout, Values(n, 8)).ok());
-  ASSERT_TRUE((*b)->Register(layout, Values(n, 8)).ok());
-  for (uint64_t t = 0; t < 3; ++t) StepBoth(**a, **b, n, t);
-  auto saved = (*a)->FetchShardStates();
-  ASSERT_TRUE(saved.ok()) << saved.status();
-  for (uint64_t t = 3; t < 6; ++t) StepBoth(**a, **b, n, t);
-  a->reset();
+  JobThatWentOn job;
+  ASSERT_NO_FATAL_FAILURE(StartJobThatWentOn(layout, &job));
+  auto& cluster = job.cluster;
+  auto& b = job.survivor;
+  const auto* saved = &job.saved;
 
   // Shard 1 restarts without a checkpoint, and worker 1's next push
   // reinstalls it from its replica (a skip from step 0 to 6); then shard 0
   // restarts from its checkpoint of step 3, and a Register (worker 1's
   // retry or worker 0's) skips it to 6.
-  ASSERT_TRUE(RestartShard(*cluster, 1));
   absl::Status pushed;
-  std::thread survivor([&] { pushed = (*b)->Step(Gradient(n, 1, 6)); });
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!cluster->shard(1)->Status().model_registered() &&
-         absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  std::thread survivor = PushUntilShard1IsReinstalled(job, n, &pushed);
   ASSERT_TRUE(RestartShard(*cluster, 0));
   InstallInto(*cluster->shard(0), (*saved)[0]);
   auto restarted = Client::Connect(Options(*cluster, 0, v1::CODEC_FP32));
