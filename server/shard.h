@@ -341,9 +341,6 @@ class Shard {
   // Since this incarnation started, no round has completed: the shard may
   // be behind its workers (restart), so a Register may fast-forward it.
   bool catching_up_ ABSL_GUARDED_BY(mu_) = true;
-  // Since this incarnation started, FastForward moved it to its workers'
-  // step (GetStatusResponse.skipped_since_start).
-  bool skipped_since_start_ ABSL_GUARDED_BY(mu_) = false;
   v1::ModelLayout layout_ ABSL_GUARDED_BY(mu_);
   std::vector<TensorSlot> slots_ ABSL_GUARDED_BY(mu_);  // layout_'s tensors
   // The schedule phase of the replica's per-tensor pull codecs (-1: none).
@@ -362,10 +359,10 @@ class Shard {
   // is acknowledged with round_lost, not refused as never pushed, because
   // other workers resumed past it while this one was still resending it.
   uint64_t lost_from_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t lost_to_ ABSL_GUARDED_BY(mu_) = 0;  // != 0: it fast-forwarded
   // Local steps between the job's pushes (RegisterRequest.local_steps; 1
   // for a push per step), set by the model's installer and checkpointed.
   uint32_t local_steps_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t lost_to_ ABSL_GUARDED_BY(mu_) = 0;
   // Per worker, for ssp and async (server/round_policy.h): the round its
   // last push landed in (-1: none; step_ + 1 when deferred), the version
   // it computes on (the step of its last pull or Register), whether it is

@@ -327,7 +327,6 @@ void Shard::FastForward(uint64_t step) {
   if (lost_to_ != step_) lost_from_ = step_;
   lost_to_ = step;
   step_ = step;
-  skipped_since_start_ = true;
   // Every worker resumes from the current weights.
   std::fill(version_.begin(), version_.end(), step_);
   std::fill(landed_.begin(), landed_.end(), -1);

@@ -31,7 +31,7 @@ v1::GetStatusResponse Shard::Status() {
   r.set_workers_joined(leases_.joined());
   r.set_workers_left(leases_.left_count());
   r.set_rounds_since_start(!catching_up_);
-  r.set_skipped_since_start(skipped_since_start_);
+  r.set_skipped_since_start(lost_to_ != 0);  // FastForward moves it past 0
   r.set_takes_state(TakesStateLocked());
   if (registered_) {
     r.set_stage(optimizer_->stage());
