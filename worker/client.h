@@ -225,10 +225,10 @@ class Client {
   // it is; one with no rounds yet (a fresh job) takes it: worker 0 sends it,
   // the other workers wait (up to retry_budget) until it is there. Shards
   // of a running job past the states' step (the job went on while this
-  // worker was away) keep theirs, and so do the job's shards beside them
-  // that have a model but no round since they started (restored from a
-  // checkpoint, or reinstalled from a live worker's replica): shards_ahead,
-  // nothing changed; the rounds skip those to their step. Any other
+  // worker was away: rounds since they started, or a skip to the workers'
+  // step) keep theirs, and so do the shards beside them that hold a model
+  // of another step (restored from a checkpoint): shards_ahead, nothing
+  // changed; the rounds skip those to their step. Any other
   // shard is refused before anything changes: FAILED_PRECONDITION
   // (REJECT_REASON_STATE_MISMATCH) naming the shard and both steps. On
   // success residuals start from zero (restore them with RestoreState).

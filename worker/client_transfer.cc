@@ -136,12 +136,11 @@ absl::StatusOr<Client::InstallOutcome> Client::InstallShardStates(
   }
   InstallOutcome outcome;
   if (!ahead.empty()) {
-    // The job went on while this worker was away. A shard that holds a
-    // model of its own without having completed a round since it started
-    // (restored from a checkpoint, or reinstalled from a live worker's
-    // replica after a restart without one) is the job's too: the rounds
-    // skip it to their step. A fresh one in this mix is refused: the
-    // shards' own rounds, not this older state, are what it must take.
+    // The job went on while this worker was away. A shard beside it that
+    // holds a model of another step with neither a round nor a skip since
+    // it started (restored from a checkpoint) is the job's too: the rounds
+    // skip it to their step. A fresh one in this mix is refused: a live
+    // worker's replica, not this older state, is what it must take.
     if (!fresh.empty()) {
       return Refusal(fresh[0], n, status[fresh[0]], states[fresh[0]]);
     }

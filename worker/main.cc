@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <atomic>
-
 #include <cstdio>
 #include <fstream>
 #include <memory>

@@ -419,8 +419,6 @@ absl::StatusOr<TrainResult> RunTraining(const TrainerOptions& o,
     absl::StatusOr<uint64_t> left = client->Leave();
     if (!left.ok()) return left.status();
     result.left_at_step = *left;
-    result.steps = static_cast<int64_t>(client->step());
-    result.stats = client->stats();
     return result;
   }
   if (absl::Status s =

@@ -115,7 +115,8 @@ struct TrainResult {
   // Each evaluation, in order (per epoch with evaluate_each_epoch, and the
   // final one).
   std::vector<Evaluation> evaluations;
-  // The run ended on leave_requested: the shards' step it left at.
+  // The run ended on leave_requested: the shards' step it left at (steps,
+  // stats and the final evaluation are then left unset).
   std::optional<uint64_t> left_at_step;
 };
 
