@@ -15,7 +15,8 @@ import time
 import pytest
 
 from test_launch import HERE, no_process_left, started_pids
-from test_launch_nodes import free_port, kill_leftovers, node, texts  # noqa: F401
+from test_launch_nodes import (free_port, kill_all, kill_leftovers,  # noqa: F401
+                               node, texts)
 
 WORKER = str(HERE / "elastic_worker.py")
 TOTAL = 300  # rounds the job runs
@@ -73,10 +74,7 @@ def test_a_machine_joins_a_running_job_and_leaves_on_sigterm(tmp_path,
         left_at = progress(out, 0)
         core_text = texts(core, timeout=120)[0]
     finally:
-        for p in (core, joiner):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(core, joiner)
     assert core.returncode == 0, core_text
     assert "leave the job at their next round" in joiner_text, joiner_text
     assert len(re.findall(r"pserver: worker [23] left the job at step \d+ "
@@ -142,10 +140,7 @@ def test_node_rank_auto_claims_ranks_until_none_is_left(tmp_path):
         extra_text = texts(extra, timeout=60)[0]
         auto_text, core_text = texts(auto, core, timeout=120)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(*procs)
     assert extra.returncode == 1, extra_text
     errors = [ln for ln in extra_text.splitlines() if "error" in ln]
     assert errors == [
@@ -194,10 +189,7 @@ def test_a_rank_whose_machine_left_is_claimed_again(tmp_path):
         twice_text = texts(twice, timeout=60)[0]
         again_text, core_text = texts(again, core, timeout=120)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(*procs)
     assert first.returncode == 0, first_text
     assert "launch: --node-rank auto: this machine is node 1" in first_text
     assert again.returncode == 0 and core.returncode == 0, \
@@ -258,10 +250,7 @@ def test_a_joiner_that_vanishes_does_not_stop_the_job(tmp_path):
         back = node(tmp_path, 1, port, *args, nnodes="1:2", run="runb")
         back_text, core_text = texts(back, core, timeout=120)
     finally:
-        for p in (core, joiner, back):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(core, joiner, back)
     assert core.returncode == 0, core_text
     assert ("launch: node 1 stopped answering for 2 s (--heartbeat-timeout);"
             " it holds no shards: the others go on without it") in core_text

@@ -44,16 +44,21 @@ def node(tmp_path, rank, port, *args, nnodes=2, env=None, run=None):
         env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+def kill_all(*procs):
+    """Kills each process still running (None: not started) and reaps it."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def texts(*procs, timeout=120):
     out = []
     try:
         for p in procs:
             out.append(p.communicate(timeout=timeout)[0].decode())
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(*procs)
     return out
 
 

@@ -186,6 +186,20 @@ std::thread PushUntilShard1IsReinstalled(JobThatWentOn& job, uint64_t n,
   return t;
 }
 
+// StartJobThatWentOn's job for each test, its parts by name.
+class ClientInstallJobWentOn : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(StartJobThatWentOn(layout, &job));
+  }
+  const v1::ModelLayout layout = TestLayout();
+  const uint64_t n = TotalElements(layout);
+  JobThatWentOn job;
+  std::unique_ptr<Cluster>& cluster = job.cluster;
+  std::optional<std::unique_ptr<Client>>& b = job.survivor;  // worker 1
+  const std::vector<ShardStateCopy>* saved = &job.saved;     // of step 3
+};
+
 // What the language model's chaos run found: shard 1 restarted without a
 // checkpoint and a live worker reinstalled it from its replica at the
 // rounds' step; worker 0 restarted from a state_dict saved rounds before
@@ -193,15 +207,8 @@ std::thread PushUntilShard1IsReinstalled(JobThatWentOn& job, uint64_t n,
 // it started), so its supervisor restarted it into the same refusal and
 // the job stopped. Both shards are the running job's: worker 0 keeps them
 // (shards_ahead) and the rounds go on with every worker.
-TEST(ClientInstall, AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
-  const v1::ModelLayout layout = TestLayout();
-  const uint64_t n = TotalElements(layout);
-  JobThatWentOn job;
-  ASSERT_NO_FATAL_FAILURE(StartJobThatWentOn(layout, &job));
-  auto& cluster = job.cluster;
-  auto& b = job.survivor;
-  const auto* saved = &job.saved;
-
+TEST_F(ClientInstallJobWentOn,
+       AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
   // Worker 1's next push finds shard 1 without a model and reinstalls it
   // from its replica; the round then waits for worker 0.
   absl::Status pushed;
@@ -240,15 +247,8 @@ TEST(ClientInstall, AnOlderStateJoinsAShardReinstalledFromALiveReplica) {
 // worker 0 restarted from an older state_dict.
 // Both shards are the running job's; and a shard restored at the job's
 // step (no round, no skip) beside them is too.
-TEST(ClientInstall, AnOlderStateJoinsShardsThatSkippedToTheRounds) {
-  const v1::ModelLayout layout = TestLayout();
-  const uint64_t n = TotalElements(layout);
-  JobThatWentOn job;
-  ASSERT_NO_FATAL_FAILURE(StartJobThatWentOn(layout, &job));
-  auto& cluster = job.cluster;
-  auto& b = job.survivor;
-  const auto* saved = &job.saved;
-
+TEST_F(ClientInstallJobWentOn,
+       AnOlderStateJoinsShardsThatSkippedToTheRounds) {
   // Shard 1 restarts without a checkpoint, and worker 1's next push
   // reinstalls it from its replica (a skip from step 0 to 6); then shard 0
   // restarts from its checkpoint of step 3, and a Register (worker 1's
